@@ -1,0 +1,76 @@
+"""Choosing which prompts the creator evolves (paper section 3.2, "sample a subset").
+
+``weighted`` (the paper's default) draws a subset without replacement with probability
+proportional to informativeness, i.e. successive sampling: the first pick is ``w_i / sum(w)``,
+the next is proportional among the rest, and so on. It uses Efraimidis-Spirakis keys
+(``log(u) / w``, keep the k largest), which give exactly that distribution in O(P) time, so the
+creator's CPU path stays fast on millions of prompts.
+
+Weights that are zero, negative or NaN are never drawn while a positive weight remains; if the
+subset needs more prompts than have positive weight, the rest are drawn uniformly from the
+zero-weight ones (``zero_weight_filled``), and if *every* weight is zero the whole draw is
+uniform (``fell_back_to_uniform``). Stages surface both in their stats.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import numpy as np
+
+SampleMethod = Literal["weighted", "greedy", "uniform"]
+SAMPLE_METHODS: tuple[str, ...] = get_args(SampleMethod)
+
+
+@dataclass(frozen=True)
+class Subset:
+    indices: np.ndarray  # positions into the weight vector, in draw order
+    fell_back_to_uniform: bool
+    zero_weight_filled: int
+
+
+def subset_size(n_items: int, fraction: float) -> int:
+    """Number of prompts to draw: ``floor(fraction * n)``, at least 1 for a non-empty set."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+    if n_items == 0:
+        return 0
+    # The small epsilon keeps 0.29 * 100 from flooring to 28.
+    return min(n_items, max(1, math.floor(fraction * n_items + 1e-9)))
+
+
+def select_subset(weights: np.ndarray, k: int, method: str, seed: int) -> Subset:
+    """Draw ``k`` distinct indices; deterministic for a given ``seed``."""
+    if method not in SAMPLE_METHODS:
+        raise ValueError(f"unknown sample method {method!r}; choose one of {SAMPLE_METHODS}")
+    w = np.asarray(weights, dtype=np.float64)
+    n = len(w)
+    if not 0 <= k <= n:
+        raise ValueError(f"cannot draw {k} of {n} prompts")
+    rng = np.random.default_rng(seed)
+    positive = np.isfinite(w) & (w > 0)
+    n_positive = int(positive.sum())
+
+    if method == "uniform" or n_positive == 0:
+        indices = rng.permutation(n)[:k]
+        return Subset(indices, fell_back_to_uniform=method != "uniform" and k > 0, zero_weight_filled=0)
+
+    if method == "greedy":
+        # Highest weight first; ties go to the earlier row so the result is stable.
+        order = np.lexsort((np.arange(n), -np.where(positive, w, -np.inf)))
+        take = order[: min(k, n_positive)]
+    else:
+        u = rng.random(n)
+        with np.errstate(divide="ignore"):
+            keys = np.where(positive, np.log(u) / np.where(positive, w, 1.0), -np.inf)
+        m = min(k, n_positive)
+        top = np.argpartition(-keys, m - 1)[:m] if m < n else np.arange(n)
+        take = top[np.argsort(-keys[top], kind="stable")]
+
+    filled = k - len(take)
+    if filled > 0:
+        rest = np.flatnonzero(~positive)
+        take = np.concatenate([take, rng.permutation(rest)[:filled]])
+    return Subset(take.astype(np.int64), fell_back_to_uniform=False, zero_weight_filled=filled)

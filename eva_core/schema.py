@@ -1,0 +1,105 @@
+"""Prompt records and their lineage.
+
+Every prompt that enters or leaves a stage is a row of ``PROMPT_SCHEMA``. Lineage makes evolved
+prompts inspectable: ``parent_id`` is the prompt it was rewritten from, ``root_id`` the seed
+prompt at the top of its tree, ``depth`` how many evolutions separate it from that seed, and
+``iteration`` the eva iteration that created it.
+
+A prompt's id is a hash of its *normalized* text, so the same question written with different
+spacing or case is one prompt (this is also how the mix stage recognises duplicates).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from collections.abc import Sequence
+
+import pyarrow as pa
+
+SEED = "seed"
+EVOLVED = "evolved"
+
+PROMPT_SCHEMA = pa.schema(
+    [
+        pa.field("prompt_id", pa.string(), nullable=False),
+        pa.field("prompt", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),  # seed | evolved
+        pa.field("parent_id", pa.string()),  # null for seed prompts
+        pa.field("root_id", pa.string(), nullable=False),
+        pa.field("depth", pa.int32(), nullable=False),  # evolution generation, 0 for seeds
+        pa.field("iteration", pa.int32(), nullable=False),  # iteration that created it
+        pa.field("evolve_method", pa.string()),
+        pa.field("category", pa.string()),
+    ]
+)
+PROMPT_COLUMNS: tuple[str, ...] = tuple(PROMPT_SCHEMA.names)
+
+_WHITESPACE = re.compile(r"\s+")
+
+
+def normalize_prompt(text: str) -> str:
+    """Unicode NFKC, case-folded, whitespace collapsed and trimmed.
+
+    Deliberately conservative: punctuation and digits are kept, because "12+34=" and "12+35="
+    are different questions.
+    """
+    return _WHITESPACE.sub(" ", unicodedata.normalize("NFKC", text)).strip().casefold()
+
+
+def prompt_id(text: str) -> str:
+    """Stable 16-hex-digit id of a prompt's normalized text."""
+    return hashlib.sha256(normalize_prompt(text).encode("utf-8")).hexdigest()[:16]
+
+
+def seed_records(
+    prompts: Sequence[str],
+    categories: Sequence[str | None] | None = None,
+    iteration: int = 0,
+) -> pa.Table:
+    """Prompt records for user-supplied (seed) prompts.
+
+    Raises ``ValueError`` naming the first offending row for an empty prompt or a prompt that
+    repeats an earlier one after normalization: seed sets are small enough to fix by hand, and
+    a silent drop would shift every downstream count.
+    """
+    if categories is not None and len(categories) != len(prompts):
+        raise ValueError(f"{len(categories)} categories for {len(prompts)} prompts")
+    ids: list[str] = []
+    seen: dict[str, int] = {}
+    for row, text in enumerate(prompts):
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"row {row}: prompt is empty")
+        pid = prompt_id(text)
+        if pid in seen:
+            raise ValueError(f"row {row}: prompt duplicates row {seen[pid]} after normalization")
+        seen[pid] = row
+        ids.append(pid)
+    n = len(prompts)
+    return pa.table(
+        {
+            "prompt_id": ids,
+            "prompt": list(prompts),
+            "source": [SEED] * n,
+            "parent_id": pa.nulls(n, pa.string()),
+            "root_id": ids,
+            "depth": pa.array([0] * n, pa.int32()),
+            "iteration": pa.array([iteration] * n, pa.int32()),
+            "evolve_method": pa.nulls(n, pa.string()),
+            "category": pa.array(list(categories) if categories is not None else [None] * n,
+                                 pa.string()),
+        },
+        schema=PROMPT_SCHEMA,
+    )
+
+
+def missing_columns(table: pa.Table | pa.Schema, required: Sequence[str]) -> list[str]:
+    """Required column names that ``table`` lacks, in the order given."""
+    names = set(table.names if isinstance(table, pa.Schema) else table.schema.names)
+    return [c for c in required if c not in names]
+
+
+def prompt_records(table: pa.Table) -> pa.Table:
+    """The prompt-record columns of ``table``, cast to ``PROMPT_SCHEMA``."""
+    return table.select(list(PROMPT_COLUMNS)).cast(PROMPT_SCHEMA)

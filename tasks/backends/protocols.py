@@ -1,0 +1,82 @@
+"""The four swappable components of eva, as small protocols.
+
+A stage never imports a concrete backend: its config holds a backend config object (a pydantic
+model with a ``kind`` literal) whose ``load(...)`` returns something that satisfies one of these
+protocols. Swapping vLLM for transformers, or a reward model for a verifier, is a config change.
+
+``progress`` callbacks receive a fraction in [0, 1]; stages forward it to a Prefect progress
+artifact so long work is visible in the UI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+Progress = Callable[[float], None]
+
+
+def no_progress(_: float) -> None:
+    """Default progress sink."""
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """Samples responses from a policy checkpoint."""
+
+    def generate(
+        self, prompts: Sequence[str], n: int, seed: int, progress: Progress = no_progress
+    ) -> list[list[str]]:
+        """Return ``n`` responses for every prompt, reproducible for a given ``seed``."""
+        ...
+
+
+@runtime_checkable
+class RewardModel(Protocol):
+    """Scores (prompt, response) pairs; higher is better. NaN marks a response it could not score."""
+
+    def score(
+        self,
+        prompts: Sequence[str],
+        responses: Sequence[Sequence[str]],
+        progress: Progress = no_progress,
+    ) -> list[list[float]]:
+        """Return one reward per response, shaped like ``responses``."""
+        ...
+
+
+@runtime_checkable
+class Evolver(Protocol):
+    """Rewrites prompts into new prompts (the creator's ``evolve``)."""
+
+    def evolve(
+        self,
+        prompts: Sequence[str],
+        categories: Sequence[str | None],
+        num_evolutions: int,
+        seed: int,
+    ) -> list[list[tuple[str, str]]]:
+        """Return up to ``num_evolutions`` ``(new_prompt, method)`` per input prompt.
+
+        Raw output: the stage strips, drops empties and duplicates, and fills in lineage.
+        """
+        ...
+
+
+@runtime_checkable
+class Solver(Protocol):
+    """Updates a policy on preference pairs, starting from a checkpoint directory."""
+
+    def train(
+        self,
+        policy_dir: str,
+        prompts: Sequence[str],
+        chosen: Sequence[str],
+        rejected: Sequence[str],
+        output_dir: str,
+        seed: int,
+        progress: Progress = no_progress,
+    ) -> list[dict[str, float]]:
+        """Train, save the new checkpoint (model + tokenizer) to ``output_dir``, and return
+        the logged metrics, one dict per logging step (each with a ``step`` key)."""
+        ...
