@@ -1,0 +1,174 @@
+"""``eva``: run, rerun one stage, serve, inspect.
+
+    eva run [--config FILE] [--set key=value ...]        a run of T iterations (resumable)
+    eva stage NAME --run R --iteration T [--force] [--downstream]
+    eva show --run R [--iteration T --stage NAME]        manifests and artifact rows
+    eva serve [--file infra/prefect.yaml]                serve the deployment to a Prefect API
+    eva config                                           print the default config as YAML
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+# Prefect reads its settings at import: these defaults must be in place first. The ephemeral
+# API server needs 25-30 s to start on 2 cores, past Prefect's default 20 s timeout.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+STAGES = ("prompts", "heldout", "bootstrap", "creator_generate", "creator_annotate", "score",
+          "sample", "evolve", "mix", "generate", "annotate", "pairs", "train", "evaluate")
+
+
+def _iteration(text: str) -> int | None:
+    if text == "setup":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("an iteration number or 'setup'") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("iterations are >= 0")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="eva", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run (or resume) an eva run")
+    run.add_argument("--config", help="YAML/JSON run config (default: the embedded demo)")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config field, e.g. --set sample.fraction=0.5")
+    run.add_argument("--run", help="run name (config field run)")
+    run.add_argument("--root", help="run root, a path or fsspec URL (config field root)")
+    run.add_argument("--iterations", type=int, help="eva iterations (config field iterations)")
+    run.add_argument("--seed", type=int, help="run seed (config field seed)")
+
+    st = sub.add_parser("stage", help="rerun one stage of an existing run")
+    st.add_argument("name", choices=STAGES)
+    st.add_argument("--run", required=True)
+    st.add_argument("--root", default="runs")
+    st.add_argument("--iteration", type=_iteration, required=True, help="a number, or 'setup'")
+    st.add_argument("--force", action="store_true", help="rerun even if the artifact is cached")
+    st.add_argument("--downstream", action="store_true", help="also rerun what depends on it")
+
+    show = sub.add_parser("show", help="inspect a run's manifests and artifacts")
+    show.add_argument("--run", required=True)
+    show.add_argument("--root", default="runs")
+    show.add_argument("--iteration", type=_iteration)
+    show.add_argument("--stage", choices=STAGES)
+    show.add_argument("--rows", type=int, default=10)
+
+    serve = sub.add_parser("serve", help="serve the eva-run deployment to a Prefect API")
+    serve.add_argument("--file", default=os.path.join("infra", "prefect.yaml"))
+
+    sub.add_parser("config", help="print the default run config as YAML")
+    return p
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from flows.config import load_config
+    from flows.inputs import check_inputs
+
+    overrides = list(args.set)
+    for field in ("run", "root", "iterations", "seed"):
+        if getattr(args, field) is not None:
+            overrides.append(f"{field}={getattr(args, field)}")
+    config = load_config(args.config, overrides)
+    check_inputs(config)  # before any artifact is written
+
+    from flows.run import eva_run
+    from flows.summary import summary_table
+
+    rows = eva_run(config)
+    print(f"\neva run '{config.run}' under {config.root}\n{summary_table(rows)}")
+    return 0
+
+
+def _stored_config(root: str, run: str) -> Any:
+    from flows.config import ConfigError, validate_config
+    from tasks.store import RunStore
+
+    store = RunStore(os.path.abspath(root) if "://" not in root else root, run)
+    try:
+        with store.fs.open(f"{store.base}/config.json") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"--run {run}: no run at {store.base} (start it with `eva run`)") from None
+    return validate_config(data)
+
+
+def _cmd_stage(args: argparse.Namespace) -> int:
+    config = _stored_config(args.root, args.run)
+    if args.iteration is not None and args.iteration > config.iterations:
+        raise SystemExit(f"eva: error: --iteration {args.iteration}: run has {config.iterations}")
+    from flows.run import eva_run
+    from flows.summary import summary_table
+    from tasks.stage import Plan
+
+    plan = Plan(target_iteration=args.iteration, target=args.name, force=args.force,
+                downstream=args.downstream)
+    rows = eva_run(config, plan)
+    print(summary_table(rows))
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from flows.summary import iteration_summary, summary_table
+
+    config = _stored_config(args.root, args.run)
+    store = __import__("tasks.store", fromlist=["RunStore"]).RunStore(
+        config.root, config.run, config.storage_options)
+    if args.stage is None:
+        print(summary_table(iteration_summary(store, config)))
+        return 0
+    manifest = store.read_manifest(args.iteration, args.stage)
+    if manifest is None:
+        raise SystemExit(f"eva: error: no {args.stage} artifact in that iteration of {args.run}")
+    print(json.dumps({k: manifest[k] for k in ("uri", "rows", "seconds", "stats", "content_hash")},
+                     indent=2, default=str))
+    table = store.read_table(manifest["uri"]).slice(0, args.rows)
+    for row in table.to_pylist():
+        print(json.dumps(row, default=str)[:400])
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from flows.serve import serve
+
+    serve(args.file)
+    return 0
+
+
+def _cmd_config(_: argparse.Namespace) -> int:
+    import yaml
+
+    from flows.config import RunConfig
+
+    print(yaml.safe_dump(RunConfig().model_dump(mode="json"), sort_keys=False))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from flows.config import ConfigError
+    from tasks.stage import StageError
+
+    handlers = {"run": _cmd_run, "stage": _cmd_stage, "show": _cmd_show, "serve": _cmd_serve,
+                "config": _cmd_config}
+    try:
+        return handlers[args.command](args)
+    except (ConfigError, StageError) as exc:
+        print(f"eva: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""A run of T eva iterations, incremental from the last checkpoint.
+
+Every stage is keyed on its config and its inputs' content, so launching the same run again
+(after a crash, a kill -9, or from the UI) reuses every finished stage and runs the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+from prefect.artifacts import create_markdown_artifact
+
+from flows.config import RunConfig
+from flows.iteration import dpo_iteration, eva_iteration
+from flows.summary import iteration_summary, summary_markdown
+from tasks.bootstrap import bootstrap
+from tasks.evaluate import evaluate
+from tasks.prompts import load_heldout, load_prompts
+from tasks.stage import Plan, RunContext
+
+
+@flow(name="eva-run", flow_run_name="{config.run}")
+def eva_run(config: RunConfig, plan: Plan | None = None) -> list[dict[str, Any]]:
+    run = RunContext(root=config.root, run=config.run, seed=config.seed,
+                     storage_options=config.storage_options, plan=plan or Plan())
+    run.store().write_json(f"{run.store().base}/config.json", config.model_dump(mode="json"))
+
+    prompts = load_prompts(run, None, config.prompts)  # X_0
+    heldout = load_heldout(run, None, config.heldout, seed_set=prompts)
+    policy = bootstrap(run, None, config.bootstrap)  # theta_0
+    evaluate(run, None, config.evaluate, heldout=heldout, policy=policy)
+
+    if config.iteration0_dpo:
+        policy = dpo_iteration(run, 0, config, prompts, policy, heldout)
+    for t in range(1, config.iterations + 1):
+        prompts, policy = eva_iteration(run, t, config, prompts, policy, heldout)
+
+    rows = iteration_summary(run.store(), config)
+    create_markdown_artifact(summary_markdown(config.run, rows),
+                             key=f"{config.run.lower().replace('_', '-').replace('.', '-')}-summary",
+                             description="eva run summary")
+    return rows

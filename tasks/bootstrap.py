@@ -1,0 +1,70 @@
+"""Stage ``bootstrap``: theta_0, the policy every eva run starts from.
+
+Either an existing checkpoint (``init_checkpoint``: a directory ``from_pretrained`` can load,
+used in place, not copied) or, for the built-in world, a tiny GPT-2 trained from scratch by SFT
+on the world's SFT distribution: easy problems of every category, so theta_0 can do a little of
+everything and much of the seed set, which leaves informativeness a frontier to find.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from eva_core import world
+from tasks.backends.tiny_lm import (
+    SFTConfig,
+    TinyModelConfig,
+    build_char_tokenizer,
+    build_tiny_model,
+    save_checkpoint,
+    sft,
+)
+from tasks.stage import StageContext, StageOutput, stage
+from tasks.store import hash_directory
+
+
+class BootstrapConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    init_checkpoint: str | None = Field(
+        default=None, description="Start from this local checkpoint directory instead of SFT."
+    )
+    model: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    sft_examples: int = Field(default=50_000, ge=1, description="World SFT examples to draw.")
+
+    @field_validator("init_checkpoint")
+    @classmethod
+    def _checkpoint_exists(cls, path: str | None) -> str | None:
+        if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
+            raise ValueError(f"no checkpoint at {path!r} (expected a directory with config.json)")
+        return path
+
+
+def _checkpoint_key(config: BootstrapConfig) -> dict[str, str]:
+    # A user checkpoint is keyed on its bytes, so replacing it re-runs everything downstream.
+    return {"checkpoint": hash_directory(config.init_checkpoint)} if config.init_checkpoint else {}
+
+
+@stage("bootstrap", inputs={}, outputs=("step", "loss"), extra_key=_checkpoint_key)
+def bootstrap(ctx: StageContext, config: BootstrapConfig) -> StageOutput:
+    if config.init_checkpoint:
+        table = pa.table({"step": pa.array([], pa.int64()), "loss": pa.array([], pa.float64())})
+        return StageOutput(table, stats={"checkpoint": config.init_checkpoint},
+                           external_model=config.init_checkpoint)
+    tokenizer = build_char_tokenizer(world.ALPHABET)
+    model = build_tiny_model(config.model, tokenizer, seed=ctx.seed)
+    examples = world.sft_examples(world.SFT_DISTRIBUTION, config.sft_examples, seed=ctx.seed)
+    s = config.sft
+    metrics = sft(model, tokenizer, examples, steps=s.steps, batch_size=s.batch_size,
+                  learning_rate=s.learning_rate, warmup_steps=s.warmup_steps, seed=ctx.seed,
+                  progress=ctx.progress)
+    out_dir = os.path.join(ctx.scratch, "model")
+    save_checkpoint(model, tokenizer, out_dir)
+    table = pa.Table.from_pylist(metrics)
+    params = sum(p.numel() for p in model.parameters())
+    final = metrics[-1] if metrics else {}
+    return StageOutput(table, stats={"parameters": params, "steps": s.steps,
+                                     "final_loss": final.get("loss")}, model_dir=out_dir)

@@ -1,0 +1,48 @@
+"""Stage ``evaluate``: held-out score of a checkpoint.
+
+The score is the mean reward of one greedy response per held-out prompt, under the same reward
+backend the run trains with (the world's verifier here; a reward model in a real deployment);
+``solved`` is the share of responses with reward 1, and every category gets its own mean.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.backends.hf_generate import TransformersGeneration
+from tasks.backends.world import WorldReward
+from tasks.stage import MODEL, StageContext, StageOutput, stage
+
+
+class EvaluateConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    generation: TransformersGeneration = Field(
+        default_factory=lambda: TransformersGeneration(temperature=0.0),
+        description="Decoding for evaluation (greedy by default).",
+    )
+    reward: WorldReward = Field(default_factory=WorldReward)
+
+
+@stage("evaluate", inputs={"heldout": ("prompt_id", "prompt", "category"), "policy": MODEL},
+       outputs=("prompt_id", "prompt", "category", "response", "reward"))
+def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> StageOutput:
+    prompts = heldout.column("prompt").to_pylist()
+    generator = config.generation.load(ctx.model_dir("policy"))
+    responses = [rs[0] for rs in generator.generate(prompts, 1, ctx.seed, ctx.progress)]
+    rewards = np.array([rs[0] for rs in config.reward.load().score(prompts, [[r] for r in responses])])
+    categories = heldout.column("category").to_pylist()
+    by_cat: dict[str, list[float]] = defaultdict(list)
+    for c, r in zip(categories, rewards, strict=True):
+        by_cat[str(c)].append(float(r))
+    out = pa.table({"prompt_id": heldout.column("prompt_id"), "prompt": prompts,
+                    "category": categories, "response": responses, "reward": rewards})
+    stats = {
+        "score": round(float(np.nanmean(rewards)), 4),
+        "solved": round(float(np.mean(rewards == 1.0)), 4),
+        "per_category": {c: round(float(np.nanmean(v)), 4) for c, v in sorted(by_cat.items())},
+    }
+    return StageOutput(out, stats=stats, ui_tables={"responses": out.slice(0, 20).to_pylist()})

@@ -1,0 +1,40 @@
+"""Stage ``evolve``: rewrite the sampled prompts into new ones (paper section 3.2).
+
+The evolver is whatever the config names (the world's operators here; EvolInstruct over an LLM
+in a real deployment); this stage only cleans its output and records lineage.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field
+
+from eva_core.evolution import evolved_records
+from eva_core.schema import PROMPT_COLUMNS
+from tasks.backends.world import WorldEvolver
+from tasks.stage import StageContext, StageOutput, stage
+
+
+class EvolveConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    num_evolutions: int = Field(default=4, ge=1, description="New prompts per parent (paper: 4).")
+    max_chars: int | None = Field(
+        default=8192, ge=1, description="Drop rewrites longer than this many characters."
+    )
+    evolver: WorldEvolver = Field(default_factory=WorldEvolver)
+
+
+@stage("evolve", inputs={"subset": PROMPT_COLUMNS}, outputs=PROMPT_COLUMNS)
+def evolve(ctx: StageContext, config: EvolveConfig, subset: pa.Table) -> StageOutput:
+    evolver = config.evolver.load()
+    parents = subset.column("prompt").to_pylist()
+    raw = evolver.evolve(parents, subset.column("category").to_pylist(), config.num_evolutions,
+                         ctx.seed)
+    assert ctx.iteration is not None, "evolve runs inside an iteration"
+    table, stats = evolved_records(subset, raw, ctx.iteration, config.max_chars,
+                                   categorize=getattr(evolver, "category_of", None))
+    parent_text = dict(zip(subset.column("prompt_id").to_pylist(), parents, strict=True))
+    rows = [{"parent": parent_text[r["parent_id"]], "evolved": r["prompt"],
+             "method": r["evolve_method"], "category": r["category"]}
+            for r in table.slice(0, 40).to_pylist()]
+    return StageOutput(table, stats=stats.as_dict(), ui_tables={"evolved": rows})

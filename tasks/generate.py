@@ -1,0 +1,42 @@
+"""Stage ``generate`` (and ``creator_generate``): N responses per prompt from the current policy.
+
+The creator samples on X_{t-1} to measure informativeness; the solver samples on X_t to build
+preference pairs. Both use the same stage with the same backend; only the artifact differs.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field
+
+from eva_core.schema import PROMPT_COLUMNS
+from tasks.backends.hf_generate import TransformersGeneration
+from tasks.stage import MODEL, StageContext, StageOutput, stage
+
+ROLLOUT_COLUMNS = (*PROMPT_COLUMNS, "responses")
+
+
+class GenerateConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    n: int = Field(default=6, ge=1, description="Responses per prompt (paper: 6).")
+    backend: TransformersGeneration = Field(default_factory=TransformersGeneration)
+
+
+@stage("generate", inputs={"prompts": PROMPT_COLUMNS, "policy": MODEL}, outputs=ROLLOUT_COLUMNS)
+def generate(ctx: StageContext, config: GenerateConfig, prompts: pa.Table) -> StageOutput:
+    generator = config.backend.load(ctx.model_dir("policy"))
+    texts = prompts.column("prompt").to_pylist()
+    started = time.perf_counter()
+    responses = generator.generate(texts, config.n, ctx.seed, ctx.progress)
+    seconds = time.perf_counter() - started
+    out = prompts.append_column("responses", pa.array(responses, pa.list_(pa.string())))
+    chars = sum(len(r) for rs in responses for r in rs)
+    distinct = sum(len(set(rs)) for rs in responses) / max(len(responses), 1)
+    stats = {
+        "prompts": len(texts), "responses": len(texts) * config.n,
+        "backend_seconds": round(seconds, 3), "response_chars": chars,
+        "mean_distinct_responses": round(distinct, 3),
+    }  # fmt: skip
+    return StageOutput(out, stats=stats)

@@ -1,0 +1,29 @@
+"""Stage ``mix``: X_t = 80% evolved + 20% original prompts (paper section 3.2)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field
+
+from eva_core.mixing import mix_prompt_sets
+from eva_core.schema import PROMPT_COLUMNS
+from tasks.stage import StageContext, StageOutput, stage
+
+
+class MixConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    ratio_evolved: float = Field(default=0.8, ge=0.0, le=1.0, description="Share of evolved prompts.")
+    size: int | None = Field(
+        default=None, ge=1, description="Size of X_t (default: the size of X_{t-1})."
+    )
+
+
+@stage("mix", inputs={"current": PROMPT_COLUMNS, "evolved": PROMPT_COLUMNS}, outputs=PROMPT_COLUMNS)
+def mix(ctx: StageContext, config: MixConfig, current: pa.Table, evolved: pa.Table) -> StageOutput:
+    mixed, stats = mix_prompt_sets(current, evolved, config.ratio_evolved, ctx.seed, config.size)
+    categories = Counter(str(c) for c in mixed.column("category").to_pylist())
+    depths = Counter(mixed.column("depth").to_pylist())
+    return StageOutput(mixed, stats={**stats.as_dict(), "categories": dict(sorted(categories.items())),
+                                     "depths": {str(k): v for k, v in sorted(depths.items())}})

@@ -1,0 +1,110 @@
+"""Stages ``prompts`` and ``heldout``: the seed set X_0 and the held-out evaluation set.
+
+Both come either from a user file (JSONL, JSON, CSV or parquet at any fsspec URL, with a
+``prompt`` column; a list column such as MT-Bench's ``turns`` contributes its first turn) or,
+by default, from the built-in world: seed prompts from its narrow seed distribution, held-out
+prompts from its broader target distribution, never overlapping the seed set.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+import fsspec
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field
+
+from eva_core import world
+from eva_core.schema import PROMPT_COLUMNS, seed_records
+from tasks.stage import StageContext, StageOutput, stage
+from tasks.store import hash_file
+
+
+class PromptsConfig(BaseModel):
+    """Where a prompt set comes from."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    path: str | None = Field(
+        default=None,
+        description="Prompt file (.jsonl/.json/.csv/.parquet, any fsspec URL). None: the world.",
+    )
+    prompt_column: str = Field(default="prompt", description="Column holding the prompt text.")
+    category_column: str | None = Field(
+        default="category", description="Optional column with a category label."
+    )
+    limit: int | None = Field(default=None, ge=1, description="Keep only the first N prompts.")
+    world_size: int = Field(default=256, ge=1, description="Prompts to draw from the world.")
+    world_distribution: Literal["seed", "heldout"] = Field(
+        default="seed", description="Which world distribution to draw from when path is None."
+    )
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options.")
+
+
+def read_prompt_file(config: PromptsConfig) -> pa.Table:
+    """Read and validate a user prompt file into prompt records; errors name the row or field."""
+    assert config.path is not None
+    ext = os.path.splitext(config.path.split("?")[0])[1].lower()
+    with fsspec.open(config.path, "rb", **config.storage_options) as f:
+        if ext == ".parquet":
+            table = pq.read_table(f)
+        elif ext in (".jsonl", ".json", ".ndjson"):
+            table = pajson.read_json(f)
+        elif ext == ".csv":
+            table = pacsv.read_csv(f)
+        else:
+            raise ValueError(f"prompts.path: unsupported file type {ext!r} (jsonl, json, csv, parquet)")
+    if config.prompt_column not in table.column_names:
+        raise ValueError(
+            f"{config.path}: no column {config.prompt_column!r} (columns: "
+            f"{', '.join(table.column_names)}); set prompts.prompt_column"
+        )
+    if config.limit:
+        table = table.slice(0, config.limit)
+    texts = table.column(config.prompt_column).to_pylist()
+    texts = [t[0] if isinstance(t, list) and t else t for t in texts]
+    categories = None
+    if config.category_column and config.category_column in table.column_names:
+        categories = [None if c is None else str(c)
+                      for c in table.column(config.category_column).to_pylist()]
+    try:
+        return seed_records(texts, categories)
+    except ValueError as exc:
+        raise ValueError(f"{config.path}: {exc}") from None
+
+
+def _file_key(config: PromptsConfig) -> dict[str, str]:
+    return {"file_sha256": hash_file(config.path, config.storage_options)} if config.path else {}
+
+
+def _world_records(prompts: list[str]) -> pa.Table:
+    return seed_records(prompts, [world.category_of(p) for p in prompts])
+
+
+def _output(table: pa.Table) -> StageOutput:
+    cats = table.column("category").to_pylist()
+    counts = {str(c): cats.count(c) for c in sorted(set(cats), key=str)}
+    return StageOutput(table, stats={"prompts": table.num_rows, "categories": counts},
+                       ui_tables={"sample": table.slice(0, 20).to_pylist()})
+
+
+@stage("prompts", inputs={}, outputs=PROMPT_COLUMNS, extra_key=_file_key)
+def load_prompts(ctx: StageContext, config: PromptsConfig) -> StageOutput:
+    if config.path:
+        return _output(read_prompt_file(config))
+    dist = world.SEED_DISTRIBUTION if config.world_distribution == "seed" else world.HELDOUT_DISTRIBUTION
+    return _output(_world_records(world.sample_prompts(dist, config.world_size, seed=ctx.seed)))
+
+
+@stage("heldout", inputs={"seed_set": ("prompt",)}, outputs=PROMPT_COLUMNS, extra_key=_file_key)
+def load_heldout(ctx: StageContext, config: PromptsConfig, seed_set: pa.Table) -> StageOutput:
+    if config.path:
+        return _output(read_prompt_file(config))
+    dist = world.SEED_DISTRIBUTION if config.world_distribution == "seed" else world.HELDOUT_DISTRIBUTION
+    exclude = set(seed_set.column("prompt").to_pylist())
+    return _output(
+        _world_records(world.sample_prompts(dist, config.world_size, ctx.seed, exclude=exclude))
+    )

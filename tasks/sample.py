@@ -1,0 +1,43 @@
+"""Stage ``sample``: the subset of X_{t-1} the creator evolves (paper section 3.2)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field
+
+from eva_core.sampling import SampleMethod, select_subset, subset_size
+from eva_core.schema import PROMPT_COLUMNS
+from tasks.stage import StageContext, StageOutput, stage
+
+
+class SampleConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    fraction: float = Field(default=0.25, gt=0.0, le=1.0, description="Share of prompts drawn.")
+    method: SampleMethod = Field(
+        default="weighted",
+        description="weighted: proportional to informativeness, without replacement (paper); "
+        "greedy: top-k; uniform: ignore informativeness.",
+    )
+
+
+@stage("sample", inputs={"scores": (*PROMPT_COLUMNS, "informativeness")},
+       outputs=(*PROMPT_COLUMNS, "informativeness", "draw_rank"))
+def sample(ctx: StageContext, config: SampleConfig, scores: pa.Table) -> StageOutput:
+    weights = scores.column("informativeness").to_numpy(zero_copy_only=False)
+    k = subset_size(scores.num_rows, config.fraction)
+    subset = select_subset(weights, k, config.method, ctx.seed)
+    out = scores.select([*PROMPT_COLUMNS, "informativeness"]).take(subset.indices)
+    out = out.append_column("draw_rank", pa.array(np.arange(len(subset.indices)), pa.int32()))
+    finite = weights[np.isfinite(weights)]
+    picked = out.column("informativeness").to_numpy(zero_copy_only=False)
+    stats = {
+        "method": config.method, "prompts": scores.num_rows, "selected": len(subset.indices),
+        "fell_back_to_uniform": subset.fell_back_to_uniform,
+        "zero_weight_filled": subset.zero_weight_filled,
+        "mean_informativeness_all": round(float(finite.mean()), 4) if finite.size else None,
+        "mean_informativeness_selected": round(float(np.nanmean(picked)), 4) if len(picked) else None,
+    }  # fmt: skip
+    if subset.fell_back_to_uniform:
+        ctx.log.warning("every informativeness weight is zero: sampled uniformly instead")
+    return StageOutput(out, stats=stats)

@@ -1,0 +1,345 @@
+"""The one mechanism every stage shares: cache, check, run, persist, publish.
+
+A stage module writes a plain function ``fn(ctx, config, **input_tables) -> StageOutput`` and
+declares, distilabel-style, the columns it needs from each named input and the columns it
+writes. ``@stage`` turns it into a Prefect task that
+
+1. keys the stage on its config, its inputs' content hashes, the run seed and its code;
+2. returns the stored artifact as a *Cached* state when a complete one has that key, so a new
+   flow run (after a crash, a kill, or a UI retry) re-executes only unfinished stages;
+3. otherwise reads the input parquet files, checks their columns, runs ``fn``, writes the
+   output atomically (manifest last) and publishes a summary, tables and progress to the UI.
+
+Why not Prefect's own cache policy: the artifacts must stay the source of truth (a run root on
+S3 outlives any Prefect database, and ``eva stage --force`` must be able to overrule it), and
+Prefect's key would have to hash inputs it cannot see (file contents behind URIs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow as pa
+from prefect import task
+from prefect.cache_policies import NONE
+from prefect.states import Completed
+from pydantic import BaseModel, ConfigDict, Field
+
+from eva_core.schema import missing_columns
+from tasks.store import Ref, RunStore, hash_directory, iteration_dir
+
+# Execution order of artifacts within an iteration (setup uses the first three and evaluate).
+STAGE_ORDER: tuple[str, ...] = (
+    "prompts", "heldout", "bootstrap",
+    "creator_generate", "creator_annotate", "score", "sample", "evolve", "mix",
+    "generate", "annotate", "pairs", "train", "evaluate",
+)  # fmt: skip
+MODEL = None  # an input that is consumed as a checkpoint, not read as a table
+_PACKAGES = ("eva", "prefect", "torch", "transformers", "trl", "pyarrow", "numpy")
+
+
+class StageError(RuntimeError):
+    """A stage cannot run as asked (bad input columns, missing upstream artifact)."""
+
+
+class Plan(BaseModel):
+    """Which stages to force, reuse only, or skip; the default runs whatever is not cached.
+
+    ``eva stage NAME --iteration T`` sets ``target``: everything before it must already be
+    cached, the target runs (again, with ``force``), and everything after it is skipped unless
+    ``downstream``, in which case it runs too, forced when ``force`` is set (in Algorithm 1's
+    linear order, what follows a stage is exactly what depends on it).
+    """
+
+    model_config = ConfigDict(frozen=True)
+    target_iteration: int | None = None
+    target: str | None = None
+    force: bool = True
+    downstream: bool = False
+
+    def decide(self, iteration: int | None, artifact: str) -> Literal["auto", "force", "cached", "skip"]:
+        if self.target is None:
+            return "auto"
+        here = (-1 if iteration is None else iteration, STAGE_ORDER.index(artifact))
+        mark = (-1 if self.target_iteration is None else self.target_iteration,
+                STAGE_ORDER.index(self.target))
+        if here < mark:
+            return "cached"
+        if here > mark and not self.downstream:
+            return "skip"
+        return "force" if self.force else "auto"
+
+
+class RunContext(BaseModel):
+    """What every stage needs to know about the run it belongs to."""
+
+    model_config = ConfigDict(frozen=True)
+    root: str
+    run: str
+    seed: int
+    storage_options: dict[str, Any] = Field(default_factory=dict)
+    plan: Plan = Field(default_factory=Plan)
+
+    def store(self) -> RunStore:
+        return RunStore(self.root, self.run, self.storage_options)
+
+
+@dataclass
+class StageOutput:
+    table: pa.Table
+    stats: dict[str, Any] = field(default_factory=dict)
+    model_dir: str | None = None  # a local checkpoint to publish as {iter}/model
+    external_model: str | None = None  # a checkpoint used where it is (never copied)
+    ui_tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+
+@dataclass
+class StageContext:
+    """Handed to a stage function: where it is, its seed, its inputs' refs, and sinks."""
+
+    run: RunContext
+    iteration: int | None
+    artifact: str
+    seed: int
+    refs: Mapping[str, Ref]
+    scratch: str  # a private temporary directory, removed after the stage
+    store: RunStore
+    progress: Callable[[float], None]
+
+    def model_dir(self, name: str) -> str:
+        ref = self.refs[name]
+        if ref.model_uri is None:
+            raise StageError(f"{self.artifact}: input '{name}' carries no checkpoint")
+        return self.store.local_model(ref.model_uri, ref.content_hash)
+
+    @property
+    def log(self) -> logging.Logger | logging.LoggerAdapter:
+        try:
+            from prefect import get_run_logger
+
+            return get_run_logger()
+        except Exception:
+            return logging.getLogger(f"eva.{self.artifact}")
+
+
+StageFn = Callable[..., StageOutput]
+
+
+class Stage:
+    """A stage function wrapped as a Prefect task; call it from a flow like a function."""
+
+    def __init__(
+        self,
+        name: str,
+        fn: StageFn,
+        inputs: Mapping[str, Sequence[str] | None],
+        outputs: Sequence[str],
+        extra_key: Callable[[Any], dict[str, Any]] | None = None,
+    ):
+        self.name, self.fn, self.inputs, self.outputs = name, fn, dict(inputs), tuple(outputs)
+        self.extra_key = extra_key
+        self.task = task(
+            name=name, cache_policy=NONE, persist_result=False, task_run_name=_task_run_name
+        )(self._execute)
+
+    def __call__(self, run: RunContext, iteration: int | None, config: BaseModel,
+                 artifact: str | None = None, **refs: Ref) -> Ref:
+        state = self.task(run, iteration, config, artifact or self.name, refs, return_state=True)
+        return state.result()
+
+    def cache_key(self, run: RunContext, iteration: int | None, config: BaseModel,
+                  artifact: str, refs: Mapping[str, Ref]) -> str:
+        payload = {
+            "stage": self.name,
+            "artifact": artifact,
+            "iteration": iteration,
+            "seed": run.seed,
+            "config": config.model_dump(mode="json"),
+            "inputs": {k: refs[k].content_hash for k in sorted(refs)},
+            "extra": self.extra_key(config) if self.extra_key else {},
+            "code": _code_hash(self.fn.__module__),
+        }
+        return _sha(json.dumps(payload, sort_keys=True, default=str))
+
+    def _execute(self, run: RunContext, iteration: int | None, config: BaseModel, artifact: str,
+                 refs: dict[str, Ref]) -> Any:
+        decision = run.plan.decide(iteration, artifact)
+        if decision == "skip" or any(r.skipped for r in refs.values()):
+            return Completed(name="Skipped", data=Ref(artifact, iteration, "", "", 0, skipped=True))
+        unknown = set(refs) ^ set(self.inputs)
+        if unknown:
+            raise StageError(f"{artifact}: expected inputs {sorted(self.inputs)}, got {sorted(refs)}")
+        store = run.store()
+        key = self.cache_key(run, iteration, config, artifact, refs)
+        if decision != "force":
+            manifest = store.read_manifest(iteration, artifact)
+            if manifest and manifest["key"] == key and store.is_complete(manifest):
+                return Completed(name="Cached", message=f"reused {manifest['uri']}",
+                                 data=_ref(manifest))
+            if decision == "cached":
+                raise StageError(
+                    f"{artifact} of {iteration_dir(iteration)} has no finished artifact for "
+                    "this config; run `eva run` for this run first"
+                )
+
+        started = time.perf_counter()
+        tables = {}
+        for name, columns in self.inputs.items():
+            if columns is MODEL:
+                continue
+            table = store.read_table(refs[name].uri)
+            if missing := missing_columns(table, columns):
+                raise StageError(f"{artifact}: input '{name}' ({refs[name].uri}) lacks column(s) "
+                                 f"{', '.join(missing)}")
+            tables[name] = table
+
+        store.invalidate(iteration, artifact)
+        progress = _ProgressArtifact(_artifact_key(run.run, iteration, artifact, "progress"))
+        with tempfile.TemporaryDirectory(prefix=f"eva-{artifact}-") as scratch:
+            ctx = StageContext(run, iteration, artifact, stage_seed(run.seed, iteration, artifact),
+                               refs, scratch, store, progress)
+            out = self.fn(ctx, config, **tables)
+            if missing := missing_columns(out.table, self.outputs):
+                raise StageError(f"{artifact}: output lacks declared column(s) {', '.join(missing)}")
+            uri, table_hash, nbytes = store.write_table(iteration, artifact, out.table)
+            model_uri, model_hash = None, None
+            if out.model_dir:
+                model_uri, model_hash = store.publish_model(iteration, out.model_dir)
+            elif out.external_model:
+                model_uri, model_hash = out.external_model, hash_directory(out.external_model)
+        progress(1.0)
+        seconds = time.perf_counter() - started
+        content_hash = _sha(table_hash + (model_hash or ""))
+        manifest = {
+            "stage": self.name, "artifact": artifact, "iteration": iteration, "key": key,
+            "uri": uri, "bytes": nbytes, "rows": out.table.num_rows,
+            "content_hash": content_hash, "model_uri": model_uri,
+            "config": config.model_dump(mode="json"),
+            "config_hash": _sha(json.dumps(config.model_dump(mode="json"), sort_keys=True)),
+            "inputs": {k: {"uri": r.uri, "content_hash": r.content_hash} for k, r in refs.items()},
+            "seconds": round(seconds, 3), "stats": out.stats, "versions": _versions(),
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }  # fmt: skip
+        store.write_manifest(iteration, artifact, manifest)
+        _publish_ui(run.run, iteration, artifact, manifest, out.ui_tables)
+        return _ref(manifest)
+
+
+def stage(
+    name: str,
+    *,
+    inputs: Mapping[str, Sequence[str] | None],
+    outputs: Sequence[str],
+    extra_key: Callable[[Any], dict[str, Any]] | None = None,
+) -> Callable[[StageFn], Stage]:
+    """Declare a stage: ``inputs`` maps input names to required columns (``MODEL`` for a
+    checkpoint), ``outputs`` lists the columns it writes."""
+    return lambda fn: Stage(name, fn, inputs, outputs, extra_key)
+
+
+def stage_seed(run_seed: int, iteration: int | None, artifact: str) -> int:
+    """A per-stage seed, so re-running one stage reproduces it without replaying the others."""
+    return int(_sha(f"{run_seed}/{iteration}/{artifact}")[:8], 16)
+
+
+def _ref(m: dict[str, Any]) -> Ref:
+    return Ref(m["artifact"], m["iteration"], m["uri"], m["content_hash"], m["rows"],
+               m.get("model_uri"))
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@cache
+def _code_hash(module: str) -> str:
+    """Hash of the stage's own module plus the shared method code and backends it runs on."""
+    here = Path(__file__).resolve().parent
+    files = [Path(__import__(module, fromlist=["_"]).__file__ or "")]
+    files += sorted((here.parent / "eva_core").glob("*.py")) + sorted((here / "backends").glob("*.py"))
+    files.append(Path(__file__))
+    return _sha("".join(f.read_text() for f in files if f.is_file()))
+
+
+@cache
+def _versions() -> dict[str, str]:
+    out = {}
+    for pkg in _PACKAGES:
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def _task_run_name() -> str:
+    from prefect.runtime import task_run
+
+    p = task_run.parameters
+    return f"{p['artifact']}-{iteration_dir(p['iteration']).replace('_', '-')}"
+
+
+def _artifact_key(run: str, iteration: int | None, artifact: str, suffix: str = "") -> str:
+    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
+    raw = "-".join(p for p in (run, iteration_dir(iteration), artifact, suffix) if p)
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", raw.lower())).strip("-")
+
+
+class _ProgressArtifact:
+    """A Prefect progress artifact, updated at most once a second; silent outside a flow."""
+
+    def __init__(self, key: str):
+        self.key, self.id, self.last, self.disabled = key, None, 0.0, False
+
+    def __call__(self, fraction: float) -> None:
+        now = time.monotonic()
+        if self.disabled or (fraction < 1.0 and now - self.last < 1.0):
+            return
+        self.last = now
+        try:
+            from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+            pct = round(100 * min(max(fraction, 0.0), 1.0), 1)
+            if self.id is None:
+                self.id = create_progress_artifact(pct, key=self.key)
+            else:
+                update_progress_artifact(self.id, pct)
+        except Exception:  # no Prefect API here (a plain call): progress is best-effort
+            self.disabled = True
+
+
+def _publish_ui(run: str, iteration: int | None, artifact: str, manifest: dict[str, Any],
+                tables: Mapping[str, list[dict[str, Any]]]) -> None:
+    try:
+        from prefect.artifacts import create_markdown_artifact, create_table_artifact
+    except ImportError:  # pragma: no cover
+        return
+    stats = manifest["stats"]
+    lines = [
+        f"### {artifact} · {iteration_dir(iteration)}",
+        f"{manifest['rows']} rows in {manifest['seconds']:.2f} s → `{manifest['uri']}`",
+        "",
+        "| stat | value |",
+        "| --- | --- |",
+        *(f"| {k} | {json.dumps(v, default=str)} |" for k, v in stats.items()),
+    ]
+    try:
+        create_markdown_artifact("\n".join(lines), key=_artifact_key(run, iteration, artifact),
+                                 description=f"{artifact} summary")
+        for suffix, rows in tables.items():
+            if rows:
+                create_table_artifact(rows, key=_artifact_key(run, iteration, artifact, suffix),
+                                      description=f"{artifact}: {suffix}")
+    except Exception as exc:  # the artifact on disk is what matters; the UI is a view of it
+        logging.getLogger("eva").debug("could not publish UI artifacts: %s", exc)

@@ -1,0 +1,183 @@
+"""Where a run's artifacts live, and how they are written so a crash never fakes completion.
+
+Layout under any fsspec URL (a local path, ``s3://bucket/prefix`` through s3fs, ...)::
+
+    {root}/{run}/config.json                 the run's config, as last launched
+    {root}/{run}/setup/{stage}.parquet       X_0, held-out set, theta_0 metrics
+    {root}/{run}/setup/model/                theta_0
+    {root}/{run}/iter_{t}/{stage}.parquet    one file per stage of iteration t
+    {root}/{run}/iter_{t}/{stage}.manifest.json
+    {root}/{run}/iter_{t}/model/             the checkpoint trained in iteration t
+
+A stage is complete only when its manifest exists, names the stage's cache key and matches the
+parquet's size. Writes go to a temporary name and are moved into place (an atomic rename on a
+local disk; on S3 an object only appears once its upload finished), and the manifest is written
+last, after the old one was removed, so a kill at any point leaves either the old complete
+artifact, or one that is visibly incomplete and re-run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A finished stage's output, as flows pass it from stage to stage."""
+
+    stage: str
+    iteration: int | None
+    uri: str
+    content_hash: str
+    rows: int
+    model_uri: str | None = None  # checkpoint directory, for stages that produce a policy
+    skipped: bool = False  # the plan asked to stop before this stage
+
+
+def iteration_dir(iteration: int | None) -> str:
+    return "setup" if iteration is None else f"iter_{iteration}"
+
+
+class RunStore:
+    """Reads and writes one run's artifacts under ``{root}/{run}``."""
+
+    def __init__(self, root: str, run: str, storage_options: dict[str, Any] | None = None):
+        self.fs, base = fsspec.core.url_to_fs(root, **(storage_options or {}))
+        self.protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        self.base = f"{base.rstrip('/')}/{run}"
+        self.is_local = self.protocol in ("file", "local")
+
+    # -- paths -------------------------------------------------------------------------------
+    def path(self, iteration: int | None, name: str) -> str:
+        return f"{self.base}/{iteration_dir(iteration)}/{name}"
+
+    def uri(self, path: str) -> str:
+        return path if self.is_local else f"{self.protocol}://{path}"
+
+    def strip(self, uri: str) -> str:
+        return self.fs._strip_protocol(uri)
+
+    # -- manifests ---------------------------------------------------------------------------
+    def read_manifest(self, iteration: int | None, stage: str) -> dict[str, Any] | None:
+        path = self.path(iteration, f"{stage}.manifest.json")
+        try:
+            with self.fs.open(path, "rb") as f:
+                return json.loads(f.read())
+        except FileNotFoundError:
+            return None
+
+    def is_complete(self, manifest: dict[str, Any]) -> bool:
+        """The manifest's parquet (and checkpoint) are present at the recorded size."""
+        try:
+            if self.fs.size(self.strip(manifest["uri"])) != manifest["bytes"]:
+                return False
+            model = manifest.get("model_uri")
+            return model is None or self.fs.exists(self.strip(model) + "/config.json")
+        except FileNotFoundError:
+            return False
+
+    def invalidate(self, iteration: int | None, stage: str) -> None:
+        """Remove a stage's manifest before it is rewritten (the first step of any write)."""
+        path = self.path(iteration, f"{stage}.manifest.json")
+        if self.fs.exists(path):
+            self.fs.rm(path)
+
+    def write_manifest(self, iteration: int | None, stage: str, manifest: dict[str, Any]) -> None:
+        data = json.dumps(manifest, indent=2, sort_keys=True, default=str).encode()
+        self._atomic_write(self.path(iteration, f"{stage}.manifest.json"), data)
+
+    # -- tables ------------------------------------------------------------------------------
+    def write_table(self, iteration: int | None, stage: str, table: pa.Table) -> tuple[str, str, int]:
+        """Write ``table`` atomically; return (uri, sha256 of the bytes, size in bytes)."""
+        buf = io.BytesIO()
+        pq.write_table(table, buf, compression="zstd")
+        data = buf.getvalue()
+        path = self.path(iteration, f"{stage}.parquet")
+        self._atomic_write(path, data)
+        return self.uri(path), hashlib.sha256(data).hexdigest(), len(data)
+
+    def read_table(self, uri: str) -> pa.Table:
+        with self.fs.open(self.strip(uri), "rb") as f:
+            return pq.read_table(f)
+
+    def write_json(self, path: str, obj: Any) -> None:
+        self._atomic_write(path, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
+
+    def _atomic_write(self, path: str, data: bytes) -> None:
+        parent = path.rsplit("/", 1)[0]
+        self.fs.makedirs(parent, exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        with self.fs.open(tmp, "wb") as f:
+            f.write(data)
+        if self.is_local:
+            os.replace(tmp, path)  # atomic on POSIX
+        else:
+            self.fs.mv(tmp, path)
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def publish_model(self, iteration: int | None, local_dir: str) -> tuple[str, str]:
+        """Move a finished local checkpoint to ``{iter}/model``; return (uri, content hash)."""
+        digest = hash_directory(local_dir)
+        dest = self.path(iteration, "model")
+        if self.is_local:
+            staging = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"
+            shutil.copytree(local_dir, staging)
+            if os.path.exists(dest):
+                shutil.rmtree(dest)
+            os.replace(staging, dest)
+        else:
+            if self.fs.exists(dest):
+                self.fs.rm(dest, recursive=True)
+            self.fs.put(local_dir.rstrip("/") + "/", dest, recursive=True)
+        return self.uri(dest), digest
+
+    def local_model(self, model_uri: str, content_hash: str) -> str:
+        """A local directory holding the checkpoint (downloaded once if it is remote).
+
+        The download cache is keyed on the checkpoint's content hash, so a retrained
+        checkpoint at the same URI is never served stale.
+        """
+        if "://" not in model_uri or model_uri.startswith("file://"):
+            return model_uri.removeprefix("file://")
+        cache = os.path.join(tempfile.gettempdir(), "eva-models", content_hash[:16])
+        if not os.path.exists(os.path.join(cache, "config.json")):
+            staging = f"{cache}.tmp-{uuid.uuid4().hex[:8]}"
+            self.fs.get(self.strip(model_uri).rstrip("/") + "/", staging, recursive=True)
+            if os.path.exists(cache):
+                shutil.rmtree(cache)
+            os.replace(staging, cache)
+        return cache
+
+
+def hash_directory(path: str) -> str:
+    """sha256 over a directory's files (names and bytes), in sorted order."""
+    h = hashlib.sha256()
+    for dirpath, _, files in sorted(os.walk(path)):
+        for name in sorted(files):
+            full = os.path.join(dirpath, name)
+            h.update(os.path.relpath(full, path).encode())
+            with open(full, "rb") as f:
+                for block in iter(lambda f=f: f.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest()
+
+
+def hash_file(uri: str, storage_options: dict[str, Any] | None = None) -> str:
+    """sha256 of a file at any fsspec URL (used to key stages on user-supplied inputs)."""
+    h = hashlib.sha256()
+    with fsspec.open(uri, "rb", **(storage_options or {})) as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
