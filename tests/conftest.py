@@ -1,0 +1,44 @@
+"""Shared fixtures: a real temporary Prefect API for the whole session, tiny run configs."""
+
+from __future__ import annotations
+
+import os
+
+# Before prefect is imported anywhere: the ephemeral API needs more than 20 s on 2 cores.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
+
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def tiny_run_config(root: str, run: str = "t", **overrides: Any) -> dict[str, Any]:
+    """A run small enough for a test: a few dozen prompts, a few seconds of SFT."""
+    gen = {"max_new_tokens": 10, "batch_size": 256}
+    cfg: dict[str, Any] = {
+        "run": run,
+        "root": root,
+        "seed": 0,
+        "iterations": 1,
+        "prompts": {"world_size": 24},
+        "heldout": {"world_size": 24, "world_distribution": "heldout"},
+        "bootstrap": {"sft": {"steps": 40, "batch_size": 32}, "sft_examples": 2000},
+        "generate": {"n": 4, "backend": gen},
+        "evaluate": {"generation": {**gen, "temperature": 0.0}},
+        "train": {"solver": {"learning_rate": 1e-3, "per_device_train_batch_size": 8,
+                             "num_train_epochs": 1, "max_length": 64}},
+    }
+    for key, value in overrides.items():
+        cfg[key] = value
+    return cfg

@@ -1,0 +1,137 @@
+"""The stage mechanism on real stages and small tables: caching, checks, atomicity, S3."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pyarrow as pa
+import pytest
+
+from eva_core.schema import seed_records
+from tasks.mix import MixConfig, mix
+from tasks.sample import SampleConfig, sample
+from tasks.score import ScoreConfig, score
+from tasks.stage import Plan, RunContext, StageError
+from tasks.store import Ref, RunStore
+
+pytestmark = pytest.mark.usefixtures("prefect_api")
+
+
+def _annotated(n: int = 8) -> pa.Table:
+    base = seed_records([f"{i}+{i}=" for i in range(n)], ["add"] * n)
+    responses = [[str(i), "x", "y"] for i in range(n)]
+    rewards = [[i / n, 0.0, 0.5] for i in range(n)]
+    return base.append_column("responses", pa.array(responses)).append_column(
+        "rewards", pa.array(rewards, pa.list_(pa.float64())))
+
+
+def _input(store: RunStore, iteration: int, name: str, table: pa.Table) -> Ref:
+    uri, digest, _ = store.write_table(iteration, name, table)
+    return Ref(name, iteration, uri, digest, table.num_rows)
+
+
+def _run(tmp_path, **kw) -> RunContext:
+    return RunContext(root=str(tmp_path), run="r", seed=1, **kw)
+
+
+def test_cached_in_a_new_call_and_rerun_on_config_change(tmp_path) -> None:
+    run = _run(tmp_path)
+    store = run.store()
+    annotated = _input(store, 1, "creator_annotate", _annotated())
+    first = score(run, 1, ScoreConfig(), annotated=annotated)
+    state = score.task(run, 1, ScoreConfig(), "score", {"annotated": annotated}, return_state=True)
+    assert state.name == "Cached" and state.result() == first
+    created = store.read_manifest(1, "score")["created_at"]
+    # A different metric is a different key: the stage runs again and its output changes.
+    state = score.task(run, 1, ScoreConfig(metric="a_avg"), "score", {"annotated": annotated},
+                       return_state=True)
+    assert state.name == "Completed"
+    assert state.result().content_hash != first.content_hash
+    manifest = store.read_manifest(1, "score")
+    assert manifest["config"]["metric"] == "a_avg" and manifest["created_at"] >= created
+    # Manifest carries what a user needs to trust and trace the artifact.
+    assert manifest["inputs"]["annotated"]["content_hash"] == annotated.content_hash
+    assert {"eva", "prefect", "pyarrow"} <= set(manifest["versions"])
+    assert manifest["rows"] == 8 and manifest["stats"]["metric"] == "a_avg"
+
+
+def test_missing_input_column_is_named_and_nothing_written(tmp_path) -> None:
+    run = _run(tmp_path)
+    store = run.store()
+    bad = _input(store, 1, "creator_annotate", _annotated().drop_columns(["rewards"]))
+    with pytest.raises(StageError, match=r"score: input 'annotated' .* lacks column\(s\) rewards"):
+        score(run, 1, ScoreConfig(), annotated=bad)
+    assert store.read_manifest(1, "score") is None
+    assert not os.path.exists(store.path(1, "score.parquet"))
+
+
+def test_crash_mid_stage_leaves_no_complete_artifact(tmp_path, monkeypatch) -> None:
+    run = _run(tmp_path)
+    store = run.store()
+    annotated = _input(store, 1, "creator_annotate", _annotated())
+    scores = score(run, 1, ScoreConfig(), annotated=annotated)
+    # Re-run with a config change, and crash while writing the output parquet.
+    import tasks.store as store_mod
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(store_mod.pq, "write_table", boom)
+    with pytest.raises(OSError, match="disk full"):
+        score(run, 1, ScoreConfig(metric="var"), annotated=annotated)
+    monkeypatch.undo()
+    # The old manifest was withdrawn first, so neither config counts as complete.
+    assert store.read_manifest(1, "score") is None
+    state = score.task(run, 1, ScoreConfig(), "score", {"annotated": annotated}, return_state=True)
+    assert state.name == "Completed" and state.result().content_hash == scores.content_hash
+    leftovers = [f for f in os.listdir(os.path.dirname(store.path(1, "x"))) if ".tmp-" in f]
+    assert leftovers == []
+
+
+def test_plan_targets_one_stage(tmp_path) -> None:
+    run = _run(tmp_path)
+    store = run.store()
+    annotated = _input(store, 1, "creator_annotate", _annotated())
+    scores = score(run, 1, ScoreConfig(), annotated=annotated)
+    subset = sample(run, 1, SampleConfig(fraction=0.5), scores=scores)
+    plan_run = _run(tmp_path, plan=Plan(target_iteration=1, target="sample"))
+    assert score.task(plan_run, 1, ScoreConfig(), "score", {"annotated": annotated},
+                      return_state=True).name == "Cached"
+    assert sample.task(plan_run, 1, SampleConfig(fraction=0.5), "sample", {"scores": scores},
+                       return_state=True).name == "Completed"
+    # Downstream of the target is skipped unless asked for.
+    current = _input(store, 0, "mix", seed_records(["a", "b"]))
+    state = mix.task(plan_run, 1, MixConfig(), "mix", {"current": current, "evolved": subset},
+                     return_state=True)
+    assert state.name == "Skipped" and state.result().skipped
+    # An upstream stage that is not cached cannot be silently recomputed.
+    with pytest.raises(StageError, match="score of iter_1 has no finished artifact"):
+        score(plan_run, 1, ScoreConfig(metric="var"), annotated=annotated)
+
+
+def test_s3_root_through_a_local_s3_server(tmp_path) -> None:
+    moto = pytest.importorskip("moto.server")
+    server = moto.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        opts = {"key": "k", "secret": "s",
+                "client_kwargs": {"endpoint_url": f"http://{host}:{port}"}}
+        import s3fs
+
+        s3fs.S3FileSystem(**opts).mkdir("eva-bucket")
+        run = RunContext(root="s3://eva-bucket/runs", run="r", seed=1, storage_options=opts)
+        store = run.store()
+        annotated = _input(store, 1, "creator_annotate", _annotated())
+        assert annotated.uri.startswith("s3://eva-bucket/runs/r/iter_1/")
+        ref = score(run, 1, ScoreConfig(), annotated=annotated)
+        assert ref.uri == "s3://eva-bucket/runs/r/iter_1/score.parquet"
+        assert store.read_table(ref.uri).num_rows == 8
+        state = score.task(run, 1, ScoreConfig(), "score", {"annotated": annotated},
+                           return_state=True)
+        assert state.name == "Cached"
+        with store.fs.open("eva-bucket/runs/r/iter_1/score.manifest.json") as f:
+            assert json.load(f)["content_hash"] == ref.content_hash
+    finally:
+        server.stop()
