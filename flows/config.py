@@ -48,7 +48,7 @@ def _demo_train() -> TrainConfig:
     # Paper: lr 5e-7, batch 8 for a 9B model. A 0.1M model trained from scratch needs far
     # larger steps to move at all in a couple of hundred pairs.
     return TrainConfig(solver=DPOSolverConfig(learning_rate=2e-4, per_device_train_batch_size=16,
-                                              beta=0.1, max_length=64, max_prompt_length=32))
+                                              beta=0.1, max_length=64))
 
 
 class RunConfig(BaseModel):

@@ -1,0 +1,27 @@
+# The same targets run locally and in CI (.ci/run -> the README's test command -> `make ci`).
+PY ?= python
+
+.PHONY: lint format typecheck test test-all ci demo
+
+lint:
+	ruff check .
+	ruff format --check .
+
+format:
+	ruff format .
+	ruff check --fix .
+
+typecheck:
+	mypy
+
+# Default suite: everything but GPU tests (which skip themselves anyway) and `slow` ones.
+test:
+	$(PY) -m pytest -m "not slow" -q
+
+test-all:
+	$(PY) -m pytest -q
+
+ci: lint typecheck test
+
+demo:
+	eva run

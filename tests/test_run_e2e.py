@@ -1,0 +1,159 @@
+"""Whole runs on the built-in world: resume, rerun one stage, kill -9, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from flows.cli import main
+from flows.config import validate_config
+from tasks.store import RunStore
+from tests.conftest import tiny_run_config
+
+pytestmark = pytest.mark.usefixtures("prefect_api")
+
+SOLVER = ("generate", "annotate", "pairs", "train", "evaluate")
+CREATOR = ("creator_generate", "creator_annotate", "score", "sample", "evolve", "mix")
+SETUP = ("prompts", "heldout", "bootstrap", "evaluate")
+
+
+def _manifests(store: RunStore, iterations: int) -> dict[tuple, dict]:
+    out = {}
+    for stage in SETUP:
+        out[(None, stage)] = store.read_manifest(None, stage)
+    for stage in SOLVER:
+        out[(0, stage)] = store.read_manifest(0, stage)
+    for t in range(1, iterations + 1):
+        for stage in CREATOR + SOLVER:
+            out[(t, stage)] = store.read_manifest(t, stage)
+    return out
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    from flows.run import eva_run
+
+    root = str(tmp_path_factory.mktemp("runs"))
+    config = validate_config(tiny_run_config(root, run="base"))
+    rows = eva_run(config)
+    return config, rows
+
+
+def test_run_produces_every_artifact_and_summary(finished_run) -> None:
+    config, rows = finished_run
+    store = RunStore(config.root, config.run)
+    manifests = _manifests(store, config.iterations)
+    assert all(m is not None for m in manifests.values()), [k for k, m in manifests.items() if not m]
+    assert [r["iteration"] for r in rows] == ["theta_0", 0, 1]
+    assert rows[2]["prompts"] == 24 and rows[2]["evolved_kept"] == round(0.8 * 24)
+    assert all(0.0 <= r["heldout_score"] <= 1.0 for r in rows)
+    mix = store.read_table(manifests[(1, "mix")]["uri"])
+    evolved = [r for r in mix.to_pylist() if r["source"] == "evolved"]
+    assert evolved and all(r["iteration"] == 1 and r["depth"] >= 1 and r["parent_id"]
+                           for r in evolved)
+    assert os.path.isfile(os.path.join(config.root, "base", "iter_1", "model", "config.json"))
+    # theta_1 differs from theta_0: training happened and was published.
+    assert manifests[(1, "train")]["content_hash"] != manifests[(0, "train")]["content_hash"]
+
+
+def test_second_launch_reuses_every_stage(finished_run) -> None:
+    from flows.run import eva_run
+
+    config, rows = finished_run
+    store = RunStore(config.root, config.run)
+    before = _manifests(store, config.iterations)
+    started = time.perf_counter()
+    again = eva_run(config)
+    assert again == rows
+    after = _manifests(store, config.iterations)
+    assert {k: m["created_at"] for k, m in after.items()} == \
+           {k: m["created_at"] for k, m in before.items()}
+    assert time.perf_counter() - started < 60
+
+
+def test_stage_rerun_touches_only_that_stage_then_downstream(finished_run, capsys) -> None:
+    config, _ = finished_run
+    store = RunStore(config.root, config.run)
+    before = _manifests(store, config.iterations)
+    time.sleep(1.1)  # created_at has one-second resolution
+    assert main(["stage", "evolve", "--run", "base", "--root", config.root, "--iteration", "1",
+                 "--force"]) == 0
+    after = _manifests(store, config.iterations)
+    changed = {k for k in after if after[k]["created_at"] != before[k]["created_at"]}
+    assert changed == {(1, "evolve")}
+    # Deterministic: the forced rerun reproduces the same prompts.
+    assert after[(1, "evolve")]["content_hash"] == before[(1, "evolve")]["content_hash"]
+
+    time.sleep(1.1)
+    assert main(["stage", "evolve", "--run", "base", "--root", config.root, "--iteration", "1",
+                 "--force", "--downstream"]) == 0
+    again = _manifests(store, config.iterations)
+    changed = {k for k in again if again[k]["created_at"] != after[k]["created_at"]}
+    assert changed == {(1, s) for s in ("evolve", "mix", *SOLVER)}
+
+
+def _cli(config_path: str, run: str) -> list[str]:
+    return [sys.executable, "-m", "flows.cli", "run", "--config", config_path, "--run", run]
+
+
+@pytest.mark.slow
+def test_kill_9_mid_run_resumes_to_identical_artifacts(tmp_path, finished_run) -> None:
+    base_config, _ = finished_run
+    cfg = tiny_run_config(base_config.root, run="killed")
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    store = RunStore(base_config.root, "killed")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(_cli(str(path), "killed"), env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    # Kill as soon as iteration 1's score is done: mid-creator step.
+    deadline = time.time() + 600
+    while store.read_manifest(1, "score") is None and proc.poll() is None:
+        assert time.time() < deadline
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done_before = {k for k, m in _manifests(store, 1).items() if m}
+    assert (1, "score") in done_before and (1, "train") not in done_before
+    created = {k: store.read_manifest(*k)["created_at"] for k in done_before}
+
+    result = subprocess.run(_cli(str(path), "killed"), env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for key, stamp in created.items():  # nothing that had finished ran again
+        assert store.read_manifest(*key)["created_at"] == stamp, key
+    base = RunStore(base_config.root, "base")
+    for t, stage in [(1, "mix"), (0, "pairs"), (1, "pairs")]:
+        assert store.read_manifest(t, stage)["content_hash"] == \
+               base.read_manifest(t, stage)["content_hash"], (t, stage)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "score.metric=a_max"], "score.metric: Input should be 'a_min'"),
+        (["--set", "sample.fraction=1.5"], "sample.fraction: Input should be less than or equal to 1"),
+        (["--set", "bootstrap.init_checkpoint=/nope"], "bootstrap.init_checkpoint: no checkpoint at"),
+        (["--set", "prompts.path=NOPROMPT"], "prompts.path: "),
+        (["--set", "prompts.path=EMPTY"], "row 1: prompt is empty"),
+    ],
+)
+def test_bad_input_one_line_error_and_nothing_written(tmp_path, capsys, args, message) -> None:
+    no_prompt = tmp_path / "q.jsonl"
+    no_prompt.write_text(json.dumps({"question": "hi"}) + "\n")
+    empty = tmp_path / "e.jsonl"
+    empty.write_text(json.dumps({"prompt": "hi"}) + "\n" + json.dumps({"prompt": "  "}) + "\n")
+    args = [a.replace("NOPROMPT", str(no_prompt)).replace("EMPTY", str(empty)) for a in args]
+    root = tmp_path / "runs"
+    assert main(["run", "--root", str(root), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("eva: error: ") and message in err and "\n" not in err, err
+    if "NOPROMPT" in " ".join(args) or "q.jsonl" in " ".join(args):
+        assert "no column 'prompt'" in err
+    assert not root.exists()
