@@ -57,8 +57,10 @@ def evolved_records(
     if len(candidates) != parents.num_rows:
         raise ValueError(f"{len(candidates)} candidate lists for {parents.num_rows} parents")
     stats = EvolveStats(parents=parents.num_rows)
-    cols = {name: parents.column(name).to_pylist() for name in
-            ("prompt_id", "root_id", "depth", "category")}
+    cols = {
+        name: parents.column(name).to_pylist()
+        for name in ("prompt_id", "root_id", "depth", "category")
+    }
     rows: dict[str, list] = {name: [] for name in PROMPT_SCHEMA.names}
     seen: set[str] = set()
     for i, rewrites in enumerate(candidates):

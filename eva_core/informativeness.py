@@ -99,7 +99,9 @@ def informativeness(rewards: np.ndarray, metric: str) -> np.ndarray:
     return np.where(scored, value, np.nan)
 
 
-def _row_mean(r: np.ndarray, finite: np.ndarray, n_valid: np.ndarray, all_finite: bool) -> np.ndarray:
+def _row_mean(
+    r: np.ndarray, finite: np.ndarray, n_valid: np.ndarray, all_finite: bool
+) -> np.ndarray:
     if all_finite:
         return r.mean(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -55,7 +55,9 @@ def select_subset(weights: np.ndarray, k: int, method: str, seed: int) -> Subset
 
     if method == "uniform" or n_positive == 0:
         indices = rng.permutation(n)[:k]
-        return Subset(indices, fell_back_to_uniform=method != "uniform" and k > 0, zero_weight_filled=0)
+        return Subset(
+            indices, fell_back_to_uniform=method != "uniform" and k > 0, zero_weight_filled=0
+        )
 
     if method == "greedy":
         # Highest weight first; ties go to the earlier row so the result is stable.

@@ -87,8 +87,9 @@ def seed_records(
             "depth": pa.array([0] * n, pa.int32()),
             "iteration": pa.array([iteration] * n, pa.int32()),
             "evolve_method": pa.nulls(n, pa.string()),
-            "category": pa.array(list(categories) if categories is not None else [None] * n,
-                                 pa.string()),
+            "category": pa.array(
+                list(categories) if categories is not None else [None] * n, pa.string()
+            ),
         },
         schema=PROMPT_SCHEMA,
     )

@@ -1,10 +1,10 @@
 """``eva``: run, rerun one stage, serve, inspect.
 
-    eva run [--config FILE] [--set key=value ...]        a run of T iterations (resumable)
-    eva stage NAME --run R --iteration T [--force] [--downstream]
-    eva show --run R [--iteration T --stage NAME]        manifests and artifact rows
-    eva serve [--file infra/prefect.yaml]                serve the deployment to a Prefect API
-    eva config                                           print the default config as YAML
+eva run [--config FILE] [--set key=value ...]        a run of T iterations (resumable)
+eva stage NAME --run R --iteration T [--force] [--downstream]
+eva show --run R [--iteration T --stage NAME]        manifests and artifact rows
+eva serve [--file infra/prefect.yaml]                serve the deployment to a Prefect API
+eva config                                           print the default config as YAML
 """
 
 from __future__ import annotations
@@ -21,8 +21,22 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-STAGES = ("prompts", "heldout", "bootstrap", "creator_generate", "creator_annotate", "score",
-          "sample", "evolve", "mix", "generate", "annotate", "pairs", "train", "evaluate")
+STAGES = (
+    "prompts",
+    "heldout",
+    "bootstrap",
+    "creator_generate",
+    "creator_annotate",
+    "score",
+    "sample",
+    "evolve",
+    "mix",
+    "generate",
+    "annotate",
+    "pairs",
+    "train",
+    "evaluate",
+)
 
 
 def _iteration(text: str) -> int | None:
@@ -38,14 +52,20 @@ def _iteration(text: str) -> int | None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="eva", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="eva", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run (or resume) an eva run")
     run.add_argument("--config", help="YAML/JSON run config (default: the embedded demo)")
-    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a config field, e.g. --set sample.fraction=0.5")
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field, e.g. --set sample.fraction=0.5",
+    )
     run.add_argument("--run", help="run name (config field run)")
     run.add_argument("--root", help="run root, a path or fsspec URL (config field root)")
     run.add_argument("--iterations", type=int, help="eva iterations (config field iterations)")
@@ -101,7 +121,9 @@ def _stored_config(root: str, run: str) -> Any:
         with store.fs.open(f"{store.base}/config.json") as f:
             data = json.load(f)
     except FileNotFoundError:
-        raise ConfigError(f"--run {run}: no run at {store.base} (start it with `eva run`)") from None
+        raise ConfigError(
+            f"--run {run}: no run at {store.base} (start it with `eva run`)"
+        ) from None
     return validate_config(data)
 
 
@@ -113,8 +135,12 @@ def _cmd_stage(args: argparse.Namespace) -> int:
     from flows.summary import summary_table
     from tasks.stage import Plan
 
-    plan = Plan(target_iteration=args.iteration, target=args.name, force=args.force,
-                downstream=args.downstream)
+    plan = Plan(
+        target_iteration=args.iteration,
+        target=args.name,
+        force=args.force,
+        downstream=args.downstream,
+    )
     rows = eva_run(config, plan)
     print(summary_table(rows))
     return 0
@@ -125,15 +151,21 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
     config = _stored_config(args.root, args.run)
     store = __import__("tasks.store", fromlist=["RunStore"]).RunStore(
-        config.root, config.run, config.storage_options)
+        config.root, config.run, config.storage_options
+    )
     if args.stage is None:
         print(summary_table(iteration_summary(store, config)))
         return 0
     manifest = store.read_manifest(args.iteration, args.stage)
     if manifest is None:
         raise SystemExit(f"eva: error: no {args.stage} artifact in that iteration of {args.run}")
-    print(json.dumps({k: manifest[k] for k in ("uri", "rows", "seconds", "stats", "content_hash")},
-                     indent=2, default=str))
+    print(
+        json.dumps(
+            {k: manifest[k] for k in ("uri", "rows", "seconds", "stats", "content_hash")},
+            indent=2,
+            default=str,
+        )
+    )
     table = store.read_table(manifest["uri"]).slice(0, args.rows)
     for row in table.to_pylist():
         print(json.dumps(row, default=str)[:400])
@@ -161,8 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     from flows.config import ConfigError
     from tasks.stage import StageError
 
-    handlers = {"run": _cmd_run, "stage": _cmd_stage, "show": _cmd_show, "serve": _cmd_serve,
-                "config": _cmd_config}
+    handlers = {
+        "run": _cmd_run,
+        "stage": _cmd_stage,
+        "show": _cmd_show,
+        "serve": _cmd_serve,
+        "config": _cmd_config,
+    }
     try:
         return handlers[args.command](args)
     except (ConfigError, StageError) as exc:

@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tasks.annotate import AnnotateConfig
 from tasks.backends.hf_generate import TransformersGeneration
-from tasks.backends.tiny_lm import SFTConfig
 from tasks.backends.trl_dpo import DPOSolverConfig
 from tasks.bootstrap import BootstrapConfig
 from tasks.evaluate import EvaluateConfig
@@ -35,20 +34,27 @@ _DEMO_MAX_NEW_TOKENS = 10
 
 
 def _demo_generate() -> GenerateConfig:
-    return GenerateConfig(backend=TransformersGeneration(max_new_tokens=_DEMO_MAX_NEW_TOKENS,
-                                                         batch_size=512))
+    return GenerateConfig(
+        backend=TransformersGeneration(max_new_tokens=_DEMO_MAX_NEW_TOKENS, batch_size=512)
+    )
 
 
 def _demo_evaluate() -> EvaluateConfig:
-    return EvaluateConfig(generation=TransformersGeneration(
-        temperature=0.0, max_new_tokens=_DEMO_MAX_NEW_TOKENS, batch_size=512))
+    return EvaluateConfig(
+        generation=TransformersGeneration(
+            temperature=0.0, max_new_tokens=_DEMO_MAX_NEW_TOKENS, batch_size=512
+        )
+    )
 
 
 def _demo_train() -> TrainConfig:
     # Paper: lr 5e-7, batch 8 for a 9B model. A 0.1M model trained from scratch needs far
     # larger steps to move at all in a couple of hundred pairs.
-    return TrainConfig(solver=DPOSolverConfig(learning_rate=2e-4, per_device_train_batch_size=16,
-                                              beta=0.1, max_length=64))
+    return TrainConfig(
+        solver=DPOSolverConfig(
+            learning_rate=2e-4, per_device_train_batch_size=16, beta=0.1, max_length=64
+        )
+    )
 
 
 class RunConfig(BaseModel):
@@ -56,7 +62,9 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     run: str = Field(default="demo", description="Run name: the folder under root.")
-    root: str = Field(default="runs", description="Run root: a local path or fsspec URL (s3://...).")
+    root: str = Field(
+        default="runs", description="Run root: a local path or fsspec URL (s3://...)."
+    )
     storage_options: dict[str, Any] = Field(
         default_factory=dict, description="fsspec options for root (e.g. endpoint_url for S3)."
     )

@@ -24,8 +24,9 @@ from tasks.store import Ref
 from tasks.train import train
 
 
-def solver_step(run: RunContext, t: int, cfg: RunConfig, prompts: Ref, policy: Ref,
-                heldout: Ref) -> Ref:
+def solver_step(
+    run: RunContext, t: int, cfg: RunConfig, prompts: Ref, policy: Ref, heldout: Ref
+) -> Ref:
     """theta_t = solver(theta_{t-1}, pairs on X_t); returns the new policy."""
     rollouts = generate(run, t, cfg.generate, prompts=prompts, policy=policy)
     rewarded = annotate(run, t, cfg.annotate, rollouts=rollouts)
@@ -36,12 +37,14 @@ def solver_step(run: RunContext, t: int, cfg: RunConfig, prompts: Ref, policy: R
 
 
 @flow(name="eva-iteration", flow_run_name="{run.run}-iter-{t}")
-def eva_iteration(run: RunContext, t: int, cfg: RunConfig, prompts: Ref, policy: Ref,
-                  heldout: Ref) -> tuple[Ref, Ref]:
+def eva_iteration(
+    run: RunContext, t: int, cfg: RunConfig, prompts: Ref, policy: Ref, heldout: Ref
+) -> tuple[Ref, Ref]:
     """Creator then solver; returns (X_t, theta_t)."""
     # Creator: where is the current policy still learning?
-    rollouts = generate(run, t, cfg.generate, artifact="creator_generate", prompts=prompts,
-                        policy=policy)
+    rollouts = generate(
+        run, t, cfg.generate, artifact="creator_generate", prompts=prompts, policy=policy
+    )
     rewarded = annotate(run, t, cfg.annotate, artifact="creator_annotate", rollouts=rollouts)
     scores = score(run, t, cfg.score, annotated=rewarded)
     subset = sample(run, t, cfg.sample, scores=scores)
@@ -52,7 +55,8 @@ def eva_iteration(run: RunContext, t: int, cfg: RunConfig, prompts: Ref, policy:
 
 
 @flow(name="eva-dpo-iteration", flow_run_name="{run.run}-iter-{t}")
-def dpo_iteration(run: RunContext, t: int, cfg: RunConfig, prompts: Ref, policy: Ref,
-                  heldout: Ref) -> Ref:
+def dpo_iteration(
+    run: RunContext, t: int, cfg: RunConfig, prompts: Ref, policy: Ref, heldout: Ref
+) -> Ref:
     """Plain iterative DPO on a fixed prompt set (iteration 0, the paper's theta_0 -> theta_1)."""
     return solver_step(run, t, cfg, prompts, policy, heldout)

@@ -22,8 +22,13 @@ from tasks.stage import Plan, RunContext
 
 @flow(name="eva-run", flow_run_name="{config.run}")
 def eva_run(config: RunConfig, plan: Plan | None = None) -> list[dict[str, Any]]:
-    run = RunContext(root=config.root, run=config.run, seed=config.seed,
-                     storage_options=config.storage_options, plan=plan or Plan())
+    run = RunContext(
+        root=config.root,
+        run=config.run,
+        seed=config.seed,
+        storage_options=config.storage_options,
+        plan=plan or Plan(),
+    )
     run.store().write_json(f"{run.store().base}/config.json", config.model_dump(mode="json"))
 
     prompts = load_prompts(run, None, config.prompts)  # X_0
@@ -37,7 +42,9 @@ def eva_run(config: RunConfig, plan: Plan | None = None) -> list[dict[str, Any]]
         prompts, policy = eva_iteration(run, t, config, prompts, policy, heldout)
 
     rows = iteration_summary(run.store(), config)
-    create_markdown_artifact(summary_markdown(config.run, rows),
-                             key=f"{config.run.lower().replace('_', '-').replace('.', '-')}-summary",
-                             description="eva run summary")
+    create_markdown_artifact(
+        summary_markdown(config.run, rows),
+        key=f"{config.run.lower().replace('_', '-').replace('.', '-')}-summary",
+        description="eva run summary",
+    )
     return rows

@@ -18,9 +18,15 @@ def serve(path: str) -> None:
     schedules = []
     for s in d.get("schedules") or []:
         if "cron" in s:
-            schedules.append(Cron(s["cron"], timezone=s.get("timezone"),
-                                  active=s.get("active", True)))
+            schedules.append(
+                Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True))
+            )
         elif "interval" in s:
             schedules.append(Interval(s["interval"], active=s.get("active", True)))
-    eva_run.serve(name=d["name"], description=d.get("description"), tags=d.get("tags"),
-                  parameters=d.get("parameters") or {}, schedules=schedules or None)
+    eva_run.serve(
+        name=d["name"],
+        description=d.get("description"),
+        tags=d.get("tags"),
+        parameters=d.get("parameters") or {},
+        schedules=schedules or None,
+    )

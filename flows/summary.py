@@ -7,8 +7,15 @@ from typing import Any
 from flows.config import RunConfig
 from tasks.store import RunStore
 
-COLUMNS = ("iteration", "prompts", "mean_informativeness", "evolved_kept", "pairs",
-           "heldout_score", "heldout_solved")
+COLUMNS = (
+    "iteration",
+    "prompts",
+    "mean_informativeness",
+    "evolved_kept",
+    "pairs",
+    "heldout_score",
+    "heldout_solved",
+)
 
 
 def iteration_summary(store: RunStore, config: RunConfig) -> list[dict[str, Any]]:
@@ -16,9 +23,14 @@ def iteration_summary(store: RunStore, config: RunConfig) -> list[dict[str, Any]
         m = store.read_manifest(it, stage)
         return None if m is None else m["stats"].get(key)
 
-    rows = [{"iteration": "theta_0", "prompts": stat(None, "prompts", "prompts"),
-             "heldout_score": stat(None, "evaluate", "score"),
-             "heldout_solved": stat(None, "evaluate", "solved")}]
+    rows = [
+        {
+            "iteration": "theta_0",
+            "prompts": stat(None, "prompts", "prompts"),
+            "heldout_score": stat(None, "evaluate", "score"),
+            "heldout_solved": stat(None, "evaluate", "solved"),
+        }
+    ]
     first = 0 if config.iteration0_dpo else 1
     for t in range(first, config.iterations + 1):
         rows.append({
@@ -43,7 +55,9 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     """A plain-text table for the terminal."""
     cells = [list(COLUMNS)] + [[_fmt(r.get(c)) for c in COLUMNS] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells)
+    return "\n".join(
+        "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells
+    )
 
 
 def summary_markdown(run: str, rows: list[dict[str, Any]]) -> str:

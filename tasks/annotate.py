@@ -24,8 +24,11 @@ class AnnotateConfig(BaseModel):
 def annotate(ctx: StageContext, config: AnnotateConfig, rollouts: pa.Table) -> StageOutput:
     model = config.reward.load()
     started = time.perf_counter()
-    rewards = model.score(rollouts.column("prompt").to_pylist(),
-                          rollouts.column("responses").to_pylist(), ctx.progress)
+    rewards = model.score(
+        rollouts.column("prompt").to_pylist(),
+        rollouts.column("responses").to_pylist(),
+        ctx.progress,
+    )
     seconds = time.perf_counter() - started
     flat = np.array([r for rs in rewards for r in rs], dtype=np.float64)
     out = rollouts.append_column("rewards", pa.array(rewards, pa.list_(pa.float64())))

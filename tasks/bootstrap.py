@@ -52,19 +52,33 @@ def _checkpoint_key(config: BootstrapConfig) -> dict[str, str]:
 def bootstrap(ctx: StageContext, config: BootstrapConfig) -> StageOutput:
     if config.init_checkpoint:
         table = pa.table({"step": pa.array([], pa.int64()), "loss": pa.array([], pa.float64())})
-        return StageOutput(table, stats={"checkpoint": config.init_checkpoint},
-                           external_model=config.init_checkpoint)
+        return StageOutput(
+            table,
+            stats={"checkpoint": config.init_checkpoint},
+            external_model=config.init_checkpoint,
+        )
     tokenizer = build_char_tokenizer(world.ALPHABET)
     model = build_tiny_model(config.model, tokenizer, seed=ctx.seed)
     examples = world.sft_examples(world.SFT_DISTRIBUTION, config.sft_examples, seed=ctx.seed)
     s = config.sft
-    metrics = sft(model, tokenizer, examples, steps=s.steps, batch_size=s.batch_size,
-                  learning_rate=s.learning_rate, warmup_steps=s.warmup_steps, seed=ctx.seed,
-                  progress=ctx.progress)
+    metrics = sft(
+        model,
+        tokenizer,
+        examples,
+        steps=s.steps,
+        batch_size=s.batch_size,
+        learning_rate=s.learning_rate,
+        warmup_steps=s.warmup_steps,
+        seed=ctx.seed,
+        progress=ctx.progress,
+    )
     out_dir = os.path.join(ctx.scratch, "model")
     save_checkpoint(model, tokenizer, out_dir)
     table = pa.Table.from_pylist(metrics)
     params = sum(p.numel() for p in model.parameters())
     final = metrics[-1] if metrics else {}
-    return StageOutput(table, stats={"parameters": params, "steps": s.steps,
-                                     "final_loss": final.get("loss")}, model_dir=out_dir)
+    return StageOutput(
+        table,
+        stats={"parameters": params, "steps": s.steps, "final_loss": final.get("loss")},
+        model_dir=out_dir,
+    )

@@ -27,19 +27,31 @@ class EvaluateConfig(BaseModel):
     reward: WorldReward = Field(default_factory=WorldReward)
 
 
-@stage("evaluate", inputs={"heldout": ("prompt_id", "prompt", "category"), "policy": MODEL},
-       outputs=("prompt_id", "prompt", "category", "response", "reward"))
+@stage(
+    "evaluate",
+    inputs={"heldout": ("prompt_id", "prompt", "category"), "policy": MODEL},
+    outputs=("prompt_id", "prompt", "category", "response", "reward"),
+)
 def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> StageOutput:
     prompts = heldout.column("prompt").to_pylist()
     generator = config.generation.load(ctx.model_dir("policy"))
     responses = [rs[0] for rs in generator.generate(prompts, 1, ctx.seed, ctx.progress)]
-    rewards = np.array([rs[0] for rs in config.reward.load().score(prompts, [[r] for r in responses])])
+    rewards = np.array(
+        [rs[0] for rs in config.reward.load().score(prompts, [[r] for r in responses])]
+    )
     categories = heldout.column("category").to_pylist()
     by_cat: dict[str, list[float]] = defaultdict(list)
     for c, r in zip(categories, rewards, strict=True):
         by_cat[str(c)].append(float(r))
-    out = pa.table({"prompt_id": heldout.column("prompt_id"), "prompt": prompts,
-                    "category": categories, "response": responses, "reward": rewards})
+    out = pa.table(
+        {
+            "prompt_id": heldout.column("prompt_id"),
+            "prompt": prompts,
+            "category": categories,
+            "response": responses,
+            "reward": rewards,
+        }
+    )
     stats = {
         "score": round(float(np.nanmean(rewards)), 4),
         "solved": round(float(np.mean(rewards == 1.0)), 4),

@@ -28,13 +28,25 @@ class EvolveConfig(BaseModel):
 def evolve(ctx: StageContext, config: EvolveConfig, subset: pa.Table) -> StageOutput:
     evolver = config.evolver.load()
     parents = subset.column("prompt").to_pylist()
-    raw = evolver.evolve(parents, subset.column("category").to_pylist(), config.num_evolutions,
-                         ctx.seed)
+    raw = evolver.evolve(
+        parents, subset.column("category").to_pylist(), config.num_evolutions, ctx.seed
+    )
     assert ctx.iteration is not None, "evolve runs inside an iteration"
-    table, stats = evolved_records(subset, raw, ctx.iteration, config.max_chars,
-                                   categorize=getattr(evolver, "category_of", None))
+    table, stats = evolved_records(
+        subset,
+        raw,
+        ctx.iteration,
+        config.max_chars,
+        categorize=getattr(evolver, "category_of", None),
+    )
     parent_text = dict(zip(subset.column("prompt_id").to_pylist(), parents, strict=True))
-    rows = [{"parent": parent_text[r["parent_id"]], "evolved": r["prompt"],
-             "method": r["evolve_method"], "category": r["category"]}
-            for r in table.slice(0, 40).to_pylist()]
+    rows = [
+        {
+            "parent": parent_text[r["parent_id"]],
+            "evolved": r["prompt"],
+            "method": r["evolve_method"],
+            "category": r["category"],
+        }
+        for r in table.slice(0, 40).to_pylist()
+    ]
     return StageOutput(table, stats=stats.as_dict(), ui_tables={"evolved": rows})

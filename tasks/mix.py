@@ -14,7 +14,9 @@ from tasks.stage import StageContext, StageOutput, stage
 
 class MixConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    ratio_evolved: float = Field(default=0.8, ge=0.0, le=1.0, description="Share of evolved prompts.")
+    ratio_evolved: float = Field(
+        default=0.8, ge=0.0, le=1.0, description="Share of evolved prompts."
+    )
     size: int | None = Field(
         default=None, ge=1, description="Size of X_t (default: the size of X_{t-1})."
     )
@@ -25,5 +27,11 @@ def mix(ctx: StageContext, config: MixConfig, current: pa.Table, evolved: pa.Tab
     mixed, stats = mix_prompt_sets(current, evolved, config.ratio_evolved, ctx.seed, config.size)
     categories = Counter(str(c) for c in mixed.column("category").to_pylist())
     depths = Counter(mixed.column("depth").to_pylist())
-    return StageOutput(mixed, stats={**stats.as_dict(), "categories": dict(sorted(categories.items())),
-                                     "depths": {str(k): v for k, v in sorted(depths.items())}})
+    return StageOutput(
+        mixed,
+        stats={
+            **stats.as_dict(),
+            "categories": dict(sorted(categories.items())),
+            "depths": {str(k): v for k, v in sorted(depths.items())},
+        },
+    )

@@ -18,8 +18,11 @@ class PairsConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-@stage("pairs", inputs={"annotated": ("prompt_id", "prompt", "responses", "rewards")},
-       outputs=PAIR_COLUMNS)
+@stage(
+    "pairs",
+    inputs={"annotated": ("prompt_id", "prompt", "responses", "rewards")},
+    outputs=PAIR_COLUMNS,
+)
 def pairs(ctx: StageContext, config: PairsConfig, annotated: pa.Table) -> StageOutput:
     rewards = reward_matrix(annotated.column("rewards"))
     choice, stats = choose_pairs(rewards)
@@ -33,4 +36,6 @@ def pairs(ctx: StageContext, config: PairsConfig, annotated: pa.Table) -> StageO
         "chosen_reward": rewards[choice.rows, choice.chosen],
         "rejected_reward": rewards[choice.rows, choice.rejected],
     })  # fmt: skip
-    return StageOutput(out, stats=stats.as_dict(), ui_tables={"pairs": out.slice(0, 20).to_pylist()})
+    return StageOutput(
+        out, stats=stats.as_dict(), ui_tables={"pairs": out.slice(0, 20).to_pylist()}
+    )

@@ -56,7 +56,9 @@ def read_prompt_file(config: PromptsConfig) -> pa.Table:
         elif ext == ".csv":
             table = pacsv.read_csv(f)
         else:
-            raise ValueError(f"prompts.path: unsupported file type {ext!r} (jsonl, json, csv, parquet)")
+            raise ValueError(
+                f"prompts.path: unsupported file type {ext!r} (jsonl, json, csv, parquet)"
+            )
     if config.prompt_column not in table.column_names:
         raise ValueError(
             f"{config.path}: no column {config.prompt_column!r} (columns: "
@@ -68,8 +70,9 @@ def read_prompt_file(config: PromptsConfig) -> pa.Table:
     texts = [t[0] if isinstance(t, list) and t else t for t in texts]
     categories = None
     if config.category_column and config.category_column in table.column_names:
-        categories = [None if c is None else str(c)
-                      for c in table.column(config.category_column).to_pylist()]
+        categories = [
+            None if c is None else str(c) for c in table.column(config.category_column).to_pylist()
+        ]
     try:
         return seed_records(texts, categories)
     except ValueError as exc:
@@ -87,15 +90,22 @@ def _world_records(prompts: list[str]) -> pa.Table:
 def _output(table: pa.Table) -> StageOutput:
     cats = table.column("category").to_pylist()
     counts = {str(c): cats.count(c) for c in sorted(set(cats), key=str)}
-    return StageOutput(table, stats={"prompts": table.num_rows, "categories": counts},
-                       ui_tables={"sample": table.slice(0, 20).to_pylist()})
+    return StageOutput(
+        table,
+        stats={"prompts": table.num_rows, "categories": counts},
+        ui_tables={"sample": table.slice(0, 20).to_pylist()},
+    )
 
 
 @stage("prompts", inputs={}, outputs=PROMPT_COLUMNS, extra_key=_file_key)
 def load_prompts(ctx: StageContext, config: PromptsConfig) -> StageOutput:
     if config.path:
         return _output(read_prompt_file(config))
-    dist = world.SEED_DISTRIBUTION if config.world_distribution == "seed" else world.HELDOUT_DISTRIBUTION
+    dist = (
+        world.SEED_DISTRIBUTION
+        if config.world_distribution == "seed"
+        else world.HELDOUT_DISTRIBUTION
+    )
     return _output(_world_records(world.sample_prompts(dist, config.world_size, seed=ctx.seed)))
 
 
@@ -103,7 +113,11 @@ def load_prompts(ctx: StageContext, config: PromptsConfig) -> StageOutput:
 def load_heldout(ctx: StageContext, config: PromptsConfig, seed_set: pa.Table) -> StageOutput:
     if config.path:
         return _output(read_prompt_file(config))
-    dist = world.SEED_DISTRIBUTION if config.world_distribution == "seed" else world.HELDOUT_DISTRIBUTION
+    dist = (
+        world.SEED_DISTRIBUTION
+        if config.world_distribution == "seed"
+        else world.HELDOUT_DISTRIBUTION
+    )
     exclude = set(seed_set.column("prompt").to_pylist())
     return _output(
         _world_records(world.sample_prompts(dist, config.world_size, ctx.seed, exclude=exclude))

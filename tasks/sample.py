@@ -21,8 +21,11 @@ class SampleConfig(BaseModel):
     )
 
 
-@stage("sample", inputs={"scores": (*PROMPT_COLUMNS, "informativeness")},
-       outputs=(*PROMPT_COLUMNS, "informativeness", "draw_rank"))
+@stage(
+    "sample",
+    inputs={"scores": (*PROMPT_COLUMNS, "informativeness")},
+    outputs=(*PROMPT_COLUMNS, "informativeness", "draw_rank"),
+)
 def sample(ctx: StageContext, config: SampleConfig, scores: pa.Table) -> StageOutput:
     weights = scores.column("informativeness").to_numpy(zero_copy_only=False)
     k = subset_size(scores.num_rows, config.fraction)
@@ -36,7 +39,9 @@ def sample(ctx: StageContext, config: SampleConfig, scores: pa.Table) -> StageOu
         "fell_back_to_uniform": subset.fell_back_to_uniform,
         "zero_weight_filled": subset.zero_weight_filled,
         "mean_informativeness_all": round(float(finite.mean()), 4) if finite.size else None,
-        "mean_informativeness_selected": round(float(np.nanmean(picked)), 4) if len(picked) else None,
+        "mean_informativeness_selected": (
+            round(float(np.nanmean(picked)), 4) if len(picked) else None
+        ),
     }  # fmt: skip
     if subset.fell_back_to_uniform:
         ctx.log.warning("every informativeness weight is zero: sampled uniformly instead")

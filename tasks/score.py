@@ -33,19 +33,32 @@ def score(ctx: StageContext, config: ScoreConfig, annotated: pa.Table) -> StageO
         r_min = np.where(finite, rewards, np.inf).min(axis=1, initial=np.inf)
         r_mean = np.where(finite, rewards, 0).sum(axis=1) / finite.sum(axis=1)
     out = annotated.select(list(PROMPT_COLUMNS))
-    for name, values in (("informativeness", info), ("reward_max", r_max),
-                         ("reward_min", r_min), ("reward_mean", r_mean)):
+    for name, values in (
+        ("informativeness", info),
+        ("reward_max", r_max),
+        ("reward_min", r_min),
+        ("reward_mean", r_mean),
+    ):
         out = out.append_column(name, pa.array(np.where(np.isfinite(values), values, np.nan)))
     top = pc.sort_indices(out, [("informativeness", "descending")])[:20]
-    ui = annotated.take(top).append_column("informativeness", out.column("informativeness").take(top))
+    ui = annotated.take(top).append_column(
+        "informativeness", out.column("informativeness").take(top)
+    )
     valid = info[np.isfinite(info)]
     stats = {
         "metric": config.metric, "prompts": len(info),
         "mean_informativeness": round(float(valid.mean()), 4) if valid.size else None,
-        "zero_informativeness": int((valid == 0).sum()), "unscored_prompts": int(len(info) - valid.size),
+        "zero_informativeness": int((valid == 0).sum()),
+        "unscored_prompts": int(len(info) - valid.size),
     }  # fmt: skip
-    rows = [{"prompt": r["prompt"], "category": r["category"],
-             "informativeness": round(r["informativeness"], 4),
-             "rewards": [round(x, 3) for x in r["rewards"]], "responses": r["responses"]}
-            for r in ui.to_pylist()]
+    rows = [
+        {
+            "prompt": r["prompt"],
+            "category": r["category"],
+            "informativeness": round(r["informativeness"], 4),
+            "rewards": [round(x, 3) for x in r["rewards"]],
+            "responses": r["responses"],
+        }
+        for r in ui.to_pylist()
+    ]
     return StageOutput(out, stats=stats, ui_tables={"most-informative": rows})

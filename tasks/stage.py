@@ -68,12 +68,16 @@ class Plan(BaseModel):
     force: bool = True
     downstream: bool = False
 
-    def decide(self, iteration: int | None, artifact: str) -> Literal["auto", "force", "cached", "skip"]:
+    def decide(
+        self, iteration: int | None, artifact: str
+    ) -> Literal["auto", "force", "cached", "skip"]:
         if self.target is None:
             return "auto"
         here = (-1 if iteration is None else iteration, STAGE_ORDER.index(artifact))
-        mark = (-1 if self.target_iteration is None else self.target_iteration,
-                STAGE_ORDER.index(self.target))
+        mark = (
+            -1 if self.target_iteration is None else self.target_iteration,
+            STAGE_ORDER.index(self.target),
+        )
         if here < mark:
             return "cached"
         if here > mark and not self.downstream:
@@ -153,13 +157,25 @@ class Stage:
             name=name, cache_policy=NONE, persist_result=False, task_run_name=_task_run_name
         )(self._execute)
 
-    def __call__(self, run: RunContext, iteration: int | None, config: BaseModel,
-                 artifact: str | None = None, **refs: Ref) -> Ref:
+    def __call__(
+        self,
+        run: RunContext,
+        iteration: int | None,
+        config: BaseModel,
+        artifact: str | None = None,
+        **refs: Ref,
+    ) -> Ref:
         state = self.task(run, iteration, config, artifact or self.name, refs, return_state=True)
         return state.result()
 
-    def cache_key(self, run: RunContext, iteration: int | None, config: BaseModel,
-                  artifact: str, refs: Mapping[str, Ref]) -> str:
+    def cache_key(
+        self,
+        run: RunContext,
+        iteration: int | None,
+        config: BaseModel,
+        artifact: str,
+        refs: Mapping[str, Ref],
+    ) -> str:
         payload = {
             "stage": self.name,
             "artifact": artifact,
@@ -172,21 +188,30 @@ class Stage:
         }
         return _sha(json.dumps(payload, sort_keys=True, default=str))
 
-    def _execute(self, run: RunContext, iteration: int | None, config: BaseModel, artifact: str,
-                 refs: dict[str, Ref]) -> Any:
+    def _execute(
+        self,
+        run: RunContext,
+        iteration: int | None,
+        config: BaseModel,
+        artifact: str,
+        refs: dict[str, Ref],
+    ) -> Any:
         decision = run.plan.decide(iteration, artifact)
         if decision == "skip" or any(r.skipped for r in refs.values()):
             return Completed(name="Skipped", data=Ref(artifact, iteration, "", "", 0, skipped=True))
         unknown = set(refs) ^ set(self.inputs)
         if unknown:
-            raise StageError(f"{artifact}: expected inputs {sorted(self.inputs)}, got {sorted(refs)}")
+            raise StageError(
+                f"{artifact}: expected inputs {sorted(self.inputs)}, got {sorted(refs)}"
+            )
         store = run.store()
         key = self.cache_key(run, iteration, config, artifact, refs)
         if decision != "force":
             manifest = store.read_manifest(iteration, artifact)
             if manifest and manifest["key"] == key and store.is_complete(manifest):
-                return Completed(name="Cached", message=f"reused {manifest['uri']}",
-                                 data=_ref(manifest))
+                return Completed(
+                    name="Cached", message=f"reused {manifest['uri']}", data=_ref(manifest)
+                )
             if decision == "cached":
                 raise StageError(
                     f"{artifact} of {iteration_dir(iteration)} has no finished artifact for "
@@ -200,18 +225,30 @@ class Stage:
                 continue
             table = store.read_table(refs[name].uri)
             if missing := missing_columns(table, columns):
-                raise StageError(f"{artifact}: input '{name}' ({refs[name].uri}) lacks column(s) "
-                                 f"{', '.join(missing)}")
+                raise StageError(
+                    f"{artifact}: input '{name}' ({refs[name].uri}) lacks column(s) "
+                    f"{', '.join(missing)}"
+                )
             tables[name] = table
 
         store.invalidate(iteration, artifact)
         progress = _ProgressArtifact(_artifact_key(run.run, iteration, artifact, "progress"))
         with tempfile.TemporaryDirectory(prefix=f"eva-{artifact}-") as scratch:
-            ctx = StageContext(run, iteration, artifact, stage_seed(run.seed, iteration, artifact),
-                               refs, scratch, store, progress)
+            ctx = StageContext(
+                run,
+                iteration,
+                artifact,
+                stage_seed(run.seed, iteration, artifact),
+                refs,
+                scratch,
+                store,
+                progress,
+            )
             out = self.fn(ctx, config, **tables)
             if missing := missing_columns(out.table, self.outputs):
-                raise StageError(f"{artifact}: output lacks declared column(s) {', '.join(missing)}")
+                raise StageError(
+                    f"{artifact}: output lacks declared column(s) {', '.join(missing)}"
+                )
             uri, table_hash, nbytes = store.write_table(iteration, artifact, out.table)
             model_uri, model_hash = None, None
             if out.model_dir:
@@ -254,8 +291,9 @@ def stage_seed(run_seed: int, iteration: int | None, artifact: str) -> int:
 
 
 def _ref(m: dict[str, Any]) -> Ref:
-    return Ref(m["artifact"], m["iteration"], m["uri"], m["content_hash"], m["rows"],
-               m.get("model_uri"))
+    return Ref(
+        m["artifact"], m["iteration"], m["uri"], m["content_hash"], m["rows"], m.get("model_uri")
+    )
 
 
 def _sha(text: str) -> str:
@@ -267,7 +305,9 @@ def _code_hash(module: str) -> str:
     """Hash of the stage's own module plus the shared method code and backends it runs on."""
     here = Path(__file__).resolve().parent
     files = [Path(__import__(module, fromlist=["_"]).__file__ or "")]
-    files += sorted((here.parent / "eva_core").glob("*.py")) + sorted((here / "backends").glob("*.py"))
+    files += sorted((here.parent / "eva_core").glob("*.py")) + sorted(
+        (here / "backends").glob("*.py")
+    )
     files.append(Path(__file__))
     return _sha("".join(f.read_text() for f in files if f.is_file()))
 
@@ -300,7 +340,8 @@ class _ProgressArtifact:
     """A Prefect progress artifact, updated at most once a second; silent outside a flow."""
 
     def __init__(self, key: str):
-        self.key, self.id, self.last, self.disabled = key, None, 0.0, False
+        self.key, self.last, self.disabled = key, 0.0, False
+        self.id: Any = None
 
     def __call__(self, fraction: float) -> None:
         now = time.monotonic()
@@ -319,8 +360,13 @@ class _ProgressArtifact:
             self.disabled = True
 
 
-def _publish_ui(run: str, iteration: int | None, artifact: str, manifest: dict[str, Any],
-                tables: Mapping[str, list[dict[str, Any]]]) -> None:
+def _publish_ui(
+    run: str,
+    iteration: int | None,
+    artifact: str,
+    manifest: dict[str, Any],
+    tables: Mapping[str, list[dict[str, Any]]],
+) -> None:
     try:
         from prefect.artifacts import create_markdown_artifact, create_table_artifact
     except ImportError:  # pragma: no cover
@@ -335,11 +381,17 @@ def _publish_ui(run: str, iteration: int | None, artifact: str, manifest: dict[s
         *(f"| {k} | {json.dumps(v, default=str)} |" for k, v in stats.items()),
     ]
     try:
-        create_markdown_artifact("\n".join(lines), key=_artifact_key(run, iteration, artifact),
-                                 description=f"{artifact} summary")
+        create_markdown_artifact(
+            "\n".join(lines),
+            key=_artifact_key(run, iteration, artifact),
+            description=f"{artifact} summary",
+        )
         for suffix, rows in tables.items():
             if rows:
-                create_table_artifact(rows, key=_artifact_key(run, iteration, artifact, suffix),
-                                      description=f"{artifact}: {suffix}")
+                create_table_artifact(
+                    rows,
+                    key=_artifact_key(run, iteration, artifact, suffix),
+                    description=f"{artifact}: {suffix}",
+                )
     except Exception as exc:  # the artifact on disk is what matters; the UI is a view of it
         logging.getLogger("eva").debug("could not publish UI artifacts: %s", exc)

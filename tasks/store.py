@@ -55,7 +55,9 @@ class RunStore:
 
     def __init__(self, root: str, run: str, storage_options: dict[str, Any] | None = None):
         self.fs, base = fsspec.core.url_to_fs(root, **(storage_options or {}))
-        self.protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        self.protocol = (
+            self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        )
         self.base = f"{base.rstrip('/')}/{run}"
         self.is_local = self.protocol in ("file", "local")
 
@@ -99,7 +101,9 @@ class RunStore:
         self._atomic_write(self.path(iteration, f"{stage}.manifest.json"), data)
 
     # -- tables ------------------------------------------------------------------------------
-    def write_table(self, iteration: int | None, stage: str, table: pa.Table) -> tuple[str, str, int]:
+    def write_table(
+        self, iteration: int | None, stage: str, table: pa.Table
+    ) -> tuple[str, str, int]:
         """Write ``table`` atomically; return (uri, sha256 of the bytes, size in bytes)."""
         buf = io.BytesIO()
         pq.write_table(table, buf, compression="zstd")
@@ -169,8 +173,7 @@ def hash_directory(path: str) -> str:
             full = os.path.join(dirpath, name)
             h.update(os.path.relpath(full, path).encode())
             with open(full, "rb") as f:
-                for block in iter(lambda f=f: f.read(1 << 20), b""):
-                    h.update(block)
+                _update(h, f)
     return h.hexdigest()
 
 
@@ -178,6 +181,10 @@ def hash_file(uri: str, storage_options: dict[str, Any] | None = None) -> str:
     """sha256 of a file at any fsspec URL (used to key stages on user-supplied inputs)."""
     h = hashlib.sha256()
     with fsspec.open(uri, "rb", **(storage_options or {})) as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+        _update(h, f)
     return h.hexdigest()
+
+
+def _update(h: Any, f: Any) -> None:
+    while block := f.read(1 << 20):
+        h.update(block)

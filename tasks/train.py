@@ -20,8 +20,9 @@ class TrainConfig(BaseModel):
     solver: DPOSolverConfig = Field(default_factory=DPOSolverConfig)
 
 
-@stage("train", inputs={"pairs": ("prompt", "chosen", "rejected"), "policy": MODEL},
-       outputs=("step",))
+@stage(
+    "train", inputs={"pairs": ("prompt", "chosen", "rejected"), "policy": MODEL}, outputs=("step",)
+)
 def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutput:
     solver = config.solver.load()
     out_dir = os.path.join(ctx.scratch, "model")
@@ -34,8 +35,13 @@ def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutpu
         ctx.seed,
         ctx.progress,
     )
-    table = pa.Table.from_pylist(metrics) if metrics else pa.table({"step": pa.array([], pa.int64())})
+    table = (
+        pa.Table.from_pylist(metrics) if metrics else pa.table({"step": pa.array([], pa.int64())})
+    )
     last = metrics[-1] if metrics else {}
-    stats = {"pairs": pairs.num_rows, "steps": int(last.get("step", 0)),
-             **{k: round(v, 4) for k, v in last.items() if k != "step" and isinstance(v, float)}}
+    stats = {
+        "pairs": pairs.num_rows,
+        "steps": int(last.get("step", 0)),
+        **{k: round(v, 4) for k, v in last.items() if k != "step" and isinstance(v, float)},
+    }
     return StageOutput(table, stats=stats, model_dir=out_dir)

@@ -36,8 +36,14 @@ def tiny_run_config(root: str, run: str = "t", **overrides: Any) -> dict[str, An
         "bootstrap": {"sft": {"steps": 40, "batch_size": 32}, "sft_examples": 2000},
         "generate": {"n": 4, "backend": gen},
         "evaluate": {"generation": {**gen, "temperature": 0.0}},
-        "train": {"solver": {"learning_rate": 1e-3, "per_device_train_batch_size": 8,
-                             "num_train_epochs": 1, "max_length": 64}},
+        "train": {
+            "solver": {
+                "learning_rate": 1e-3,
+                "per_device_train_batch_size": 8,
+                "num_train_epochs": 1,
+                "max_length": 64,
+            }
+        },
     }
     for key, value in overrides.items():
         cfg[key] = value

@@ -41,7 +41,16 @@ def test_metrics_hand_computed(metric: str, expected: list[float]) -> None:
 
 
 def test_every_metric_is_covered_and_unknown_rejected() -> None:
-    assert set(METRICS) == {"a_min", "a_avg", "a_dis", "var", "avg", "inv_avg", "inv_a_min", "uniform"}
+    assert set(METRICS) == {
+        "a_min",
+        "a_avg",
+        "a_dis",
+        "var",
+        "avg",
+        "inv_avg",
+        "inv_a_min",
+        "uniform",
+    }
     with pytest.raises(ValueError, match="unknown informativeness metric 'a_max'"):
         informativeness(R, "a_max")
 
@@ -58,7 +67,9 @@ def test_single_sample_nan_and_negative_edge_cases() -> None:
     # Negative rewards: means -1 and 1 are shifted by +1 to 0 and 2.
     neg = np.array([[-1.0, -1.0], [1.0, 1.0]])
     np.testing.assert_allclose(informativeness(neg, "avg"), [0.0, 2.0])
-    np.testing.assert_allclose(informativeness(neg, "inv_avg"), [1 / INVERSE_EPS, 1 / (2 + INVERSE_EPS)])
+    np.testing.assert_allclose(
+        informativeness(neg, "inv_avg"), [1 / INVERSE_EPS, 1 / (2 + INVERSE_EPS)]
+    )
 
 
 def test_reward_matrix_ragged_and_fixed() -> None:
@@ -140,7 +151,9 @@ def test_seed_records_reject_bad_rows() -> None:
 
 
 def _evolved(parents: pa.Table) -> pa.Table:
-    cands = [[(f"{p}!{k}", "deepen") for k in range(4)] for p in parents.column("prompt").to_pylist()]
+    cands = [
+        [(f"{p}!{k}", "deepen") for k in range(4)] for p in parents.column("prompt").to_pylist()
+    ]
     return evolved_records(parents, cands, iteration=1)[0]
 
 
@@ -157,8 +170,13 @@ def test_evolved_lineage_and_drop_counts() -> None:
     assert table.column("iteration").to_pylist() == [3, 3]
     assert table.column("category").to_pylist() == ["c0", "c1"]
     assert stats.candidates == 7 and stats.kept == 2
-    assert stats.dropped == {"empty": 1, "refusal": 1, "too_long": 1, "same_as_parent": 1,
-                             "duplicate": 1}
+    assert stats.dropped == {
+        "empty": 1,
+        "refusal": 1,
+        "too_long": 1,
+        "same_as_parent": 1,
+        "duplicate": 1,
+    }
     grand, _ = evolved_records(table, [[("z", "m")], []], iteration=4)
     assert grand.column("depth").to_pylist() == [2]
     assert grand.column("root_id").to_pylist() == [parents.column("prompt_id")[0].as_py()]
@@ -191,7 +209,9 @@ def test_mix_shortfall_filled_with_originals() -> None:
 
 
 def test_pairs_best_worst_ties_and_unscored() -> None:
-    r = np.array([[0.2, 0.9, 0.5, 0.9], [0.4, 0.4, 0.4, 0.4], [NAN, 0.3, NAN, NAN], [0.0, 1.0, 0.0, 0.5]])
+    r = np.array(
+        [[0.2, 0.9, 0.5, 0.9], [0.4, 0.4, 0.4, 0.4], [NAN, 0.3, NAN, NAN], [0.0, 1.0, 0.0, 0.5]]
+    )
     choice, stats = choose_pairs(r)
     assert choice.rows.tolist() == [0, 3]
     assert choice.chosen.tolist() == [1, 1]  # first of the tied maxima

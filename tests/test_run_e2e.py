@@ -50,14 +50,17 @@ def test_run_produces_every_artifact_and_summary(finished_run) -> None:
     config, rows = finished_run
     store = RunStore(config.root, config.run)
     manifests = _manifests(store, config.iterations)
-    assert all(m is not None for m in manifests.values()), [k for k, m in manifests.items() if not m]
+    assert all(m is not None for m in manifests.values()), [
+        k for k, m in manifests.items() if not m
+    ]
     assert [r["iteration"] for r in rows] == ["theta_0", 0, 1]
     assert rows[2]["prompts"] == 24 and rows[2]["evolved_kept"] == round(0.8 * 24)
     assert all(0.0 <= r["heldout_score"] <= 1.0 for r in rows)
     mix = store.read_table(manifests[(1, "mix")]["uri"])
     evolved = [r for r in mix.to_pylist() if r["source"] == "evolved"]
-    assert evolved and all(r["iteration"] == 1 and r["depth"] >= 1 and r["parent_id"]
-                           for r in evolved)
+    assert evolved and all(
+        r["iteration"] == 1 and r["depth"] >= 1 and r["parent_id"] for r in evolved
+    )
     assert os.path.isfile(os.path.join(config.root, "base", "iter_1", "model", "config.json"))
     # theta_1 differs from theta_0: training happened and was published.
     assert manifests[(1, "train")]["content_hash"] != manifests[(0, "train")]["content_hash"]
@@ -73,8 +76,9 @@ def test_second_launch_reuses_every_stage(finished_run) -> None:
     again = eva_run(config)
     assert again == rows
     after = _manifests(store, config.iterations)
-    assert {k: m["created_at"] for k, m in after.items()} == \
-           {k: m["created_at"] for k, m in before.items()}
+    assert {k: m["created_at"] for k, m in after.items()} == {
+        k: m["created_at"] for k, m in before.items()
+    }
     assert time.perf_counter() - started < 60
 
 
@@ -83,8 +87,22 @@ def test_stage_rerun_touches_only_that_stage_then_downstream(finished_run, capsy
     store = RunStore(config.root, config.run)
     before = _manifests(store, config.iterations)
     time.sleep(1.1)  # created_at has one-second resolution
-    assert main(["stage", "evolve", "--run", "base", "--root", config.root, "--iteration", "1",
-                 "--force"]) == 0
+    assert (
+        main(
+            [
+                "stage",
+                "evolve",
+                "--run",
+                "base",
+                "--root",
+                config.root,
+                "--iteration",
+                "1",
+                "--force",
+            ]
+        )
+        == 0
+    )
     after = _manifests(store, config.iterations)
     changed = {k for k in after if after[k]["created_at"] != before[k]["created_at"]}
     assert changed == {(1, "evolve")}
@@ -92,8 +110,23 @@ def test_stage_rerun_touches_only_that_stage_then_downstream(finished_run, capsy
     assert after[(1, "evolve")]["content_hash"] == before[(1, "evolve")]["content_hash"]
 
     time.sleep(1.1)
-    assert main(["stage", "evolve", "--run", "base", "--root", config.root, "--iteration", "1",
-                 "--force", "--downstream"]) == 0
+    assert (
+        main(
+            [
+                "stage",
+                "evolve",
+                "--run",
+                "base",
+                "--root",
+                config.root,
+                "--iteration",
+                "1",
+                "--force",
+                "--downstream",
+            ]
+        )
+        == 0
+    )
     again = _manifests(store, config.iterations)
     changed = {k for k in again if again[k]["created_at"] != after[k]["created_at"]}
     assert changed == {(1, s) for s in ("evolve", "mix", *SOLVER)}
@@ -111,8 +144,13 @@ def test_kill_9_mid_run_resumes_to_identical_artifacts(tmp_path, finished_run) -
     path.write_text(yaml.safe_dump(cfg))
     store = RunStore(base_config.root, "killed")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(_cli(str(path), "killed"), env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        _cli(str(path), "killed"),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     # Kill as soon as iteration 1's score is done: mid-creator step.
     deadline = time.time() + 600
     while store.read_manifest(1, "score") is None and proc.poll() is None:
@@ -130,16 +168,24 @@ def test_kill_9_mid_run_resumes_to_identical_artifacts(tmp_path, finished_run) -
         assert store.read_manifest(*key)["created_at"] == stamp, key
     base = RunStore(base_config.root, "base")
     for t, stage in [(1, "mix"), (0, "pairs"), (1, "pairs")]:
-        assert store.read_manifest(t, stage)["content_hash"] == \
-               base.read_manifest(t, stage)["content_hash"], (t, stage)
+        assert (
+            store.read_manifest(t, stage)["content_hash"]
+            == base.read_manifest(t, stage)["content_hash"]
+        ), (t, stage)
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--set", "score.metric=a_max"], "score.metric: Input should be 'a_min'"),
-        (["--set", "sample.fraction=1.5"], "sample.fraction: Input should be less than or equal to 1"),
-        (["--set", "bootstrap.init_checkpoint=/nope"], "bootstrap.init_checkpoint: no checkpoint at"),
+        (
+            ["--set", "sample.fraction=1.5"],
+            "sample.fraction: Input should be less than or equal to 1",
+        ),
+        (
+            ["--set", "bootstrap.init_checkpoint=/nope"],
+            "bootstrap.init_checkpoint: no checkpoint at",
+        ),
         (["--set", "prompts.path=NOPROMPT"], "prompts.path: "),
         (["--set", "prompts.path=EMPTY"], "row 1: prompt is empty"),
     ],

@@ -23,7 +23,8 @@ def _annotated(n: int = 8) -> pa.Table:
     responses = [[str(i), "x", "y"] for i in range(n)]
     rewards = [[i / n, 0.0, 0.5] for i in range(n)]
     return base.append_column("responses", pa.array(responses)).append_column(
-        "rewards", pa.array(rewards, pa.list_(pa.float64())))
+        "rewards", pa.array(rewards, pa.list_(pa.float64()))
+    )
 
 
 def _input(store: RunStore, iteration: int, name: str, table: pa.Table) -> Ref:
@@ -44,8 +45,9 @@ def test_cached_in_a_new_call_and_rerun_on_config_change(tmp_path) -> None:
     assert state.name == "Cached" and state.result() == first
     created = store.read_manifest(1, "score")["created_at"]
     # A different metric is a different key: the stage runs again and its output changes.
-    state = score.task(run, 1, ScoreConfig(metric="a_avg"), "score", {"annotated": annotated},
-                       return_state=True)
+    state = score.task(
+        run, 1, ScoreConfig(metric="a_avg"), "score", {"annotated": annotated}, return_state=True
+    )
     assert state.name == "Completed"
     assert state.result().content_hash != first.content_hash
     manifest = store.read_manifest(1, "score")
@@ -96,14 +98,23 @@ def test_plan_targets_one_stage(tmp_path) -> None:
     scores = score(run, 1, ScoreConfig(), annotated=annotated)
     subset = sample(run, 1, SampleConfig(fraction=0.5), scores=scores)
     plan_run = _run(tmp_path, plan=Plan(target_iteration=1, target="sample"))
-    assert score.task(plan_run, 1, ScoreConfig(), "score", {"annotated": annotated},
-                      return_state=True).name == "Cached"
-    assert sample.task(plan_run, 1, SampleConfig(fraction=0.5), "sample", {"scores": scores},
-                       return_state=True).name == "Completed"
+    assert (
+        score.task(
+            plan_run, 1, ScoreConfig(), "score", {"annotated": annotated}, return_state=True
+        ).name
+        == "Cached"
+    )
+    assert (
+        sample.task(
+            plan_run, 1, SampleConfig(fraction=0.5), "sample", {"scores": scores}, return_state=True
+        ).name
+        == "Completed"
+    )
     # Downstream of the target is skipped unless asked for.
     current = _input(store, 0, "mix", seed_records(["a", "b"]))
-    state = mix.task(plan_run, 1, MixConfig(), "mix", {"current": current, "evolved": subset},
-                     return_state=True)
+    state = mix.task(
+        plan_run, 1, MixConfig(), "mix", {"current": current, "evolved": subset}, return_state=True
+    )
     assert state.name == "Skipped" and state.result().skipped
     # An upstream stage that is not cached cannot be silently recomputed.
     with pytest.raises(StageError, match="score of iter_1 has no finished artifact"):
@@ -116,8 +127,11 @@ def test_s3_root_through_a_local_s3_server(tmp_path) -> None:
     server.start()
     try:
         host, port = server.get_host_and_port()
-        opts = {"key": "k", "secret": "s",
-                "client_kwargs": {"endpoint_url": f"http://{host}:{port}"}}
+        opts = {
+            "key": "k",
+            "secret": "s",
+            "client_kwargs": {"endpoint_url": f"http://{host}:{port}"},
+        }
         import s3fs
 
         s3fs.S3FileSystem(**opts).mkdir("eva-bucket")
@@ -128,8 +142,9 @@ def test_s3_root_through_a_local_s3_server(tmp_path) -> None:
         ref = score(run, 1, ScoreConfig(), annotated=annotated)
         assert ref.uri == "s3://eva-bucket/runs/r/iter_1/score.parquet"
         assert store.read_table(ref.uri).num_rows == 8
-        state = score.task(run, 1, ScoreConfig(), "score", {"annotated": annotated},
-                           return_state=True)
+        state = score.task(
+            run, 1, ScoreConfig(), "score", {"annotated": annotated}, return_state=True
+        )
         assert state.name == "Cached"
         with store.fs.open("eva-bucket/runs/r/iter_1/score.manifest.json") as f:
             assert json.load(f)["content_hash"] == ref.content_hash

@@ -33,7 +33,7 @@ class Generator(Protocol):
 
 @runtime_checkable
 class RewardModel(Protocol):
-    """Scores (prompt, response) pairs; higher is better. NaN marks a response it could not score."""
+    """Scores (prompt, response) pairs; higher is better; NaN marks an unscorable response."""
 
     def score(
         self,

@@ -51,7 +51,9 @@ class WorldEvolver(BaseModel):
         methods = self.methods or world.EVOLVE_METHODS
         unknown = sorted(set(methods) - set(world.EVOLVE_METHODS))
         if unknown:
-            raise ValueError(f"evolver.methods: unknown {unknown}; choose from {world.EVOLVE_METHODS}")
+            raise ValueError(
+                f"evolver.methods: unknown {unknown}; choose from {world.EVOLVE_METHODS}"
+            )
         return WorldRewriter(tuple(methods))
 
 
