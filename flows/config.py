@@ -69,6 +69,13 @@ class RunConfig(BaseModel):
         default_factory=dict, description="fsspec options for root (e.g. endpoint_url for S3)."
     )
     seed: int = Field(default=0, description="Seeds every stage (each derives its own).")
+    torch_threads: int | None = Field(
+        default=1,
+        ge=1,
+        description="torch CPU threads (None: torch's default). One thread suits the world's "
+        "0.1M-parameter model: with two, any other busy process on a 2-core machine slows "
+        "each step by up to 20x.",
+    )
     iterations: int = Field(default=2, ge=0, description="eva iterations T after iteration 0.")
     iteration0_dpo: bool = Field(
         default=True, description="Iteration 0: plain DPO on the seed set (the paper's theta_0->1)."

@@ -6,8 +6,6 @@ Solver step on X_t: generate, annotate, build best-vs-worst pairs, train theta_t
 theta_{t-1}, evaluate theta_t on the held-out set.
 """
 
-from __future__ import annotations
-
 from prefect import flow
 
 from flows.config import RunConfig

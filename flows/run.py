@@ -4,14 +4,13 @@ Every stage is keyed on its config and its inputs' content, so launching the sam
 (after a crash, a kill -9, or from the UI) reuses every finished stage and runs the rest.
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 from prefect import flow
 from prefect.artifacts import create_markdown_artifact
 
 from flows.config import RunConfig
+from flows.inputs import check_inputs
 from flows.iteration import dpo_iteration, eva_iteration
 from flows.summary import iteration_summary, summary_markdown
 from tasks.bootstrap import bootstrap
@@ -22,6 +21,11 @@ from tasks.stage import Plan, RunContext
 
 @flow(name="eva-run", flow_run_name="{config.run}")
 def eva_run(config: RunConfig, plan: Plan | None = None) -> list[dict[str, Any]]:
+    check_inputs(config)  # again here: a run started from the UI never passed through the CLI
+    if config.torch_threads:
+        import torch
+
+        torch.set_num_threads(config.torch_threads)
     run = RunContext(
         root=config.root,
         run=config.run,

@@ -60,17 +60,8 @@ def bootstrap(ctx: StageContext, config: BootstrapConfig) -> StageOutput:
     tokenizer = build_char_tokenizer(world.ALPHABET)
     model = build_tiny_model(config.model, tokenizer, seed=ctx.seed)
     examples = world.sft_examples(world.SFT_DISTRIBUTION, config.sft_examples, seed=ctx.seed)
-    s = config.sft
     metrics = sft(
-        model,
-        tokenizer,
-        examples,
-        steps=s.steps,
-        batch_size=s.batch_size,
-        learning_rate=s.learning_rate,
-        warmup_steps=s.warmup_steps,
-        seed=ctx.seed,
-        progress=ctx.progress,
+        model, tokenizer, examples, **config.sft.model_dump(), seed=ctx.seed, progress=ctx.progress
     )
     out_dir = os.path.join(ctx.scratch, "model")
     save_checkpoint(model, tokenizer, out_dir)
@@ -79,6 +70,6 @@ def bootstrap(ctx: StageContext, config: BootstrapConfig) -> StageOutput:
     final = metrics[-1] if metrics else {}
     return StageOutput(
         table,
-        stats={"parameters": params, "steps": s.steps, "final_loss": final.get("loss")},
+        stats={"parameters": params, "steps": config.sft.steps, "final_loss": final.get("loss")},
         model_dir=out_dir,
     )

@@ -255,7 +255,8 @@ class Stage:
                 model_uri, model_hash = store.publish_model(iteration, out.model_dir)
             elif out.external_model:
                 model_uri, model_hash = out.external_model, hash_directory(out.external_model)
-        progress(1.0)
+        if progress.id is not None:  # close the bar of a stage that reported progress
+            progress(1.0)
         seconds = time.perf_counter() - started
         content_hash = _sha(table_hash + (model_hash or ""))
         manifest = {

@@ -136,7 +136,6 @@ def _cli(config_path: str, run: str) -> list[str]:
     return [sys.executable, "-m", "flows.cli", "run", "--config", config_path, "--run", run]
 
 
-@pytest.mark.slow
 def test_kill_9_mid_run_resumes_to_identical_artifacts(tmp_path, finished_run) -> None:
     base_config, _ = finished_run
     cfg = tiny_run_config(base_config.root, run="killed")

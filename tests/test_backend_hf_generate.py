@@ -1,0 +1,151 @@
+"""The transformers rollout backend, on a tiny GPT-2 that has learnt one-digit addition."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from tasks.backends.hf_generate import TransformersGeneration, TransformersGenerator
+from tasks.backends.protocols import Generator
+from tasks.backends.tiny_lm import (
+    TinyModelConfig,
+    build_char_tokenizer,
+    build_tiny_model,
+    save_checkpoint,
+    sft,
+)
+
+ALPHABET = "0123456789+-=:abcdefghij "
+ADDITION = [(f"{a}+{b}=", str(a + b)[::-1]) for a in range(10) for b in range(10)]
+# Different token lengths, so a batch of them is left-padded.
+MIXED = ["1+2=", "4+4=", "12+3=", "7+9=", " 5+5=", "  3+3=", "9+0=", "a 2+2=", "6+7="]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """One intra-op thread: these models are too small to gain from two, and two threads spin
+    (20x slower) when another process shares the two cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("policy")
+    tok = build_char_tokenizer(ALPHABET)
+    model = build_tiny_model(TinyModelConfig(), tok, seed=0)
+    sft(model, tok, ADDITION, steps=400, batch_size=64, learning_rate=3e-3, warmup_steps=20, seed=0)
+    save_checkpoint(model, tok, str(path))
+    return str(path)
+
+
+def _load(model_dir: str, **overrides: object) -> TransformersGenerator:
+    return TransformersGeneration(**{"max_new_tokens": 6, **overrides}).load(model_dir)
+
+
+def test_loads_as_a_generator_on_cpu_in_float32(model_dir: str):
+    gen = _load(model_dir)
+    assert isinstance(gen, Generator)
+    assert gen.model.device.type == "cpu" and gen.model.dtype == torch.float32
+    assert not gen.use_template  # the char tokenizer has no chat template: raw text
+
+
+def test_greedy_returns_only_the_new_tokens(model_dir: str):
+    gen = _load(model_dir, temperature=0.0)
+    out = gen.generate([p for p, _ in ADDITION], n=2, seed=0)
+    assert all(len(r) == 2 and r[0] == r[1] for r in out)
+    correct = sum(r[0] == answer for r, (_, answer) in zip(out, ADDITION, strict=True))
+    # Exact answers mean: no prompt echoed, cut at eos, no "<eos>"/"<pad>" text.
+    assert correct >= 90, [r[0] for r in out]
+
+
+def test_greedy_output_does_not_depend_on_left_padding(model_dir: str):
+    gen = _load(model_dir, temperature=0.0, max_new_tokens=12)
+    widths = {len(gen.tokenizer(p)["input_ids"]) for p in MIXED}
+    assert len(widths) >= 3  # the batch really is padded
+    alone = [gen.generate([p], n=1, seed=0)[0][0] for p in MIXED]
+    together = [r[0] for r in gen.generate(MIXED, n=1, seed=0)]
+    assert together == alone
+    # And the responses are not trivially equal (a broken model would print "" everywhere).
+    assert len(set(alone)) >= 4
+
+
+def test_sampling_is_seeded_and_independent_of_batching(model_dir: str):
+    prompts = [p for p, _ in ADDITION[:40]] + MIXED
+    # Temperature 2 so that even the learnt sums are uncertain enough for seeds to matter.
+    gen = _load(model_dir, temperature=2.0, top_p=1.0, max_new_tokens=8)
+    seen: list[float] = []
+    first = gen.generate(prompts, n=6, seed=11, progress=seen.append)
+    assert len(first) == len(prompts) and all(len(r) == 6 for r in first)
+    assert gen.generate(prompts, n=6, seed=11) == first
+    assert seen == sorted(seen) and seen[-1] == 1.0 and len(seen) == 1  # one batch of 49
+    small = _load(model_dir, temperature=2.0, top_p=1.0, max_new_tokens=8, batch_size=5)
+    assert small.generate(prompts, n=6, seed=11) == first
+    other = gen.generate(prompts, n=6, seed=12)
+    differ = sum(a != b for a, b in zip(first, other, strict=True))
+    assert differ > len(prompts) // 2
+    assert sum(len(set(r)) > 1 for r in first) > len(prompts) // 2  # samples vary per prompt
+    for prompt, responses in zip(prompts, first, strict=True):
+        for r in responses:
+            assert "<" not in r and not r.startswith(prompt)  # no special tokens, no echo
+
+
+def test_first_token_frequencies_match_the_tempered_nucleus(model_dir: str):
+    gen = _load(model_dir, temperature=2.0, top_p=0.8, max_new_tokens=1)
+    prompt = "  3+4="  # off-distribution, so the next-token distribution is spread out
+    ids = torch.tensor([gen.tokenizer(prompt)["input_ids"]])
+    with torch.no_grad():
+        probs = (gen.model(input_ids=ids).logits[0, -1] / 2.0).softmax(-1)
+    sorted_p, order = probs.sort(descending=True)
+    keep = order[(sorted_p.cumsum(0) - sorted_p) < 0.8]  # the nucleus
+    assert 2 <= len(keep) < len(probs)
+    target = torch.zeros_like(probs)
+    target[keep] = probs[keep] / probs[keep].sum()
+
+    n = 4000
+    samples = gen.generate([prompt], n=n, seed=3)[0]
+    # Special tokens (eos, pad, unk) all decode to "": compare them as one bucket.
+    special = torch.tensor(gen.tokenizer.all_special_ids)
+    counts = torch.zeros_like(probs)
+    for s in samples:
+        counts[special[0] if s == "" else gen.tokenizer.convert_tokens_to_ids(s)] += 1
+    target[special[0]] = target[special].sum()
+    target[special[1:]] = 0.0
+    assert counts[target == 0].sum() == 0  # nothing from outside the nucleus
+    # Every kept token within 4 standard errors of its probability.
+    freq = counts / n
+    stderr = (target * (1 - target) / n).sqrt()
+    assert torch.all((freq - target).abs() <= 4 * stderr + 1e-3), (freq, target)
+
+
+def test_config_validation_messages():
+    with pytest.raises(ValidationError, match="temperature"):
+        TransformersGeneration(temperature=-0.1)
+    with pytest.raises(ValidationError, match="top_p"):
+        TransformersGeneration(top_p=0.0)
+    with pytest.raises(ValidationError, match="top_p"):
+        TransformersGeneration(top_p=1.5)
+    with pytest.raises(ValidationError, match="max_new_tokens"):
+        TransformersGeneration(max_new_tokens=0)
+    with pytest.raises(ValidationError):
+        TransformersGeneration(kind="vllm")
+
+
+def test_chat_template_always_requires_a_template(model_dir: str):
+    with pytest.raises(ValueError, match="no chat template"):
+        TransformersGeneration(chat_template="always").load(model_dir)
+
+
+def test_generation_is_clipped_to_the_position_table(model_dir: str, tmp_path: Path):
+    gen = _load(model_dir, temperature=0.0, max_new_tokens=500)
+    out = gen.generate(["1+2="], n=1, seed=0)  # 4 + 500 > 64 positions: shortened, not a crash
+    assert out[0][0] == "3"
+    with pytest.raises(ValueError, match="no room"):
+        gen.generate(["1" * 64], n=1, seed=0)
+    with pytest.raises(ValueError, match="no tokens"):
+        gen.generate([""], n=1, seed=0)
