@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -80,6 +81,19 @@ def test_second_launch_reuses_every_stage(finished_run) -> None:
         k: m["created_at"] for k, m in before.items()
     }
     assert time.perf_counter() - started < 60
+    # What the UI shows: the relaunch's stage runs are Cached in Prefect's own API.
+    states = asyncio.run(_task_run_states(config.run))
+    assert states.count("Cached") >= len(before) and "Failed" not in states
+
+
+async def _task_run_states(run: str) -> list[str]:
+    from prefect.client.orchestration import get_client
+
+    async with get_client() as client:
+        flow_runs = await client.read_flow_runs()  # no limit: the call the fastapi pin protects
+        ids = {f.id for f in flow_runs if f.name == run or f.name.startswith(f"{run}-iter-")}
+        task_runs = await client.read_task_runs()
+    return [t.state.name for t in task_runs if t.flow_run_id in ids and t.state]
 
 
 def test_stage_rerun_touches_only_that_stage_then_downstream(finished_run, capsys) -> None:
