@@ -216,3 +216,25 @@ def test_bad_input_one_line_error_and_nothing_written(tmp_path, capsys, args, me
     if "NOPROMPT" in " ".join(args) or "q.jsonl" in " ".join(args):
         assert "no column 'prompt'" in err
     assert not root.exists()
+
+
+def test_show_prints_summary_and_stage_rows(finished_run, capsys) -> None:
+    config, _ = finished_run
+    assert main(["show", "--run", "base", "--root", config.root]) == 0
+    out = capsys.readouterr().out
+    assert "heldout_score" in out and "theta_0" in out
+    args = ["--iteration", "1", "--stage", "evolve", "--rows", "2"]
+    assert main(["show", "--run", "base", "--root", config.root, *args]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    rows = [json.loads(line) for line in lines[-2:]]
+    assert all(r["source"] == "evolved" and r["parent_id"] for r in rows)
+
+
+def test_deployment_spec_is_a_valid_run() -> None:
+    root = os.path.join(os.path.dirname(__file__), "..", "infra", "prefect.yaml")
+    with open(root) as f:
+        spec = yaml.safe_load(f)
+    (deployment,) = spec["deployments"]
+    assert deployment["entrypoint"] == "flows/run.py:eva_run"
+    assert validate_config(deployment["parameters"]["config"]).run == "scheduled"
+    assert deployment["schedules"][0]["active"] is False  # off until a user enables it
