@@ -96,27 +96,18 @@ async def _task_run_states(run: str) -> list[str]:
     return [t.state.name for t in task_runs if t.flow_run_id in ids and t.state]
 
 
+def _rerun_evolve(root: str, *extra: str) -> int:
+    return main(
+        ["stage", "evolve", "--run", "base", "--root", root, "--iteration", "1", "--force", *extra]
+    )
+
+
 def test_stage_rerun_touches_only_that_stage_then_downstream(finished_run, capsys) -> None:
     config, _ = finished_run
     store = RunStore(config.root, config.run)
     before = _manifests(store, config.iterations)
     time.sleep(1.1)  # created_at has one-second resolution
-    assert (
-        main(
-            [
-                "stage",
-                "evolve",
-                "--run",
-                "base",
-                "--root",
-                config.root,
-                "--iteration",
-                "1",
-                "--force",
-            ]
-        )
-        == 0
-    )
+    assert _rerun_evolve(config.root) == 0
     after = _manifests(store, config.iterations)
     changed = {k for k in after if after[k]["created_at"] != before[k]["created_at"]}
     assert changed == {(1, "evolve")}
@@ -124,23 +115,7 @@ def test_stage_rerun_touches_only_that_stage_then_downstream(finished_run, capsy
     assert after[(1, "evolve")]["content_hash"] == before[(1, "evolve")]["content_hash"]
 
     time.sleep(1.1)
-    assert (
-        main(
-            [
-                "stage",
-                "evolve",
-                "--run",
-                "base",
-                "--root",
-                config.root,
-                "--iteration",
-                "1",
-                "--force",
-                "--downstream",
-            ]
-        )
-        == 0
-    )
+    assert _rerun_evolve(config.root, "--downstream") == 0
     again = _manifests(store, config.iterations)
     changed = {k for k in again if again[k]["created_at"] != after[k]["created_at"]}
     assert changed == {(1, s) for s in ("evolve", "mix", *SOLVER)}
