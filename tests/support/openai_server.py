@@ -69,16 +69,21 @@ class OpenAICompatibleServer:
 
             def do_GET(self) -> None:
                 if self.path.rstrip("/").endswith("/models"):
-                    self._send(200, {"object": "list",
-                                     "data": [{"id": server.model, "object": "model"}]})
+                    self._send(
+                        200, {"object": "list", "data": [{"id": server.model, "object": "model"}]}
+                    )
                 else:
                     self._send(404, {"error": {"message": "not found"}})
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", 0))
                 request = json.loads(self.rfile.read(length) or b"{}")
-                record = {"path": self.path, "body": request, "headers": dict(self.headers),
-                          "time": time.monotonic()}
+                record = {
+                    "path": self.path,
+                    "body": request,
+                    "headers": dict(self.headers),
+                    "time": time.monotonic(),
+                }
                 with server._lock:
                     server.requests.append(record)
                     server.in_flight += 1
@@ -102,22 +107,42 @@ class OpenAICompatibleServer:
                 if self.path.endswith("/chat/completions"):
                     messages = request.get("messages") or []
                     prompt = messages[-1]["content"] if messages else ""
-                    choices = [{"index": i, "finish_reason": "stop",
-                                "message": {"role": "assistant",
-                                            "content": server.respond(prompt, i, request)}}
-                               for i in range(n)]
+                    choices = [
+                        {
+                            "index": i,
+                            "finish_reason": "stop",
+                            "message": {
+                                "role": "assistant",
+                                "content": server.respond(prompt, i, request),
+                            },
+                        }
+                        for i in range(n)
+                    ]
                     obj = "chat.completion"
                 elif self.path.endswith("/completions"):
                     prompt = request.get("prompt") or ""
-                    choices = [{"index": i, "finish_reason": "stop",
-                                "text": server.respond(prompt, i, request)} for i in range(n)]
+                    choices = [
+                        {
+                            "index": i,
+                            "finish_reason": "stop",
+                            "text": server.respond(prompt, i, request),
+                        }
+                        for i in range(n)
+                    ]
                     obj = "text_completion"
                 else:
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
                     return
-                self._send(200, {"id": "cmpl-test", "object": obj, "created": int(time.time()),
-                                 "model": request.get("model", server.model), "choices": choices,
-                                 "usage": {"prompt_tokens": 1, "completion_tokens": 1,
-                                           "total_tokens": 2}})
+                self._send(
+                    200,
+                    {
+                        "id": "cmpl-test",
+                        "object": obj,
+                        "created": int(time.time()),
+                        "model": request.get("model", server.model),
+                        "choices": choices,
+                        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                    },
+                )
 
         return Handler
