@@ -57,6 +57,18 @@ def choose_pairs(rewards: np.ndarray) -> tuple[PairChoice, PairStats]:
     return PairChoice(kept, best[kept], worst[kept]), stats
 
 
+def cap_pairs(choice: PairChoice, max_pairs: int | None, seed: int) -> PairChoice:
+    """Keep at most ``max_pairs`` pairs, a seeded uniform subset in row order.
+
+    Comparisons between prompt-set strategies are only fair at the same training budget (the
+    same number of pairs and optimizer steps), and strategies differ in how many prompts tie.
+    """
+    if max_pairs is None or len(choice.rows) <= max_pairs:
+        return choice
+    keep = np.sort(np.random.default_rng(seed).permutation(len(choice.rows))[:max_pairs])
+    return PairChoice(choice.rows[keep], choice.chosen[keep], choice.rejected[keep])
+
+
 def pick(responses: Sequence[Sequence[str]], rows: np.ndarray, index: np.ndarray) -> list[str]:
     """``responses[row][index]`` for each kept row."""
     return [responses[int(r)][int(i)] for r, i in zip(rows, index, strict=True)]

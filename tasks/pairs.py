@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.informativeness import reward_matrix
-from eva_core.pairs import choose_pairs, pick
+from eva_core.pairs import cap_pairs, choose_pairs, pick
 from tasks.stage import StageContext, StageOutput, stage
 
 PAIR_COLUMNS = ("prompt_id", "prompt", "chosen", "rejected", "chosen_reward", "rejected_reward")
 
 
 class PairsConfig(BaseModel):
-    """Pair construction follows the paper exactly; there is nothing to tune yet."""
+    """Pair construction follows the paper: best vs worst response, ties skipped."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+    max_pairs: int | None = Field(
+        default=None,
+        ge=1,
+        description="Train on at most this many pairs (a seeded random subset): equal budgets "
+        "when comparing prompt-set strategies. None keeps every pair.",
+    )
 
 
 @stage(
@@ -26,6 +32,9 @@ class PairsConfig(BaseModel):
 def pairs(ctx: StageContext, config: PairsConfig, annotated: pa.Table) -> StageOutput:
     rewards = reward_matrix(annotated.column("rewards"))
     choice, stats = choose_pairs(rewards)
+    capped = cap_pairs(choice, config.max_pairs, ctx.seed)
+    over_budget = len(choice.rows) - len(capped.rows)
+    choice = capped
     responses = annotated.column("responses").to_pylist()
     kept = annotated.take(choice.rows)
     out = pa.table({
@@ -36,6 +45,6 @@ def pairs(ctx: StageContext, config: PairsConfig, annotated: pa.Table) -> StageO
         "chosen_reward": rewards[choice.rows, choice.chosen],
         "rejected_reward": rewards[choice.rows, choice.rejected],
     })  # fmt: skip
-    return StageOutput(
-        out, stats=stats.as_dict(), ui_tables={"pairs": out.slice(0, 20).to_pylist()}
-    )
+    # "pairs" counts what the solver trains on; the cap's drops are reported beside it.
+    stats_out = {**stats.as_dict(), "pairs": len(choice.rows), "dropped_over_budget": over_budget}
+    return StageOutput(out, stats=stats_out, ui_tables={"pairs": out.slice(0, 20).to_pylist()})

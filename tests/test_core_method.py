@@ -11,7 +11,7 @@ import pytest
 from eva_core.evolution import evolved_records
 from eva_core.informativeness import INVERSE_EPS, METRICS, informativeness, reward_matrix
 from eva_core.mixing import mix_prompt_sets
-from eva_core.pairs import choose_pairs, pick
+from eva_core.pairs import cap_pairs, choose_pairs, pick
 from eva_core.sampling import select_subset, subset_size
 from eva_core.schema import normalize_prompt, prompt_id, seed_records
 
@@ -221,3 +221,12 @@ def test_pairs_best_worst_ties_and_unscored() -> None:
     assert pick(responses, choice.rows, choice.chosen) == ["b", "h"]
     assert pick(responses, choice.rows, choice.rejected) == ["a", "g"]
     assert math.isclose(float(r[3, 1] - r[3, 0]), 1.0)
+
+
+def test_cap_pairs_seeded_subset_in_row_order() -> None:
+    r = np.array([[0.0, 1.0]] * 10)
+    choice, _ = choose_pairs(r)
+    capped = cap_pairs(choice, 4, seed=5)
+    assert len(capped.rows) == 4 and list(capped.rows) == sorted(capped.rows)
+    assert list(cap_pairs(choice, 4, seed=5).rows) == list(capped.rows)
+    assert cap_pairs(choice, None, seed=5) is choice and cap_pairs(choice, 10, seed=0) is choice
