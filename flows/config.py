@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from tasks.annotate import AnnotateConfig
 from tasks.backends.hf_generate import TransformersGeneration
@@ -80,6 +87,18 @@ class RunConfig(BaseModel):
     iteration0_dpo: bool = Field(
         default=True, description="Iteration 0: plain DPO on the seed set (the paper's theta_0->1)."
     )
+    prompt_strategy: Literal["eva", "fresh", "subset"] = Field(
+        default="eva",
+        description="eva: evolve the informative subset and mix (the method). fresh: a new seed "
+        "split each iteration (the paper's '+new seed prompts' baseline; world prompts only). "
+        "subset: train on the informative subset without evolving (Table 5 ablation).",
+    )
+    creator_rollouts: Literal["fresh", "previous"] = Field(
+        default="fresh",
+        description="fresh: the creator samples X_{t-1} with theta_{t-1} (paper). previous: "
+        "reuse the last solver step's rollouts of X_{t-1} (by theta_{t-2}): one step "
+        "off-policy, no extra generation.",
+    )
     prompts: PromptsConfig = Field(default_factory=lambda: PromptsConfig(world_size=200))
     heldout: PromptsConfig = Field(
         default_factory=lambda: PromptsConfig(world_size=300, world_distribution="heldout")
@@ -94,6 +113,12 @@ class RunConfig(BaseModel):
     pairs: PairsConfig = Field(default_factory=PairsConfig)
     train: TrainConfig = Field(default_factory=_demo_train)
     evaluate: EvaluateConfig = Field(default_factory=_demo_evaluate)
+
+    @model_validator(mode="after")
+    def _fresh_needs_world(self) -> RunConfig:
+        if self.prompt_strategy == "fresh" and self.prompts.path is not None:
+            raise ValueError("prompt_strategy 'fresh' draws new world prompts; unset prompts.path")
+        return self
 
     @field_validator("run")
     @classmethod

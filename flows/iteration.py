@@ -6,6 +6,8 @@ Solver step on X_t: generate, annotate, build best-vs-worst pairs, train theta_t
 theta_{t-1}, evaluate theta_t on the held-out set.
 """
 
+from typing import NamedTuple
+
 from prefect import flow
 
 from flows.config import RunConfig
@@ -22,39 +24,60 @@ from tasks.store import Ref
 from tasks.train import train
 
 
+class Step(NamedTuple):
+    prompts: Ref  # X_t
+    policy: Ref  # theta_t
+    rollouts: Ref  # the solver's annotated rollouts on X_t (by theta_{t-1})
+
+
 def solver_step(
     run: RunContext, t: int, cfg: RunConfig, prompts: Ref, policy: Ref, heldout: Ref
-) -> Ref:
-    """theta_t = solver(theta_{t-1}, pairs on X_t); returns the new policy."""
+) -> Step:
+    """theta_t = solver(theta_{t-1}, pairs on X_t)."""
     rollouts = generate(run, t, cfg.generate, prompts=prompts, policy=policy)
     rewarded = annotate(run, t, cfg.annotate, rollouts=rollouts)
     preference_pairs = pairs(run, t, cfg.pairs, annotated=rewarded)
     new_policy = train(run, t, cfg.train, pairs=preference_pairs, policy=policy)
     evaluate(run, t, cfg.evaluate, heldout=heldout, policy=new_policy)
-    return new_policy
+    return Step(prompts, new_policy, rewarded)
 
 
 @flow(name="eva-iteration", flow_run_name="{run.run}-iter-{t}")
 def eva_iteration(
-    run: RunContext, t: int, cfg: RunConfig, prompts: Ref, policy: Ref, heldout: Ref
-) -> tuple[Ref, Ref]:
-    """Creator then solver; returns (X_t, theta_t)."""
+    run: RunContext,
+    t: int,
+    cfg: RunConfig,
+    prompts: Ref,
+    policy: Ref,
+    heldout: Ref,
+    last_rollouts: Ref | None = None,
+) -> Step:
+    """Creator then solver on X_t."""
     # Creator: where is the current policy still learning?
-    rollouts = generate(
-        run, t, cfg.generate, artifact="creator_generate", prompts=prompts, policy=policy
-    )
-    rewarded = annotate(run, t, cfg.annotate, artifact="creator_annotate", rollouts=rollouts)
+    if cfg.creator_rollouts == "previous" and last_rollouts is not None:
+        # The last solver step already sampled X_{t-1}, by theta_{t-2}: one step off-policy,
+        # and no extra generation.
+        rewarded = last_rollouts
+    else:
+        rollouts = generate(
+            run, t, cfg.generate, artifact="creator_generate", prompts=prompts, policy=policy
+        )
+        rewarded = annotate(run, t, cfg.annotate, artifact="creator_annotate", rollouts=rollouts)
     scores = score(run, t, cfg.score, annotated=rewarded)
     subset = sample(run, t, cfg.sample, scores=scores)
-    evolved = evolve(run, t, cfg.evolve, subset=subset)
-    next_prompts = mix(run, t, cfg.mix, current=prompts, evolved=evolved)
+    if cfg.prompt_strategy == "subset":  # ablation: the informative prompts, not evolved
+        next_prompts = subset
+    else:
+        evolved = evolve(run, t, cfg.evolve, subset=subset)
+        next_prompts = mix(run, t, cfg.mix, current=prompts, evolved=evolved)
     # Solver: learn on the new prompt set.
-    return next_prompts, solver_step(run, t, cfg, next_prompts, policy, heldout)
+    return solver_step(run, t, cfg, next_prompts, policy, heldout)
 
 
 @flow(name="eva-dpo-iteration", flow_run_name="{run.run}-iter-{t}")
 def dpo_iteration(
     run: RunContext, t: int, cfg: RunConfig, prompts: Ref, policy: Ref, heldout: Ref
-) -> Ref:
-    """Plain iterative DPO on a fixed prompt set (iteration 0, the paper's theta_0 -> theta_1)."""
+) -> Step:
+    """Plain iterative DPO on a given prompt set (iteration 0, the paper's theta_0 -> theta_1,
+    and the fresh-seed-split baseline)."""
     return solver_step(run, t, cfg, prompts, policy, heldout)

@@ -40,10 +40,19 @@ def eva_run(config: RunConfig, plan: Plan | None = None) -> list[dict[str, Any]]
     policy = bootstrap(run, None, config.bootstrap)  # theta_0
     evaluate(run, None, config.evaluate, heldout=heldout, policy=policy)
 
+    step = None
     if config.iteration0_dpo:
-        policy = dpo_iteration(run, 0, config, prompts, policy, heldout)
+        step = dpo_iteration(run, 0, config, prompts, policy, heldout)
+        policy = step.policy
     for t in range(1, config.iterations + 1):
-        prompts, policy = eva_iteration(run, t, config, prompts, policy, heldout)
+        if config.prompt_strategy == "fresh":
+            # Baseline: a new seed split, disjoint from the last one, instead of evolved prompts.
+            prompts = load_heldout(run, t, config.prompts, artifact="prompts", seed_set=prompts)
+            step = dpo_iteration(run, t, config, prompts, policy, heldout)
+        else:
+            last = step.rollouts if step else None
+            step = eva_iteration(run, t, config, prompts, policy, heldout, last)
+        prompts, policy = step.prompts, step.policy
 
     rows = iteration_summary(run.store(), config)
     create_markdown_artifact(

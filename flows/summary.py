@@ -35,7 +35,7 @@ def iteration_summary(store: RunStore, config: RunConfig) -> list[dict[str, Any]
     for t in range(first, config.iterations + 1):
         rows.append({
             "iteration": t,
-            "prompts": stat(t, "mix", "size") if t > 0 else stat(None, "prompts", "prompts"),
+            "prompts": stat(t, "generate", "prompts"),
             "mean_informativeness": stat(t, "score", "mean_informativeness"),
             "evolved_kept": stat(t, "mix", "evolved"),
             "pairs": stat(t, "pairs", "pairs"),

@@ -213,3 +213,40 @@ def test_deployment_spec_is_a_valid_run() -> None:
     assert deployment["entrypoint"] == "flows/run.py:eva_run"
     assert validate_config(deployment["parameters"]["config"]).run == "scheduled"
     assert deployment["schedules"][0]["active"] is False  # off until a user enables it
+
+
+def test_prompt_strategies_and_reused_rollouts(tmp_path) -> None:
+    from flows.run import eva_run
+
+    root = str(tmp_path)
+    # No evolving, informativeness from the last solver step's rollouts: X_1 is the subset,
+    # and the creator generates nothing.
+    cfg = validate_config(
+        tiny_run_config(root, run="sub", prompt_strategy="subset", creator_rollouts="previous")
+    )
+    eva_run(cfg)
+    store = RunStore(root, "sub")
+    assert store.read_manifest(1, "creator_generate") is None
+    assert store.read_manifest(1, "evolve") is None
+    score_inputs = store.read_manifest(1, "score")["inputs"]
+    assert score_inputs["annotated"]["uri"].endswith("iter_0/annotate.parquet")
+    subset = store.read_table(store.read_manifest(1, "sample")["uri"])
+    rollouts = store.read_table(store.read_manifest(1, "generate")["uri"])
+    assert rollouts.column("prompt_id").to_pylist() == subset.column("prompt_id").to_pylist()
+    assert rollouts.num_rows == 6  # 25% of 24
+
+    # Fresh seed split: a new, disjoint prompt set from the seed distribution; no creator.
+    cfg = validate_config(tiny_run_config(root, run="fresh", prompt_strategy="fresh"))
+    eva_run(cfg)
+    store = RunStore(root, "fresh")
+    x0 = set(store.read_table(store.read_manifest(None, "prompts")["uri"]).column("prompt_id"))
+    x1 = store.read_table(store.read_manifest(1, "prompts")["uri"])
+    assert x1.num_rows == 24 and not x0 & set(x1.column("prompt_id"))
+    assert set(x1.column("source").to_pylist()) == {"seed"}
+    assert store.read_manifest(1, "score") is None and store.read_manifest(1, "train")
+
+
+def test_fresh_strategy_rejects_a_prompt_file(tmp_path, capsys) -> None:
+    args = ["--set", "prompt_strategy=fresh", "--set", "prompts.path=x.jsonl"]
+    assert main(["run", "--root", str(tmp_path / "r"), *args]) == 2
+    assert "prompt_strategy 'fresh' draws new world prompts" in capsys.readouterr().err
