@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from eva_core.schema import PROMPT_SCHEMA, prompt_records
 
@@ -48,9 +49,11 @@ def mix_prompt_sets(
         raise ValueError(f"size must be >= 1, got {size}")
     rng = np.random.default_rng(seed)
 
-    existing = set(current.column("prompt_id").to_pylist())
-    evolved_ids = evolved.column("prompt_id").to_pylist()
-    fresh = np.array([pid not in existing for pid in evolved_ids], dtype=bool)
+    # Vectorized membership: a Python set of ids costs ~1 s per million prompts.
+    seen = pc.is_in(
+        evolved.column("prompt_id"), value_set=current.column("prompt_id").combine_chunks()
+    )
+    fresh = np.logical_not(seen.to_numpy(zero_copy_only=False))
     n_fresh = int(fresh.sum())
 
     want_evolved = round(ratio_evolved * size)
@@ -64,16 +67,16 @@ def mix_prompt_sets(
 
     evolved_pick = rng.permutation(np.flatnonzero(fresh))[:n_evolved]
     original_pick = rng.permutation(current.num_rows)[:n_original]
-    mixed = pa.concat_tables(
-        [prompt_records(evolved).take(evolved_pick), prompt_records(current).take(original_pick)]
-    )
-    mixed = mixed.take(rng.permutation(mixed.num_rows)).cast(PROMPT_SCHEMA)
+    # One shuffled take over both tables: gathering string columns dominates at scale.
+    both = pa.concat_tables([prompt_records(evolved), prompt_records(current)])
+    rows = np.concatenate([evolved_pick, evolved.num_rows + original_pick])
+    mixed = both.take(rows[rng.permutation(len(rows))]).cast(PROMPT_SCHEMA)
     stats = MixStats(
         size=mixed.num_rows,
         evolved=n_evolved,
         original=n_original,
         evolved_available=n_fresh,
-        dropped_duplicate_of_existing=len(evolved_ids) - n_fresh,
+        dropped_duplicate_of_existing=evolved.num_rows - n_fresh,
         evolved_shortfall=want_evolved - n_evolved,
     )
     return mixed, stats
