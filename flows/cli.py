@@ -15,12 +15,6 @@ import os
 import sys
 from typing import Any
 
-# Prefect reads its settings at import: these defaults must be in place first. The ephemeral
-# API server needs 25-30 s to start on 2 cores, past Prefect's default 20 s timeout.
-os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
 STAGES = (
     "prompts",
     "heldout",
