@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.backends.generation import GenerationBackend
 from tasks.backends.hf_generate import TransformersGeneration
 from tasks.backends.world import WorldReward
 from tasks.stage import MODEL, StageContext, StageOutput, stage
@@ -20,7 +21,7 @@ from tasks.stage import MODEL, StageContext, StageOutput, stage
 
 class EvaluateConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    generation: TransformersGeneration = Field(
+    generation: GenerationBackend = Field(
         default_factory=lambda: TransformersGeneration(temperature=0.0),
         description="Decoding for evaluation (greedy by default).",
     )

@@ -12,6 +12,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.schema import PROMPT_COLUMNS
+from tasks.backends.generation import GenerationBackend
 from tasks.backends.hf_generate import TransformersGeneration
 from tasks.stage import MODEL, StageContext, StageOutput, stage
 
@@ -21,7 +22,11 @@ ROLLOUT_COLUMNS = (*PROMPT_COLUMNS, "responses")
 class GenerateConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     n: int = Field(default=6, ge=1, description="Responses per prompt (paper: 6).")
-    backend: TransformersGeneration = Field(default_factory=TransformersGeneration)
+    backend: GenerationBackend = Field(
+        default_factory=TransformersGeneration,
+        description="transformers (CPU/GPU), vllm (in-process, GPU env), or openai (any "
+        "OpenAI-compatible endpoint: vllm serve, sglang, a hosted API).",
+    )
 
 
 @stage("generate", inputs={"prompts": PROMPT_COLUMNS, "policy": MODEL}, outputs=ROLLOUT_COLUMNS)

@@ -28,6 +28,11 @@ def echo(prompt: str, index: int, request: dict[str, Any]) -> str:
     return f"reply {index} to: {prompt}"
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # the default backlog of 5 drops connects under concurrency tests
+
+
 class OpenAICompatibleServer:
     def __init__(self, respond: Respond = echo, fail: Fail | None = None, model: str = "tiny"):
         self.respond, self.fail, self.model = respond, fail, model
@@ -35,9 +40,11 @@ class OpenAICompatibleServer:
         self.in_flight = 0
         self.max_in_flight = 0
         self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._httpd = _Server(("127.0.0.1", 0), self._handler())
+        # A short poll interval: shutdown waits for it, once per test.
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     @property
     def base_url(self) -> str:

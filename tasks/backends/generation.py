@@ -1,0 +1,52 @@
+"""The one type stage configs use for "a policy sampler": any of the generation backends.
+
+A config picks its backend with ``kind``. A mapping without ``kind`` is a transformers config,
+so configs written before the other backends existed (``backend: {max_new_tokens: 10}``) keep
+validating, and keep their meaning. Anything else names an unknown backend and fails with the
+list of valid kinds instead of pydantic's errors for every union member.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import Discriminator, Tag
+
+from tasks.backends.hf_generate import TransformersGeneration, TransformersGenerator
+from tasks.backends.openai_generate import GenerationError, OpenAIGeneration, OpenAIGenerator
+from tasks.backends.vllm_generate import VLLMGeneration, VLLMGenerator
+
+KINDS = ("transformers", "vllm", "openai")
+
+
+def _kind(value: Any) -> str | None:
+    if isinstance(value, dict):
+        kind = value.get("kind", "transformers")
+        return kind if kind in KINDS else None
+    return getattr(value, "kind", None)
+
+
+GenerationBackend = Annotated[
+    Annotated[TransformersGeneration, Tag("transformers")]
+    | Annotated[VLLMGeneration, Tag("vllm")]
+    | Annotated[OpenAIGeneration, Tag("openai")],
+    Discriminator(
+        _kind,
+        custom_error_type="unknown_generation_backend",
+        custom_error_message="unknown generation backend 'kind': expected one of "
+        + ", ".join(repr(k) for k in KINDS),
+    ),
+]
+"""``backend: GenerationBackend = Field(default_factory=TransformersGeneration)`` in a stage."""
+
+__all__ = [
+    "KINDS",
+    "GenerationBackend",
+    "GenerationError",
+    "OpenAIGeneration",
+    "OpenAIGenerator",
+    "TransformersGeneration",
+    "TransformersGenerator",
+    "VLLMGeneration",
+    "VLLMGenerator",
+]
