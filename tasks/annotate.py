@@ -8,6 +8,7 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.backends.reward import RewardBackend
 from tasks.backends.world import WorldReward
 from tasks.generate import ROLLOUT_COLUMNS
 from tasks.stage import StageContext, StageOutput, stage
@@ -17,7 +18,11 @@ ANNOTATED_COLUMNS = (*ROLLOUT_COLUMNS, "rewards")
 
 class AnnotateConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    reward: WorldReward = Field(default_factory=WorldReward)
+    reward: RewardBackend = Field(
+        default_factory=WorldReward,
+        description="world (verifier), sequence_classifier (Skywork/ArmoRM-style RM), "
+        "vllm_pooling, callable (package.module:function), pairwise (LLM judge win rate).",
+    )
 
 
 @stage("annotate", inputs={"rollouts": ROLLOUT_COLUMNS}, outputs=ANNOTATED_COLUMNS)
@@ -37,5 +42,7 @@ def annotate(ctx: StageContext, config: AnnotateConfig, rollouts: pa.Table) -> S
         "responses": int(flat.size), "unscored": int(flat.size - finite.size),
         "mean_reward": round(float(finite.mean()), 4) if finite.size else None,
         "backend_seconds": round(seconds, 3),
+        # Backend-specific counts (failures, too-long conversations, unreadable verdicts).
+        **getattr(model, "last_stats", {}),
     }  # fmt: skip
     return StageOutput(out, stats=stats)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.backends.generation import GenerationBackend
 from tasks.backends.hf_generate import TransformersGeneration
+from tasks.backends.reward import PointwiseRewardBackend
 from tasks.backends.world import WorldReward
 from tasks.stage import MODEL, StageContext, StageOutput, stage
 
@@ -25,7 +26,10 @@ class EvaluateConfig(BaseModel):
         default_factory=lambda: TransformersGeneration(temperature=0.0),
         description="Decoding for evaluation (greedy by default).",
     )
-    reward: WorldReward = Field(default_factory=WorldReward)
+    reward: PointwiseRewardBackend = Field(
+        default_factory=WorldReward,
+        description="Scores one answer per prompt, so pairwise judges do not apply here.",
+    )
 
 
 @stage(

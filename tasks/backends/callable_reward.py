@@ -1,0 +1,147 @@
+"""Any Python function as a reward: verifiers, exact-match checkers, rule-based scores.
+
+``function`` is an import path ``"package.module:name"`` (``name`` may be dotted, e.g.
+``"pkg.mod:Class.method"``), checked when the config is validated, so a typo fails before a
+run starts rather than hours in. The function is either pointwise,
+``f(prompt, response, **kwargs) -> float``, or with ``batched: true``,
+``f(prompts, responses, **kwargs) -> list[list[float]]`` shaped like ``responses``.
+
+Failures: a pointwise function that raises on one response gives that response NaN (the
+stage counts NaN as "unscored"); it is counted in ``last_stats["failures"]`` and a warning names
+the first error: one bad response should not kill a stage of thousands. If *every* response
+fails, the function is broken rather than the data, and the call raises. A return of ``None``
+is NaN too (TRL's convention for "cannot score"), but not a failure. A batched function that
+raises fails the call: its results cannot be attributed to single responses.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from tasks.backends.protocols import Progress, no_progress
+
+log = logging.getLogger(__name__)
+
+
+def resolve_function(path: str) -> Callable[..., Any]:
+    """Import ``"package.module:name"`` and return the callable it names."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"expected 'package.module:function', got {path!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"cannot import module {module_name!r}: {e}") from e
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"{path!r} is a {type(obj).__name__}, not a callable")
+    return obj
+
+
+def _as_reward(value: Any) -> float:
+    # bool is an int: True/False become 1.0/0.0, which is what a pass/fail verifier means.
+    return math.nan if value is None else float(value)
+
+
+class CallableReward(BaseModel):
+    """Score responses with a Python function named by its import path."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["callable"] = "callable"
+    function: str = Field(description='Import path "package.module:function".')
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Extra keyword arguments passed on every call."
+    )
+    batched: bool = Field(
+        default=False,
+        description="Call once with all prompts and responses instead of once per response.",
+    )
+
+    @field_validator("function")
+    @classmethod
+    def _importable(cls, value: str) -> str:
+        resolve_function(value)
+        return value
+
+    def load(self) -> CallableScorer:
+        return CallableScorer(resolve_function(self.function), self)
+
+
+class CallableScorer:
+    """A loaded function that satisfies the ``RewardModel`` protocol."""
+
+    def __init__(self, fn: Callable[..., Any], config: CallableReward):
+        self.fn = fn
+        self.config = config
+        # Counts from the last ``score`` call, for the stage to log.
+        self.last_stats: dict[str, int] = {"failures": 0}
+
+    def score(
+        self,
+        prompts: Sequence[str],
+        responses: Sequence[Sequence[str]],
+        progress: Progress = no_progress,
+    ) -> list[list[float]]:
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts but {len(responses)} response lists")
+        failures = 0
+        if self.config.batched:
+            batched = self._batched(prompts, responses)
+            self.last_stats = {"failures": 0}
+            progress(1.0)
+            return batched
+        out: list[list[float]] = []
+        total = sum(len(rs) for rs in responses)
+        first_error: Exception | None = None
+        for i, (prompt, rs) in enumerate(zip(prompts, responses, strict=True)):
+            row = []
+            for response in rs:
+                try:
+                    row.append(_as_reward(self.fn(prompt, response, **self.config.kwargs)))
+                except Exception as e:  # one response's failure must not sink the stage
+                    failures += 1
+                    first_error = first_error or e
+                    row.append(math.nan)
+            out.append(row)
+            progress((i + 1) / len(prompts))
+        self.last_stats = {"failures": failures}
+        if first_error is not None:
+            if failures == total:
+                raise RuntimeError(
+                    f"reward function {self.config.function} raised on all {total} responses; "
+                    f"first error: {first_error!r}"
+                ) from first_error
+            log.warning(
+                "reward function %s raised on %d of %d responses (scored NaN); first error: %r",
+                self.config.function,
+                failures,
+                total,
+                first_error,
+            )
+        return out
+
+    def _batched(
+        self, prompts: Sequence[str], responses: Sequence[Sequence[str]]
+    ) -> list[list[float]]:
+        result = self.fn(list(prompts), [list(rs) for rs in responses], **self.config.kwargs)
+        shape = [len(rs) for rs in responses]
+        try:
+            got = [len(r) for r in result]
+        except TypeError:  # not a list of lists
+            got = None
+        if got != shape:
+            raise ValueError(
+                f"batched reward function {self.config.function} returned a result shaped "
+                f"{got}, expected one list per prompt shaped {shape}"
+            )
+        return [[_as_reward(v) for v in row] for row in result]

@@ -1,0 +1,50 @@
+"""Every reward backend behind one config field, chosen by its ``kind``.
+
+A stage's config declares ``reward: RewardBackend``; YAML/CLI input such as
+``{"kind": "sequence_classifier", "model": "Skywork/..."}`` validates into the matching class,
+and an unknown ``kind`` fails with one line listing the valid ones. Each class's ``load()``
+returns an object satisfying ``tasks.backends.protocols.RewardModel``.
+
+==================== ================================================================
+kind                 backend
+==================== ================================================================
+world                the built-in world's verifier (the default, CPU, exact)
+sequence_classifier  a transformers reward model (Skywork-style logit, ArmoRM `score`)
+vllm_pooling         a classifier reward model on vLLM's pooling runner (GPU, optional)
+callable             any Python function ``package.module:function``
+pairwise             an LLM judge's pairwise preferences -> mean win probability
+==================== ================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, TypeAlias
+
+from pydantic import Field
+
+from tasks.backends.callable_reward import CallableReward
+from tasks.backends.pairwise import PairwiseReward
+from tasks.backends.reward_models import SequenceClassifierReward
+from tasks.backends.vllm_reward import VLLMPoolingReward
+from tasks.backends.world import WorldReward
+
+# Scores one response on its own: what a stage with a single response per prompt can use.
+PointwiseRewardBackend: TypeAlias = Annotated[
+    WorldReward | SequenceClassifierReward | VLLMPoolingReward | CallableReward,
+    Field(discriminator="kind"),
+]
+
+RewardBackend: TypeAlias = Annotated[
+    WorldReward | SequenceClassifierReward | VLLMPoolingReward | CallableReward | PairwiseReward,
+    Field(discriminator="kind"),
+]
+
+__all__ = [
+    "CallableReward",
+    "PairwiseReward",
+    "PointwiseRewardBackend",
+    "RewardBackend",
+    "SequenceClassifierReward",
+    "VLLMPoolingReward",
+    "WorldReward",
+]
