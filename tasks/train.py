@@ -1,40 +1,87 @@
 """Stage ``train``: the solver step, theta_{t-1} -> theta_t on the pairs of X_t.
 
 Incremental, as in the paper's offline protocol: each iteration starts from the last
-checkpoint, which is also the DPO reference model.
+checkpoint, which is also the reference model of the DPO-family objectives.
+
+Optionally the chosen responses are first rewritten by an LLM (appendix H.2.1), and training can
+run in this process or under ``accelerate launch`` (several GPUs, DeepSpeed ZeRO-3).
 """
 
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.backends.launch import DEFAULT_ACCELERATE_CONFIG, launch_train
+from tasks.backends.rewriter import RewriterConfig
+from tasks.backends.solver import SolverBackend
 from tasks.backends.trl_dpo import DPOSolverConfig
 from tasks.stage import MODEL, StageContext, StageOutput, stage
 
 
 class TrainConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    solver: DPOSolverConfig = Field(default_factory=DPOSolverConfig)
+    solver: SolverBackend = Field(
+        default_factory=DPOSolverConfig,
+        description='Objective by "kind": dpo (default), simpo, orpo, sppo, dpo_nll.',
+    )
+    rewrite_chosen: RewriterConfig | None = Field(
+        default=None, description="Rewrite chosen responses with an LLM before training."
+    )
+    launcher: Literal["inprocess", "accelerate"] = Field(
+        default="inprocess", description='"accelerate" trains in a subprocess per device.'
+    )
+    num_processes: int = Field(default=1, ge=1, description="Processes (GPUs) for accelerate.")
+    accelerate_config: str = Field(
+        default=DEFAULT_ACCELERATE_CONFIG,
+        description="accelerate yaml; a relative path missing here is read from the repo.",
+    )
 
 
 @stage(
     "train", inputs={"pairs": ("prompt", "chosen", "rejected"), "policy": MODEL}, outputs=("step",)
 )
 def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutput:
-    solver = config.solver.load()
+    prompts = pairs.column("prompt").to_pylist()
+    chosen = pairs.column("chosen").to_pylist()
+    rejected = pairs.column("rejected").to_pylist()
+    rewrite_stats: dict[str, int] = {}
+    train_share = 1.0
+    if config.rewrite_chosen is not None:
+        # The progress bar gives rewriting its first tenth, so it never runs backwards.
+        train_share = 0.9
+        result = config.rewrite_chosen.load().rewrite(
+            prompts, chosen, lambda f: ctx.progress(0.1 * f)
+        )
+        chosen, rewrite_stats = result.responses, result.stats()
+
+    def progress(fraction: float) -> None:
+        ctx.progress(1.0 - train_share + train_share * fraction)
+
     out_dir = os.path.join(ctx.scratch, "model")
-    metrics = solver.train(
-        ctx.model_dir("policy"),
-        pairs.column("prompt").to_pylist(),
-        pairs.column("chosen").to_pylist(),
-        pairs.column("rejected").to_pylist(),
-        out_dir,
-        ctx.seed,
-        ctx.progress,
-    )
+    if config.launcher == "accelerate":
+        log = ctx.log
+        metrics = launch_train(
+            config.solver,
+            ctx.model_dir("policy"),
+            prompts,
+            chosen,
+            rejected,
+            out_dir,
+            ctx.seed,
+            scratch=os.path.join(ctx.scratch, "launch"),
+            accelerate_config=config.accelerate_config,
+            num_processes=config.num_processes,
+            log=lambda line: log.info("%s", line),
+            progress=progress,
+        )
+    else:
+        metrics = config.solver.load().train(
+            ctx.model_dir("policy"), prompts, chosen, rejected, out_dir, ctx.seed, progress
+        )
     table = (
         pa.Table.from_pylist(metrics) if metrics else pa.table({"step": pa.array([], pa.int64())})
     )
@@ -42,6 +89,7 @@ def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutpu
     stats = {
         "pairs": pairs.num_rows,
         "steps": int(last.get("step", 0)),
+        **rewrite_stats,
         **{k: round(v, 4) for k, v in last.items() if k != "step" and isinstance(v, float)},
     }
     return StageOutput(table, stats=stats, model_dir=out_dir)

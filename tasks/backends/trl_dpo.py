@@ -1,14 +1,28 @@
-"""The solver: TRL's ``DPOTrainer`` on the preference pairs a round produced.
+"""The solver: TRL preference trainers on the pairs a round produced, DPO by default.
 
-Defaults are the DPO settings of the eva paper's appendix A. The starting checkpoint doubles as
-the frozen reference (TRL reloads it from ``policy_dir`` when ``ref_model`` is None), which is
-what eva does: every round's reference is the policy the round started from.
+Here: what every TRL objective shares (``TRLSolverConfig``, ``build_trainer``, ``TRLSolver``) and
+DPO. ``trl_solvers`` adds SimPO, ORPO, SPPO and DPO + NLL as configs naming a trainer and loss.
+Defaults are the eva paper's appendix A. For the DPO family the starting checkpoint doubles as
+the frozen reference (TRL reloads it from ``policy_dir`` when ``ref_model`` is None), as in eva.
+
+Pitfalls met with TRL 1.16 / transformers 5.23:
+- TRL defaults ``bf16=True`` and gradient checkpointing on: both are always passed explicitly.
+- transformers 5 dropped ``warmup_ratio``: a float in [0, 1) given as ``warmup_steps`` is a ratio.
+- transformers 5 loads a checkpoint's saved dtype; weights load in float32 because AdamW updates
+  at lr 5e-7 vanish in bf16 weights (``bf16=True`` still autocasts the matmuls).
+- TRL 1.16 has no prompt-length cap; ``max_prompt_length`` is applied here, keeping the end.
+- The training arguments are built *before* the model: under ``accelerate launch`` with ZeRO-3
+  that order lets ``from_pretrained`` load the weights already partitioned.
+- ``Trainer.save_model`` gathers ZeRO-3 shards; the pickled ``training_args.bin`` it adds (full
+  of temporary paths) is removed so checkpoints stay byte-reproducible.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
+import os
 import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
@@ -18,9 +32,12 @@ import datasets
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
+    PreTrainedTokenizerBase,
     PrinterCallback,
+    Trainer,
     TrainerCallback,
     TrainerControl,
     TrainerState,
@@ -30,25 +47,22 @@ from trl import DPOConfig, DPOTrainer
 
 from tasks.backends.protocols import Progress, no_progress
 
+_log = logging.getLogger(__name__)
 
-class DPOSolverConfig(BaseModel):
-    """Direct Preference Optimization with TRL; defaults follow eva's appendix A."""
+
+class TRLSolverConfig(BaseModel):
+    """Fields every TRL preference solver shares; subclasses name the objective and its knobs."""
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["dpo"] = "dpo"
-    beta: float = Field(default=0.05, gt=0, description="KL strength towards the reference.")
-    learning_rate: float = Field(default=5e-7, gt=0, description="Peak AdamW learning rate.")
-    lr_scheduler_type: str = Field(
-        default="cosine", description="transformers scheduler name (cosine, linear, constant...)."
-    )
+    kind: str  # a Literal in every concrete subclass: the SolverBackend discriminator
+    learning_rate: float = Field(default=5e-7, gt=0, description="Peak learning rate.")
+    lr_scheduler_type: str = Field(default="cosine", description="transformers scheduler name.")
     num_train_epochs: float = Field(default=2, gt=0, description="Passes over the pairs.")
     warmup_ratio: float = Field(
         default=0.1, ge=0, lt=1, description="Fraction of the steps spent warming up linearly."
     )
-    per_device_train_batch_size: int = Field(
-        default=8, ge=1, description="Pairs per device per micro-batch."
-    )
+    per_device_train_batch_size: int = Field(default=8, ge=1, description="Pairs per micro-batch.")
     gradient_accumulation_steps: int = Field(
         default=1,
         ge=1,
@@ -58,18 +72,16 @@ class DPOSolverConfig(BaseModel):
     max_length: int | None = Field(
         default=2048,
         ge=2,
-        description="Cap on prompt + response tokens (truncated from the end; TRL 1.16 has no "
-        "separate prompt cap). Lowered to the model's position table when that is smaller.",
+        description="Cap on prompt + response tokens (the response is cut). Lowered to the "
+        "model's position table when that is smaller.",
     )
-    loss_type: list[str] = Field(
-        default=["sigmoid"],
-        min_length=1,
-        description='TRL loss names: "sigmoid" is DPO, "ipo", "sppo_hard", ["sigmoid", "sft"] '
-        "is DPO + NLL (RPO).",
+    max_prompt_length: int | None = Field(
+        default=1024,
+        ge=1,
+        description="Cap on prompt tokens, applied before TRL sees the text by keeping the end "
+        "of the prompt; also held below max_length so a response token always remains.",
     )
-    loss_weights: list[float] | None = Field(
-        default=None, description="One weight per loss_type entry; None = all 1.0."
-    )
+    optim: str = Field(default="adamw_torch", description="transformers optimizer name.")
     logging_steps: int = Field(default=1, ge=1, description="Optimizer steps between log rows.")
     bf16: bool = Field(default=False, description="bf16 autocast (needs a GPU or recent CPU).")
     gradient_checkpointing: bool = Field(
@@ -79,18 +91,55 @@ class DPOSolverConfig(BaseModel):
     )
     device: str = Field(default="auto", description='"auto" = cuda when available, else "cpu".')
 
+    def trainer_args(self, common: dict[str, Any]) -> TrainingArguments:
+        """TRL's config object for this objective, from the shared ``common`` arguments."""
+        raise NotImplementedError
+
+    def trainer_class(self) -> type[Trainer]:
+        raise NotImplementedError  # a class per objective, so tests can call it directly
+
+    def load(self) -> TRLSolver:
+        """A solver with this configuration (models are loaded per ``train`` call)."""
+        return TRLSolver(self)
+
+
+def dpo_args(
+    common: dict[str, Any], beta: float, loss_type: list[str], loss_weights: list[float] | None
+) -> DPOConfig:
+    """DPOConfig for any DPO-family loss (DPO, SPPO hard, DPO + NLL)."""
+    return DPOConfig(**common, beta=beta, loss_type=loss_type, loss_weights=loss_weights)
+
+
+class DPOSolverConfig(TRLSolverConfig):
+    """Direct Preference Optimization with TRL; defaults follow eva's appendix A."""
+
+    kind: Literal["dpo"] = "dpo"
+    beta: float = Field(default=0.05, gt=0, description="KL strength towards the reference.")
+    loss_type: list[str] = Field(
+        default=["sigmoid"],
+        min_length=1,
+        description='TRL loss names: "sigmoid" is DPO, "ipo", "sppo_hard", ["sigmoid", "sft"] '
+        "is DPO + NLL (RPO).",
+    )
+    loss_weights: list[float] | None = Field(
+        default=None, description="One weight per loss_type entry; None = all 1.0."
+    )
+
     @model_validator(mode="after")
     def _weights_match_losses(self) -> DPOSolverConfig:
-        if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):
+        n_weights, n_losses = len(self.loss_weights or self.loss_type), len(self.loss_type)
+        if n_weights != n_losses:
             raise ValueError(
-                f"loss_weights has {len(self.loss_weights)} entries for "
-                f"{len(self.loss_type)} loss_type entries"
+                f"loss_weights has {n_weights} entries for {n_losses} loss_type entries"
             )
         return self
 
-    def load(self) -> DPOSolver:
-        """A solver with this configuration (models are loaded per ``train`` call)."""
-        return DPOSolver(self)
+    def trainer_args(self, common: dict[str, Any]) -> TrainingArguments:
+        weights = None if self.loss_weights is None else list(self.loss_weights)
+        return dpo_args(common, self.beta, list(self.loss_type), weights)
+
+    def trainer_class(self) -> type[Trainer]:
+        return DPOTrainer
 
 
 class _ProgressCallback(TrainerCallback):
@@ -98,11 +147,7 @@ class _ProgressCallback(TrainerCallback):
         self.progress = progress
 
     def on_step_end(
-        self,
-        args: TrainingArguments,
-        state: TrainerState,
-        control: TrainerControl,
-        **kwargs: Any,
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         if state.max_steps:
             self.progress(min(1.0, state.global_step / state.max_steps))
@@ -110,21 +155,39 @@ class _ProgressCallback(TrainerCallback):
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """Hide datasets' per-map progress bars and transformers' v6 deprecation notices (raised
-    from inside TRL, nothing we can change) for the duration, then restore the caller's state."""
+    """Hide datasets' per-map progress bars, transformers' v6 deprecation notices and TRL's
+    experimental-API notice (raised from inside the libraries, nothing we can change) for the
+    duration, then restore the caller's state."""
     was_enabled = datasets.is_progress_bar_enabled()
     datasets.disable_progress_bars()
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", ".*will be removed in v6", FutureWarning)
+            warnings.filterwarnings("ignore", ".*importing from 'trl.experimental'")
             yield
     finally:
         if was_enabled:
             datasets.enable_progress_bars()
 
 
-def build_dpo_trainer(
-    config: DPOSolverConfig,
+def truncate_prompts(
+    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], max_tokens: int
+) -> tuple[list[str], int]:
+    """Keep the last ``max_tokens`` tokens of every prompt (the instruction usually ends a
+    long prompt) as text, so every TRL trainer tokenizes it the same way; returns the prompts
+    and how many were cut. Cutting at a token's character offset keeps the text exact."""
+    out, cut = list(prompts), 0
+    for i, prompt in enumerate(prompts):
+        enc = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = enc["offset_mapping"]
+        if len(offsets) > max_tokens:
+            out[i] = prompt[offsets[len(offsets) - max_tokens][0] :]
+            cut += 1
+    return out, cut
+
+
+def build_trainer(
+    config: TRLSolverConfig,
     policy_dir: str,
     prompts: Sequence[str],
     chosen: Sequence[str],
@@ -132,8 +195,8 @@ def build_dpo_trainer(
     trainer_dir: str,
     seed: int,
     callbacks: Sequence[TrainerCallback] = (),
-) -> DPOTrainer:
-    """A ready-to-``train()`` DPOTrainer; split out of ``DPOSolver.train`` so tests can inspect
+) -> Trainer:
+    """A ready-to-``train()`` TRL trainer; split out of ``TRLSolver.train`` so tests can inspect
     the exact trainer (its batches, its ``compute_loss``) that training uses."""
     if not (len(prompts) == len(chosen) == len(rejected)):
         raise ValueError(
@@ -142,31 +205,31 @@ def build_dpo_trainer(
     if not prompts:
         raise ValueError("no preference pairs to train on")
     use_cpu = config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
-    # float32 master weights: transformers 5 loads the checkpoint's dtype, and AdamW updates at
-    # lr 5e-7 vanish in bf16 weights. bf16=True still gives bf16 autocast for the matmuls.
-    model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
     max_length = config.max_length
-    positions = getattr(model.config, "max_position_embeddings", None)
+    positions = getattr(AutoConfig.from_pretrained(policy_dir), "max_position_embeddings", None)
     if positions is not None and (max_length is None or max_length > positions):
         max_length = positions  # absolute-position models index out of range past their table
-    args = DPOConfig(
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    prompt_cap = config.max_prompt_length
+    if max_length is not None:
+        prompt_cap = min(prompt_cap or max_length, max_length - 1)
+    if prompt_cap is not None:
+        prompts, cut = truncate_prompts(tokenizer, prompts, prompt_cap)
+        if cut:
+            _log.warning("kept the last %d tokens of %d long prompts", prompt_cap, cut)
+    common: dict[str, Any] = dict(
         output_dir=trainer_dir,
-        beta=config.beta,
         learning_rate=config.learning_rate,
         lr_scheduler_type=config.lr_scheduler_type,
         num_train_epochs=config.num_train_epochs,
-        # transformers 5 dropped `warmup_ratio`: a float in [0, 1) for warmup_steps is a ratio.
-        warmup_steps=config.warmup_ratio,
+        warmup_steps=config.warmup_ratio,  # a float in [0, 1) is a ratio in transformers 5
         per_device_train_batch_size=config.per_device_train_batch_size,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
         max_length=max_length,
-        loss_type=list(config.loss_type),
-        loss_weights=None if config.loss_weights is None else list(config.loss_weights),
+        optim=config.optim,
         logging_steps=config.logging_steps,
         bf16=config.bf16,  # TRL defaults this to True: always pass it
-        # transformers 5.23 renamed it; the old name still works but warns.
-        activation_checkpointing=config.gradient_checkpointing,
+        activation_checkpointing=config.gradient_checkpointing,  # the v5 name of the flag
         use_cpu=use_cpu,
         seed=seed,
         data_seed=seed,
@@ -178,7 +241,9 @@ def build_dpo_trainer(
         {"prompt": list(prompts), "chosen": list(chosen), "rejected": list(rejected)}
     )
     with _quiet():
-        trainer = DPOTrainer(
+        args = config.trainer_args(common)  # before the model: ZeRO-3 partitioned loading
+        model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+        trainer = config.trainer_class()(
             model=model,
             args=args,
             train_dataset=dataset,
@@ -190,6 +255,13 @@ def build_dpo_trainer(
     return trainer
 
 
+def build_dpo_trainer(config: DPOSolverConfig, *args: Any, **kwargs: Any) -> DPOTrainer:
+    """``build_trainer`` typed for DPO (kept for callers written before the other objectives)."""
+    trainer = build_trainer(config, *args, **kwargs)
+    assert isinstance(trainer, DPOTrainer)
+    return trainer
+
+
 def _numeric_row(entry: dict[str, Any]) -> dict[str, float]:
     row = {"step": float(entry["step"])}
     for key, value in entry.items():
@@ -198,10 +270,10 @@ def _numeric_row(entry: dict[str, Any]) -> dict[str, float]:
     return row
 
 
-class DPOSolver:
-    """Satisfies the ``Solver`` protocol."""
+class TRLSolver:
+    """Satisfies the ``Solver`` protocol for any ``TRLSolverConfig``."""
 
-    def __init__(self, config: DPOSolverConfig):
+    def __init__(self, config: TRLSolverConfig):
         self.config = config
 
     def train(
@@ -214,31 +286,28 @@ class DPOSolver:
         seed: int,
         progress: Progress = no_progress,
     ) -> list[dict[str, float]]:
-        """Run DPO from ``policy_dir``, save model + tokenizer to ``output_dir``, and return
-        the trainer's log rows that carry a loss (``step``, ``loss``, ``rewards/*``, ...)."""
+        """Train from ``policy_dir``, save model + tokenizer to ``output_dir``, and return the
+        trainer's log rows that carry a loss (``step``, ``loss``, ``rewards/*``, ...)."""
         # The trainer's own output_dir only receives what save_strategy="no" still writes (nothing
         # today); a temporary directory keeps the caller's working directory clean regardless.
-        with tempfile.TemporaryDirectory(prefix="eva-dpo-") as trainer_dir:
-            trainer = build_dpo_trainer(
-                self.config,
-                policy_dir,
-                prompts,
-                chosen,
-                rejected,
-                trainer_dir,
-                seed,
-                callbacks=[_ProgressCallback(progress)],
+        with tempfile.TemporaryDirectory(prefix=f"eva-{self.config.kind}-") as trainer_dir:
+            callbacks = [_ProgressCallback(progress)]
+            trainer = build_trainer(
+                self.config, policy_dir, prompts, chosen, rejected, trainer_dir, seed, callbacks
             )
             with _quiet():
                 trainer.train()
             rows = [_numeric_row(e) for e in trainer.state.log_history if "loss" in e]
             if any(math.isnan(r["loss"]) for r in rows):
                 # Checked before saving so a diverged policy never becomes the next round's start.
-                raise FloatingPointError(f"DPO loss became NaN (policy {policy_dir})")
-            # Any: Trainer types these as Optional unions; both are set by build_dpo_trainer.
-            model: Any = trainer.accelerator.unwrap_model(trainer.model)
-            tokenizer: Any = trainer.processing_class
-            model.save_pretrained(output_dir)
-            tokenizer.save_pretrained(output_dir)
+                raise FloatingPointError(
+                    f"{self.config.kind} loss became NaN (policy {policy_dir})"
+                )
+            trainer.save_model(output_dir)  # gathers ZeRO-3 shards; only rank 0 writes
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(output_dir, "training_args.bin"))
         progress(1.0)
         return rows
+
+
+DPOSolver = TRLSolver  # the name this class had when DPO was the only objective

@@ -1,0 +1,146 @@
+"""The accelerate launcher: a real `accelerate launch` subprocess trains a tiny GPT-2 on CPU."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import torch
+import yaml
+from transformers import AutoModelForCausalLM
+
+from tasks.backends.launch import REPO_ROOT, LaunchError, _stream, launch_train, resolve_config
+from tasks.backends.tiny_lm import (
+    TinyModelConfig,
+    build_char_tokenizer,
+    build_tiny_model,
+    save_checkpoint,
+)
+from tasks.backends.trl_dpo import DPOSolverConfig
+from tasks.train import TrainConfig, train
+
+PROMPTS = [f"{a}+{b}=" for a in range(4) for b in range(3)]  # 12 pairs
+FAST = {"learning_rate": 1e-3, "num_train_epochs": 1, "warmup_ratio": 0.0}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread_children(monkeypatch: pytest.MonkeyPatch):
+    # The launched process is a fresh interpreter: only the environment can keep it at one
+    # thread, which on two shared cores is much faster than two.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("policy")
+    tok = build_char_tokenizer("0123456789+-=:abcdefghij")
+    save_checkpoint(build_tiny_model(TinyModelConfig(), tok, seed=0), tok, str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def cpu_yaml(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("accelerate") / "cpu.yaml"
+    # 'NO' quoted: bare NO is a YAML boolean.
+    cfg = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "NO",
+        "use_cpu": True,
+        "num_processes": 1,
+        "num_machines": 1,
+        "machine_rank": 0,
+        "mixed_precision": "no",
+    }
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def info(self, fmt: str, *args: Any) -> None:
+        self.lines.append(fmt % args)
+
+
+def test_stage_trains_through_accelerate_launch(policy_dir: str, cpu_yaml: str, tmp_path: Path):
+    log, seen = _Log(), []
+    ctx = SimpleNamespace(
+        scratch=str(tmp_path / "scratch"),
+        seed=0,
+        progress=seen.append,
+        log=log,
+        model_dir=lambda name: policy_dir,
+    )
+    config = TrainConfig(
+        solver=DPOSolverConfig(**FAST, per_device_train_batch_size=6),
+        launcher="accelerate",
+        num_processes=1,
+        accelerate_config=cpu_yaml,
+    )
+    pairs = pa.table({"prompt": PROMPTS, "chosen": ["abc"] * 12, "rejected": ["ghij"] * 12})
+    out = train.fn(ctx, config, pairs=pairs)
+
+    assert out.table.column("step").to_pylist() == [1, 2]
+    assert out.stats["pairs"] == 12 and out.stats["steps"] == 2
+    assert seen[-1] == 1.0 and 0 < seen[0] < 1  # rank 0's progress markers crossed over
+    assert not any(line.startswith("@@eva-progress") for line in log.lines)
+    before = AutoModelForCausalLM.from_pretrained(policy_dir).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(out.model_dir).state_dict()
+    assert all(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_a_failing_launch_raises_with_its_last_lines(tmp_path: Path, cpu_yaml: str):
+    empty = tmp_path / "not-a-checkpoint"
+    empty.mkdir()
+    lines: list[str] = []
+    with pytest.raises(LaunchError, match="exited with status 1") as err:
+        launch_train(
+            DPOSolverConfig(),
+            str(empty),
+            ["1+1="],
+            ["2"],
+            ["3"],
+            str(tmp_path / "out"),
+            0,
+            scratch=str(tmp_path / "scratch"),
+            accelerate_config=cpu_yaml,
+            log=lines.append,
+        )
+    message = str(err.value)
+    assert "Traceback" in message and str(empty) in message
+    assert message.splitlines()[-1] == lines[-1]  # the tail is what was logged last
+    assert not (tmp_path / "out").exists()
+
+
+def test_output_is_streamed_line_by_line(tmp_path: Path):
+    arrivals: list[tuple[str, float]] = []
+    code = "import time; print('first', flush=True); time.sleep(1.0); print('second')"
+    rc, tail = _stream(
+        [sys.executable, "-c", code],
+        {},
+        str(tmp_path),
+        lambda line: arrivals.append((line, time.monotonic())),
+        lambda _: None,
+        tail_lines=1,
+    )
+    assert (rc, tail) == (0, ["second"])
+    assert [a[0] for a in arrivals] == ["first", "second"]
+    assert arrivals[1][1] - arrivals[0][1] > 0.5  # "first" arrived before the process ended
+
+
+def test_default_config_is_zero3_and_resolves_from_anywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.chdir(tmp_path)
+    path = resolve_config(TrainConfig().accelerate_config)
+    assert path == str(REPO_ROOT / "infra/accelerate/zero3.yaml")
+    cfg = yaml.safe_load(Path(path).read_text())
+    assert cfg["distributed_type"] == "DEEPSPEED"
+    assert cfg["deepspeed_config"]["zero_stage"] == 3
+    assert cfg["deepspeed_config"]["zero3_save_16bit_model"] is True

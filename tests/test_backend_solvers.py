@@ -1,0 +1,287 @@
+"""Every solver objective on a tiny GPT-2: real TRL trainers, losses checked against hand-computed
+formulas from per-sequence log-probs (computed here without TRL), and a real training step."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from pydantic import TypeAdapter, ValidationError
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tasks.backends.protocols import Solver
+from tasks.backends.solver import SolverBackend
+from tasks.backends.tiny_lm import (
+    TinyModelConfig,
+    build_char_tokenizer,
+    build_tiny_model,
+    save_checkpoint,
+)
+from tasks.backends.trl_dpo import DPOSolverConfig, build_trainer, truncate_prompts
+from tasks.backends.trl_solvers import (
+    DPONLLSolverConfig,
+    ORPOSolverConfig,
+    SimPOSolverConfig,
+    SPPOSolverConfig,
+)
+from tasks.train import TrainConfig
+
+PROMPTS = [f"{a}+{b}=" for a in range(4) for b in range(3)]  # 12 pairs
+X, Y = "abc", "ghij"  # every pair prefers X over Y
+FAST = {"learning_rate": 1e-3, "num_train_epochs": 1, "warmup_ratio": 0.0}
+# Chosen lengths differ (1, 1, 2, 4 tokens + eos) so per-token and per-sequence means differ.
+PAIRS = [("1+2=", "3", "12"), ("4+4=", "8", "44"), ("10+3=", "31", "7"), ("5+0=", "5abc", "ab")]
+# compute_loss is called outside the solver's warning filter in these tests.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:.*is_gradient_checkpointing:FutureWarning",
+    "ignore:.*importing from 'trl.experimental'",
+)
+
+ALL = {
+    "dpo": DPOSolverConfig,
+    "simpo": SimPOSolverConfig,
+    "orpo": ORPOSolverConfig,
+    "sppo": SPPOSolverConfig,
+    "dpo_nll": DPONLLSolverConfig,
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """One intra-op thread: two spin (20x slower) when another process shares the two cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("policy")
+    tok = build_char_tokenizer("0123456789+-=:abcdefghij")
+    save_checkpoint(build_tiny_model(TinyModelConfig(), tok, seed=0), tok, str(path))
+    return str(path)
+
+
+def _ids(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def _token_logps(model, ids: list[int]) -> torch.Tensor:
+    """log p(ids[i] | ids[:i]) for i >= 1."""
+    logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()
+    return logits.log_softmax(-1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+
+
+def _completion_logps(model, tok, prompt: str, completion: str, bos: bool) -> torch.Tensor:
+    """Per-token log-probs of ``completion + eos`` after ``prompt`` (after ``bos + prompt``
+    for CPO/ORPO, which prepend the BOS token)."""
+    prefix = ([tok.bos_token_id] if bos else []) + _ids(tok, prompt)
+    return _token_logps(model, prefix + _ids(tok, completion) + [tok.eos_token_id])[
+        len(prefix) - 1 :
+    ]
+
+
+def _perturbed_trainer(config, policy_dir: str, tmp_path: Path):
+    prompts, chosen, rejected = (list(col) for col in zip(*PAIRS, strict=True))
+    config = config.model_copy(update={"per_device_train_batch_size": len(PAIRS)})
+    trainer = build_trainer(config, policy_dir, prompts, chosen, rejected, str(tmp_path), 0)
+    # Move the policy away from the reference/initialisation so the loss is not trivial.
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=gen))
+    trainer.model.eval()
+    batch = next(iter(trainer.get_train_dataloader()))  # all four pairs
+    with torch.no_grad():
+        loss = float(trainer.compute_loss(trainer.model, batch))
+    return trainer, batch, loss
+
+
+def test_defaults_are_the_papers_and_kinds_dispatch():
+    simpo, orpo, sppo = SimPOSolverConfig(), ORPOSolverConfig(), SPPOSolverConfig()
+    assert (simpo.beta, simpo.gamma, simpo.learning_rate) == (10.0, 5.0, 8e-7)
+    assert orpo.lambda_or == 0.5
+    assert (sppo.beta, sppo.optim, sppo.lr_scheduler_type) == (0.001, "rmsprop", "linear")
+    dpo = sppo.to_dpo()
+    assert (dpo.loss_type, dpo.beta, dpo.optim, dpo.lr_scheduler_type) == (
+        ["sppo_hard"],
+        0.001,
+        "rmsprop",
+        "linear",
+    )
+    nll = DPONLLSolverConfig(nll_alpha=0.3, max_length=99).to_dpo()
+    assert (nll.loss_type, nll.loss_weights, nll.beta, nll.max_length) == (
+        ["sigmoid", "sft"],
+        [1.0, 0.3],
+        0.05,
+        99,
+    )
+    for cls in ALL.values():
+        cfg = cls()
+        assert (cfg.warmup_ratio, cfg.num_train_epochs, cfg.per_device_train_batch_size) == (
+            0.1,
+            2,
+            8,
+        )
+        assert (cfg.max_length, cfg.max_prompt_length) == (2048, 1024)
+        assert isinstance(cfg.load(), Solver)
+    adapter = TypeAdapter(SolverBackend)
+    for kind, cls in ALL.items():
+        assert type(adapter.validate_python({"kind": kind})) is cls
+        assert adapter.validate_python(cls().model_dump()) == cls()
+    # Configs written before `kind` existed are DPO.
+    assert adapter.validate_python({"learning_rate": 1e-3}) == DPOSolverConfig(learning_rate=1e-3)
+    assert TrainConfig.model_validate({"solver": {"kind": "orpo"}}).solver == ORPOSolverConfig()
+    with pytest.raises(ValidationError, match="does not match any of the expected tags"):
+        adapter.validate_python({"kind": "ppo"})
+    with pytest.raises(ValidationError, match="lambda_or"):
+        adapter.validate_python({"kind": "orpo", "lambda_or": 0})
+    with pytest.raises(ValidationError, match="Extra inputs"):
+        adapter.validate_python({"kind": "simpo", "loss_type": ["sigmoid"]})
+
+
+@pytest.mark.parametrize("kind", list(ALL))
+def test_a_training_run_moves_every_weight_towards_chosen(
+    kind: str, policy_dir: str, tmp_path: Path
+):
+    out = tmp_path / "out"
+    rows = (
+        ALL[kind](**FAST, per_device_train_batch_size=6)
+        .load()
+        .train(policy_dir, PROMPTS, [X] * 12, [Y] * 12, str(out), seed=0)
+    )
+    assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["loss"]) for r in rows)
+    assert not (out / "training_args.bin").exists()
+    before = AutoModelForCausalLM.from_pretrained(policy_dir)
+    after = AutoModelForCausalLM.from_pretrained(str(out))
+    b, a = before.state_dict(), after.state_dict()
+    assert all(not torch.equal(b[k], a[k]) for k in b), kind
+    tok = AutoTokenizer.from_pretrained(str(out))
+
+    def margin(model) -> float:
+        with torch.no_grad():
+            return sum(
+                float(
+                    _completion_logps(model, tok, p, X, False).sum()
+                    - _completion_logps(model, tok, p, Y, False).sum()
+                )
+                for p in PROMPTS
+            )
+
+    assert margin(after) > margin(before), kind  # log p(X) - log p(Y) rose
+
+
+def test_simpo_loss_matches_hand_computation(policy_dir: str, tmp_path: Path):
+    beta, gamma = 10.0, 5.0
+    trainer, batch, trl_loss = _perturbed_trainer(SimPOSolverConfig(), policy_dir, tmp_path)
+    tok, model = trainer.processing_class, trainer.model
+    # CPO feeds [bos] + prompt + completion + eos (bos = <eos> for this tokenizer).
+    first = [tok.bos_token_id, *_ids(tok, "1+2="), *_ids(tok, "3"), tok.eos_token_id]
+    assert batch["chosen_input_ids"][0, : len(first)].tolist() == first
+    with torch.no_grad():
+        losses = [
+            -F.logsigmoid(
+                beta
+                * (
+                    _completion_logps(model, tok, p, c, True).mean()
+                    - _completion_logps(model, tok, p, r, True).mean()
+                )
+                - gamma
+            )
+            for p, c, r in PAIRS
+        ]
+    assert trl_loss == pytest.approx(float(torch.stack(losses).mean()), rel=1e-5)
+
+
+def test_orpo_loss_matches_hand_computation(policy_dir: str, tmp_path: Path):
+    lam = 0.5
+    trainer, _, trl_loss = _perturbed_trainer(ORPOSolverConfig(), policy_dir, tmp_path)
+    tok, model = trainer.processing_class, trainer.model
+    token_nll, odds = [], []
+    with torch.no_grad():
+        for p, c, r in PAIRS:
+            a_c = _completion_logps(model, tok, p, c, True).mean()
+            a_r = _completion_logps(model, tok, p, r, True).mean()
+            log_odds = (a_c - a_r) - (torch.log1p(-a_c.exp()) - torch.log1p(-a_r.exp()))
+            odds.append(F.logsigmoid(log_odds))
+            # TRL's NLL covers the chosen sequence's prompt tokens too, averaged per token.
+            full = [tok.bos_token_id, *_ids(tok, p), *_ids(tok, c), tok.eos_token_id]
+            token_nll.append(-_token_logps(model, full))
+    by_hand = torch.cat(token_nll).mean() - lam * torch.stack(odds).mean()
+    assert trl_loss == pytest.approx(float(by_hand), rel=1e-5)
+
+
+def _logratio(policy, ref, tok, prompt: str, completion: str) -> torch.Tensor:
+    return (
+        _completion_logps(policy, tok, prompt, completion, False).sum()
+        - _completion_logps(ref, tok, prompt, completion, False).sum()
+    )
+
+
+def test_sppo_hard_loss_matches_hand_computation(policy_dir: str, tmp_path: Path):
+    beta = 0.5  # targets +-1/(2 beta) = +-1: the log-ratios visibly matter at this scale
+    trainer, _, trl_loss = _perturbed_trainer(SPPOSolverConfig(beta=beta), policy_dir, tmp_path)
+    tok, model = trainer.processing_class, trainer.model
+    ref = AutoModelForCausalLM.from_pretrained(policy_dir)
+    with torch.no_grad():
+        losses = [
+            (_logratio(model, ref, tok, p, c) - 0.5 / beta) ** 2
+            + (_logratio(model, ref, tok, p, r) + 0.5 / beta) ** 2
+            for p, c, r in PAIRS
+        ]
+    assert trl_loss == pytest.approx(float(torch.stack(losses).mean()), rel=1e-5)
+
+
+def test_dpo_nll_loss_matches_hand_computation(policy_dir: str, tmp_path: Path):
+    beta, alpha = 0.3, 0.7
+    config = DPONLLSolverConfig(beta=beta, nll_alpha=alpha)
+    trainer, _, trl_loss = _perturbed_trainer(config, policy_dir, tmp_path)
+    tok, model = trainer.processing_class, trainer.model
+    ref = AutoModelForCausalLM.from_pretrained(policy_dir)
+    with torch.no_grad():
+        dpo = torch.stack(
+            [
+                -F.logsigmoid(
+                    beta * (_logratio(model, ref, tok, p, c) - _logratio(model, ref, tok, p, r))
+                )
+                for p, c, r in PAIRS
+            ]
+        ).mean()
+        chosen = [-_completion_logps(model, tok, p, c, False) for p, c, _ in PAIRS]
+    per_token = torch.cat(chosen).mean()  # TRL: one mean over all chosen tokens of the batch
+    per_sequence = torch.stack([c.mean() for c in chosen]).mean()
+    assert trl_loss == pytest.approx(float(dpo + alpha * per_token), rel=1e-5)
+    assert abs(float(per_token - per_sequence)) > 1e-3  # the two normalisations differ here
+
+
+def test_prompts_are_cut_to_their_last_tokens(policy_dir: str, tmp_path: Path):
+    tok = AutoTokenizer.from_pretrained(policy_dir)
+    assert truncate_prompts(tok, ["123+456=", "1+2="], 4) == (["456=", "1+2="], 1)
+    config = DPOSolverConfig(max_prompt_length=3, per_device_train_batch_size=2)
+    trainer = build_trainer(
+        config, policy_dir, ["123+4=", "1="], ["5", "5"], ["6", "6"], str(tmp_path), 0
+    )
+    assert trainer.train_dataset["prompt_ids"] == [_ids(tok, "+4="), _ids(tok, "1=")]
+    # A prompt cap above the (position-table-limited) max_length still leaves a response token.
+    long = "1+" * 40 + "1="  # 82 tokens; the tiny model has 64 positions
+    config = SimPOSolverConfig(max_prompt_length=1000)
+    trainer = build_trainer(config, policy_dir, [long], ["5"], ["6"], str(tmp_path), 0)
+    assert len(trainer.train_dataset["prompt_input_ids"][0]) == 64  # bos + last 63 tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_bf16_dpo_step_on_gpu(policy_dir: str, tmp_path: Path):
+    rows = (
+        DPOSolverConfig(**FAST, per_device_train_batch_size=6, bf16=True, device="auto")
+        .load()
+        .train(policy_dir, PROMPTS, [X] * 12, [Y] * 12, str(tmp_path / "out"), seed=0)
+    )
+    assert all(math.isfinite(r["loss"]) for r in rows)
+    before = AutoModelForCausalLM.from_pretrained(policy_dir).state_dict()
+    after = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).state_dict()
+    assert all(not torch.equal(before[k], after[k]) for k in before)
