@@ -23,13 +23,16 @@ from tasks.backends.tiny_lm import (
     sft,
 )
 from tasks.stage import StageContext, StageOutput, stage
-from tasks.store import hash_directory
+from tasks.store import checkpoint_hash, is_hub_id
 
 
 class BootstrapConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     init_checkpoint: str | None = Field(
-        default=None, description="Start from this local checkpoint directory instead of SFT."
+        default=None,
+        description="Start from this checkpoint instead of the world's SFT: a local directory "
+        "(checked now, keyed on its bytes) or a Hub id org/name (fetched by from_pretrained); "
+        "write a relative local path as ./dir.",
     )
     model: TinyModelConfig = Field(default_factory=TinyModelConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
@@ -38,14 +41,16 @@ class BootstrapConfig(BaseModel):
     @field_validator("init_checkpoint")
     @classmethod
     def _checkpoint_exists(cls, path: str | None) -> str | None:
-        if path is not None and not os.path.isfile(os.path.join(path, "config.json")):
+        if path is None or is_hub_id(path):
+            return path
+        if not os.path.isfile(os.path.join(path, "config.json")):
             raise ValueError(f"no checkpoint at {path!r} (expected a directory with config.json)")
         return path
 
 
 def _checkpoint_key(config: BootstrapConfig) -> dict[str, str]:
     # A user checkpoint is keyed on its bytes, so replacing it re-runs everything downstream.
-    return {"checkpoint": hash_directory(config.init_checkpoint)} if config.init_checkpoint else {}
+    return {"checkpoint": checkpoint_hash(config.init_checkpoint)} if config.init_checkpoint else {}
 
 
 @stage("bootstrap", inputs={}, outputs=("step", "loss"), extra_key=_checkpoint_key)

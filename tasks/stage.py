@@ -37,7 +37,7 @@ from prefect.states import Completed
 from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.schema import missing_columns
-from tasks.store import Ref, RunStore, hash_directory, iteration_dir
+from tasks.store import Ref, RunStore, checkpoint_hash, iteration_dir
 
 # Execution order of artifacts within an iteration (setup uses the first three and evaluate).
 STAGE_ORDER: tuple[str, ...] = (
@@ -254,7 +254,7 @@ class Stage:
             if out.model_dir:
                 model_uri, model_hash = store.publish_model(iteration, out.model_dir)
             elif out.external_model:
-                model_uri, model_hash = out.external_model, hash_directory(out.external_model)
+                model_uri, model_hash = out.external_model, checkpoint_hash(out.external_model)
         if progress.id is not None:  # close the bar of a stage that reported progress
             progress(1.0)
         seconds = time.perf_counter() - started

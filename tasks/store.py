@@ -22,6 +22,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -86,7 +87,11 @@ class RunStore:
             if self.fs.size(self.strip(manifest["uri"])) != manifest["bytes"]:
                 return False
             model = manifest.get("model_uri")
-            return model is None or self.fs.exists(self.strip(model) + "/config.json")
+            if model is None or is_hub_id(model):
+                return True
+            if "://" not in model:  # a user's local checkpoint, wherever the run root is
+                return os.path.isfile(os.path.join(model, "config.json"))
+            return self.fs.exists(self.strip(model) + "/config.json")
         except FileNotFoundError:
             return False
 
@@ -163,6 +168,21 @@ class RunStore:
                 shutil.rmtree(cache)
             os.replace(staging, cache)
         return cache
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def is_hub_id(ref: str) -> bool:
+    """``org/name`` that is not a local path: a Hugging Face Hub model id."""
+    return bool(_HUB_ID.match(ref)) and not os.path.exists(ref)
+
+
+def checkpoint_hash(ref: str) -> str:
+    """Content hash of a local checkpoint; a Hub id is keyed by the id itself."""
+    if is_hub_id(ref):
+        return hashlib.sha256(f"hub:{ref}".encode()).hexdigest()
+    return hash_directory(ref)
 
 
 def hash_directory(path: str) -> str:

@@ -150,3 +150,20 @@ def test_s3_root_through_a_local_s3_server(tmp_path) -> None:
             assert json.load(f)["content_hash"] == ref.content_hash
     finally:
         server.stop()
+
+
+def test_init_checkpoint_local_or_hub_id(tmp_path) -> None:
+    from pydantic import ValidationError
+
+    from tasks.bootstrap import BootstrapConfig, _checkpoint_key
+    from tasks.store import is_hub_id
+
+    assert is_hub_id("google/gemma-2-9b-it") and not is_hub_id("/nope") and not is_hub_id("./a")
+    hub = BootstrapConfig(init_checkpoint="google/gemma-2-9b-it")  # not fetched at validation
+    assert _checkpoint_key(hub) != _checkpoint_key(BootstrapConfig(init_checkpoint="google/x"))
+    with pytest.raises(ValidationError, match="no checkpoint at './missing'"):
+        BootstrapConfig(init_checkpoint="./missing")
+    (tmp_path / "config.json").write_text("{}")
+    local = _checkpoint_key(BootstrapConfig(init_checkpoint=str(tmp_path)))
+    (tmp_path / "config.json").write_text('{"changed": 1}')
+    assert _checkpoint_key(BootstrapConfig(init_checkpoint=str(tmp_path))) != local
