@@ -3,10 +3,16 @@
 Whatever produced the rewrites (the world's operators, distilabel EvolInstruct, an API model),
 the same clean-up applies, and every dropped candidate is counted under its reason so a run can
 tell a bad rewriter from a strict filter.
+
+LLM rewriters often wrap the new prompt in the scaffolding of the template that asked for it
+("#Rewritten Prompt#:", quotes, a code fence). ``clean_rewrite`` removes that first: otherwise
+the label becomes part of the prompt, the policy learns to answer it, and two rewrites that
+differ only in their wrapping escape the duplicate check.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -23,7 +29,27 @@ REFUSAL_PREFIXES = (
     "i can't",
     "as an ai",
     "i apologize",
+    "i'm unable",
+    "i am unable",
+    "i won't",
+    "as a language model",
 )
+
+# Template labels (WizardLM/distilabel EvolInstruct, eva's paper templates). One anywhere in the
+# text means the model echoed the template: keep what follows the last one.
+_ECHO_LABEL = re.compile(
+    r"#\s*(?:the\s+)?(?:rewritten|created|new|evolved)\s+prompt\s*#\s*:?", re.I
+)
+# A label at the very start, in the spellings models produce ("Rewritten Prompt:", "**New
+# prompt:**", "## Evolved Prompt" on its own line). The word before "prompt" is required so that
+# a real prompt opening with "Prompt:" survives.
+_LEAD_LABEL = re.compile(
+    r"^[#*_\s]*(?:the\s+)?(?:rewritten|created|new|evolved)\s+prompt[#*_ \t]*(?::|\n)[*_ \t]*",
+    re.I,
+)
+_FENCE = re.compile(r"^```[\w+-]*[ \t]*\n(.*?)\n?```$", re.S)
+_QUOTES = (('"', '"'), ("'", "'"), ("\u201c", "\u201d"), ("\u2018", "\u2019"))
+_OPENERS = frozenset("`\"'\u201c\u2018")
 
 
 @dataclass
@@ -31,6 +57,7 @@ class EvolveStats:
     parents: int = 0
     candidates: int = 0
     kept: int = 0
+    cleaned: int = 0  # candidates whose template labels, fences or quotes were stripped
     dropped: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(
             ("empty", "refusal", "too_long", "same_as_parent", "duplicate"), 0
@@ -64,8 +91,10 @@ def evolved_records(
     rows: dict[str, list] = {name: [] for name in PROMPT_SCHEMA.names}
     seen: set[str] = set()
     for i, rewrites in enumerate(candidates):
-        for text, method in rewrites:
+        for raw, method in rewrites:
             stats.candidates += 1
+            text = clean_rewrite(raw)
+            stats.cleaned += isinstance(raw, str) and text != raw.strip()
             reason = _drop_reason(text, max_chars)
             pid = prompt_id(text) if reason is None else ""
             if reason is None and pid == cols["prompt_id"][i]:
@@ -90,11 +119,44 @@ def evolved_records(
     return pa.table(rows, schema=PROMPT_SCHEMA), stats
 
 
+def clean_rewrite(text: str | None) -> str:
+    """The prompt inside a rewriter's answer: echoed template, leading label, a fence around the
+    whole answer and matching quotes around the whole answer removed, then trimmed. A failed
+    generation (None) becomes "" so that it is counted as empty, not crashed on."""
+    if not isinstance(text, str):
+        return ""
+    out = text.strip()
+    if out[:1] not in _OPENERS and "prompt" not in out.lower():
+        return out  # nothing to strip: the common case, kept cheap for million-prompt sets
+    for _ in range(4):  # wrappings nest ("**Rewritten Prompt:** ```...```"); a few passes do
+        before = out
+        labels = list(_ECHO_LABEL.finditer(out))
+        if labels:
+            out = out[labels[-1].end() :].strip()
+        out = _LEAD_LABEL.sub("", out, count=1).strip()
+        if fence := _FENCE.match(out):
+            out = fence.group(1).strip()
+        for left, right in _QUOTES:
+            # Only quotes around the whole text: '"a" or "b"' is a prompt with two quotations.
+            inner = out[len(left) : -len(right)]
+            wrapped = len(out) >= 2 and out.startswith(left) and out.endswith(right)
+            if wrapped and left not in inner and right not in inner:
+                out = inner.strip()
+        if out == before:
+            break
+    return out
+
+
+def is_refusal(text: str) -> bool:
+    """Whether a rewriter's answer declines the task (curly apostrophes count too)."""
+    return text.strip().lower().replace("\u2019", "'").startswith(REFUSAL_PREFIXES)
+
+
 def _drop_reason(text: str, max_chars: int | None) -> str | None:
     stripped = text.strip() if isinstance(text, str) else ""
     if not stripped:
         return "empty"
-    if stripped.lower().startswith(REFUSAL_PREFIXES):
+    if is_refusal(stripped):
         return "refusal"
     if max_chars is not None and len(stripped) > max_chars:
         return "too_long"

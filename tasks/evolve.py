@@ -1,7 +1,9 @@
 """Stage ``evolve``: rewrite the sampled prompts into new ones (paper section 3.2).
 
-The evolver is whatever the config names (the world's operators here; EvolInstruct over an LLM
-in a real deployment); this stage only cleans its output and records lineage.
+The evolver is whatever the config names (the world's operators here; EvolInstruct or the
+paper's templates over an LLM in a real deployment); this stage only cleans its output and
+records lineage. Stats carry the drop counts and, for LLM evolvers, their request outcomes
+(``backend``: requests, timeouts, HTTP errors, chain links skipped after a failure).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.evolution import evolved_records
 from eva_core.schema import PROMPT_COLUMNS
-from tasks.backends.world import WorldEvolver
+from tasks.backends.evolver import EvolverBackend, WorldEvolver
 from tasks.stage import StageContext, StageOutput, stage
 
 
@@ -21,7 +23,7 @@ class EvolveConfig(BaseModel):
     max_chars: int | None = Field(
         default=8192, ge=1, description="Drop rewrites longer than this many characters."
     )
-    evolver: WorldEvolver = Field(default_factory=WorldEvolver)
+    evolver: EvolverBackend = Field(default_factory=WorldEvolver)
 
 
 @stage("evolve", inputs={"subset": PROMPT_COLUMNS}, outputs=PROMPT_COLUMNS)
@@ -49,4 +51,6 @@ def evolve(ctx: StageContext, config: EvolveConfig, subset: pa.Table) -> StageOu
         }
         for r in table.slice(0, 40).to_pylist()
     ]
-    return StageOutput(table, stats=stats.as_dict(), ui_tables={"evolved": rows})
+    backend = evolver.stats() if hasattr(evolver, "stats") else None
+    out_stats = {**stats.as_dict(), **({"backend": backend} if backend is not None else {})}
+    return StageOutput(table, stats=out_stats, ui_tables={"evolved": rows})

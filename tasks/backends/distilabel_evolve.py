@@ -1,0 +1,300 @@
+"""distilabel's EvolInstruct / EvolComplexity / SelfInstruct as eva's evolver, over any
+OpenAI-compatible endpoint (``vllm serve``, a hosted API): the official eva code evolves with
+EvolInstruct over an API model at temperature 0.88.
+
+distilabel 1.5.3 is run standalone (``task.load(); next(task.process(rows))``), not as a
+Pipeline, and three of its behaviours are corrected here (pinned <1.6, last release):
+
+- Outside a Pipeline one failed request (a timeout, a 503 after retries) raises out of
+  ``asyncio.gather`` and loses the whole batch, and a ``None`` generation crashes EvolInstruct's
+  ``str.split``. The LLM below turns every per-request failure into ``""``, which eva's
+  post-processing counts as ``empty``; only configuration errors (401/403/404) stop the stage.
+- A chain link whose input failed (empty, a refusal) is not sent, as rewriting it only yields
+  junk: it comes back ``""`` too.
+- EvolInstruct's ``seed`` is never applied (``np.random.choice`` on the global generator), so
+  mutations are drawn here from one generator per prompt seeded with ``(seed, prompt index)``:
+  the same choices whatever the batch size or the neighbours, and global numpy state untouched
+  (seeding the global generator per prompt would serialize requests, one prompt at a time).
+
+distilabel is imported lazily (seconds, and warnings): the CLI pays only when it is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import warnings
+from collections.abc import Sequence
+from functools import cache
+from types import SimpleNamespace
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from eva_core.evolution import is_refusal
+
+# The user message of a chain link whose input failed: recognised and answered "" unsent.
+_SKIP = "\x00eva-skip\x00"
+
+
+class OpenAICompatibleLLM(BaseModel):
+    """An OpenAI-compatible chat endpoint; the API key is read from the environment at load."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    base_url: str = Field(default="http://127.0.0.1:8000/v1", description="API root.")
+    model: str = Field(description="Served model name (the path given to `vllm serve`).")
+    api_key_env: str = Field(
+        default="OPENAI_API_KEY",
+        description="Environment variable holding the key; unset = a placeholder key, which "
+        "local servers accept and a hosted API rejects (401 stops the stage).",
+    )
+    temperature: float = Field(default=0.88, ge=0.0, description="Official eva evolve: 0.88.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(default=1024, ge=1, description="distilabel's default is 128.")
+    # An int: distilabel's OpenAILLM declares ``timeout: int`` and rejects 0.5.
+    timeout_s: int = Field(default=120, ge=1, description="Per-request timeout, whole seconds.")
+    max_retries: int = Field(default=2, ge=0, description="Retries: timeouts, 408/429/5xx.")
+    max_concurrency: int = Field(default=16, ge=1, description="Most requests in flight.")
+    seed_requests: bool = Field(
+        default=False,
+        description="Send a `seed` per request, from the run seed and the message, so sampling "
+        "repeats exactly on servers that honour it (vLLM, OpenAI).",
+    )
+
+    def load(self, seed: int = 0) -> Any:
+        """A loaded distilabel ``OpenAILLM`` that never raises for one failed request."""
+        llm = _runtime().GuardedOpenAILLM(
+            model=self.model,
+            base_url=self.base_url,
+            # Only the client holds the key; configs (hashed, in manifests) name the variable.
+            api_key=os.environ.get(self.api_key_env) or "EMPTY",
+            timeout=self.timeout_s,
+            max_retries=self.max_retries,
+            generation_kwargs={
+                "temperature": self.temperature,
+                "top_p": self.top_p,
+                "max_new_tokens": self.max_new_tokens,
+            },
+        )
+        llm.configure(self.max_concurrency, seed if self.seed_requests else None)
+        llm.load()
+        return llm
+
+
+def complete(llm: Any, prompts: Sequence[str]) -> list[str]:
+    """One chat completion per prompt with a loaded guarded LLM ("" where a request failed)."""
+    chats = [[{"role": "user", "content": p}] for p in prompts]
+    outs = llm.generate(chats, **llm.generation_kwargs)
+    return [out["generations"][0] or "" for out in outs]
+
+
+class DistilabelEvolver(BaseModel):
+    """Evolve prompts with a distilabel task over an OpenAI-compatible LLM."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: Literal["distilabel"] = "distilabel"
+    task: Literal["evol_instruct", "evol_complexity", "self_instruct"] = Field(
+        default="evol_instruct",
+        description="evol_instruct: a chain of num_evolutions rewrites, each of the previous "
+        "one, all kept; evol_complexity: the same without the in-breadth mutation; "
+        "self_instruct: num_evolutions new queries inspired by the prompt.",
+    )
+    llm: OpenAICompatibleLLM
+    batch_size: int = Field(default=64, ge=1, description="Prompts per distilabel call.")
+    application_description: str = Field(
+        default="AI assistant", description="self_instruct only: the application queried."
+    )
+
+    def load(self) -> DistilabelRewriter:
+        return DistilabelRewriter(self)
+
+
+class DistilabelRewriter:
+    def __init__(self, config: DistilabelEvolver):
+        self.config = config
+        self.counts: dict[str, int] = {}
+
+    def stats(self) -> dict[str, int]:  # request outcomes of the last evolve call
+        return dict(self.counts)
+
+    def evolve(
+        self,
+        prompts: Sequence[str],
+        categories: Sequence[str | None],
+        num_evolutions: int,
+        seed: int,
+    ) -> list[list[tuple[str, str]]]:
+        cfg, step = self.config, self.config.batch_size
+        llm = cfg.llm.load(seed)
+        out: list[list[tuple[str, str]]] = []
+        for start in range(0, len(prompts), step):
+            batch = list(prompts[start : start + step])
+            if cfg.task == "self_instruct":
+                out += _self_instruct(llm, batch, num_evolutions, cfg.application_description)
+            else:
+                rngs = [np.random.default_rng([seed, start + i]) for i in range(len(batch))]
+                out += _evol_chain(llm, cfg.task, batch, num_evolutions, rngs)
+        self.counts = dict(llm.counts)
+        return out
+
+
+def _evol_chain(
+    llm: Any, task: str, batch: list[str], num_evolutions: int, rngs: list[np.random.Generator]
+) -> list[list[tuple[str, str]]]:
+    """Run EvolInstruct's chain, the k-th link recorded as ``{task}:{mutation}:chain-{k}``: all
+    links get lineage depth parent + 1 (the protocol returns no depth); the method says where."""
+    t = _runtime().SeededEvolInstruct(
+        llm=llm,
+        num_evolutions=num_evolutions,
+        store_evolutions=True,
+        mutation_templates=mutation_templates(task),
+    )
+    t.load()
+    t.plan(rngs)
+    rows = next(t.process([{"instruction": p} for p in batch]))
+    if t.calls != len(batch) * num_evolutions:  # the draw order assumption no longer holds
+        raise RuntimeError(f"EvolInstruct drew {t.calls} mutations, expected a chain per prompt")
+    return [
+        [(text, f"{task}:{name.lower()}:chain-{k + 1}") for k, (text, name) in enumerate(pairs)]
+        for pairs in (
+            zip(row["evolved_instructions"], drawn, strict=True)
+            for row, drawn in zip(rows, t.drawn, strict=True)
+        )
+    ]
+
+
+def _self_instruct(
+    llm: Any, batch: list[str], num: int, application: str
+) -> list[list[tuple[str, str]]]:
+    """SelfInstruct writes ``num`` queries a call, one per line; a failed call yields none, so
+    lists are padded with "" to ``num`` (counted as ``empty``) and cut to ``num``."""
+    t = _runtime().SelfInstruct(llm=llm, num_instructions=num, application_description=application)
+    t.load()
+    rows = next(t.process([{"input": p} for p in batch]))
+    out = []
+    for row in rows:
+        found = [s for s in (row.get("instructions") or []) if isinstance(s, str)][:num]
+        out.append([(s, f"self_instruct:{j + 1}") for j, s in enumerate(found)])
+        out[-1] += [("", "self_instruct:failed")] * (num - len(found))
+    return out
+
+
+def mutation_templates(task: str) -> dict[str, str]:
+    """distilabel's mutation templates (placeholder ``<PROMPT>``) for an evol task."""
+    rt = _runtime()
+    return dict(rt.complexity_templates if task == "evol_complexity" else rt.instruct_templates)
+
+
+def _request_seed(seed: int, content: str) -> int:
+    """Seed from the message itself, so it does not depend on batch position or retries."""
+    digest = hashlib.blake2b(f"{seed}:{content}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x3FFFFFFF
+
+
+@cache
+def _runtime() -> SimpleNamespace:
+    """distilabel and the two subclasses, built once. Its import and subclassing warn about its
+    own pydantic fields, and every standalone task logs that it has no Pipeline: all muted."""
+    import openai
+
+    # Errors no retry can fix (a wrong key, model or URL): they stop the stage, not count.
+    fatal = (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError)
+    with warnings.catch_warnings(action="ignore"):
+        import distilabel.pipeline  # noqa: F401  (a task imports it when created)
+        from distilabel.models.llms import OpenAILLM
+        from distilabel.steps.tasks import EvolInstruct, SelfInstruct
+        from distilabel.steps.tasks.evol_instruct import utils
+        from distilabel.steps.tasks.evol_instruct.evol_complexity import utils as complexity
+
+        class GuardedOpenAILLM(OpenAILLM):
+            _limit: int = PrivateAttr(16)
+            _seed: int | None = PrivateAttr(None)
+            _counts: dict[str, int] = PrivateAttr(default_factory=dict)
+
+            def configure(self, limit: int, seed: int | None) -> None:
+                self._limit, self._seed = limit, seed
+
+            @property
+            def counts(self) -> dict[str, int]:
+                return dict(self._counts)
+
+            async def _agenerate(
+                self, inputs: list[Any], num_generations: int = 1, **kwargs: Any
+            ) -> list[dict[str, Any]]:
+                gate, counts = asyncio.Semaphore(self._limit), self._counts
+                empty = {
+                    "generations": [""] * num_generations,
+                    "statistics": {"input_tokens": [0], "output_tokens": [0]},
+                }
+
+                def count(what: str) -> dict[str, Any]:
+                    counts[what] = counts.get(what, 0) + 1
+                    return empty
+
+                async def one(messages: Any) -> dict[str, Any]:
+                    content = str(messages[-1]["content"]) if messages else ""
+                    if content == _SKIP:
+                        return count("skipped_after_failure")
+                    extra = dict(kwargs.get("extra_body") or {})
+                    if self._seed is not None:
+                        extra["seed"] = _request_seed(self._seed, content)
+                    async with gate:
+                        count("requests")
+                        try:
+                            out = await self.agenerate(
+                                input=messages,
+                                num_generations=num_generations,
+                                **{**kwargs, "extra_body": extra or None},
+                            )
+                        except fatal:
+                            raise
+                        except openai.APITimeoutError:
+                            return count("timeout")
+                        except openai.APIError as exc:  # after the client's own retries
+                            return count(f"error_{getattr(exc, 'status_code', 'connection')}")
+                    if any(g is None for g in out["generations"]):
+                        count("no_content")
+                    return {**out, "generations": [g or "" for g in out["generations"]]}
+
+                return list(await asyncio.gather(*(one(m) for m in inputs)))
+
+        class SeededEvolInstruct(EvolInstruct):
+            _rngs: list[np.random.Generator] = PrivateAttr(default_factory=list)
+            _drawn: list[list[str]] = PrivateAttr(default_factory=list)
+
+            def plan(self, rngs: list[np.random.Generator]) -> None:
+                self._rngs, self._drawn = rngs, [[] for _ in rngs]
+
+            @property
+            def drawn(self) -> list[list[str]]:
+                """The mutation names drawn for each prompt, in chain order."""
+                return self._drawn
+
+            @property
+            def calls(self) -> int:
+                return sum(len(d) for d in self._drawn)
+
+            def _apply_random_mutation(self, instruction: str) -> str:
+                # distilabel calls this once per prompt, in batch order, for every chain link:
+                # the n-th call is prompt n % batch (checked against the total after the run).
+                i = self.calls % len(self._rngs)
+                names = self.mutation_templates_names
+                name = names[int(self._rngs[i].integers(len(names)))]
+                self._drawn[i].append(name)  # drawn for a skipped link too: later draws stay put
+                if not instruction.strip() or is_refusal(instruction):
+                    return _SKIP
+                return self.mutation_templates[name].replace("<PROMPT>", instruction)
+
+    logging.getLogger("distilabel.step.None").addFilter(  # an unnamed step's logger
+        lambda record: "hasn't received a pipeline" not in record.getMessage()
+    )
+    return SimpleNamespace(
+        GuardedOpenAILLM=GuardedOpenAILLM,
+        SeededEvolInstruct=SeededEvolInstruct,
+        SelfInstruct=SelfInstruct,
+        instruct_templates=utils.MUTATION_TEMPLATES,
+        complexity_templates=complexity.MUTATION_TEMPLATES,
+    )

@@ -1,0 +1,166 @@
+"""The paper's rewriting strategies and the best-of-N tree, over a real local OpenAI-compatible
+server: seeded strategy choice, beam selection by a scorer, the LLM judge as default scorer."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import TypeAdapter, ValidationError
+
+from eva_core.evolution import evolved_records
+from eva_core.schema import seed_records
+from tasks.backends.evolver import EvolverBackend
+from tasks.backends.paper_evolve import IN_BREADTH, IN_DEPTH, STRATEGIES, PaperTemplateEvolver
+from tasks.backends.protocols import Evolver
+from tasks.evolve import EvolveConfig
+from tests.support.openai_server import OpenAICompatibleServer
+
+PROMPTS = ["Write a haiku.", "Explain tides.", "Sort numbers.", "Name a planet."]
+_GIVEN = re.compile(r"#The Given Prompt#:\n(.*?)\n#(?:Rewritten|The Second) Prompt#", re.S)
+
+
+def strategy_of(request: str) -> str:
+    """Which strategy a request carries (each template quotes its method text)."""
+    found = [s for s, m in {**IN_DEPTH, **IN_BREADTH}.items() if m in request]
+    assert len(found) == 1, request[:400]
+    return found[0]
+
+
+def rewrite(prompt: str, index: int, request: dict[str, Any]) -> str:
+    if prompt.startswith("You are an expert judge"):  # the LLM complexity judge
+        return "Complexity: 7\nQuality: 8"
+    m = _GIVEN.search(prompt)
+    assert m, prompt[:300]
+    return f"#Rewritten Prompt#:\n{m.group(1)} [{strategy_of(prompt)}]"
+
+
+def load(server: OpenAICompatibleServer, **overrides: Any) -> Any:
+    llm = {"base_url": server.base_url, "model": "tiny", "timeout_s": 2, "max_retries": 0}
+    return PaperTemplateEvolver(**{"llm": llm, "scorer": "length", **overrides}).load()
+
+
+def sent(server: OpenAICompatibleServer) -> list[str]:
+    return [r["body"]["messages"][-1]["content"] for r in server.requests]
+
+
+def test_one_rewrite_per_strategy_of_the_parent():
+    with OpenAICompatibleServer(rewrite) as server:
+        ev = load(server)
+        assert isinstance(ev, Evolver)
+        out = ev.evolve(PROMPTS, [None] * 4, 4, seed=5)
+    assert len(server.requests) == 16 and ev.stats()["scored"] == 0  # no selection needed
+    for parent, rewrites in zip(PROMPTS, out, strict=True):
+        methods = [m for _, m in rewrites]
+        assert len(set(methods)) == 4 and all(
+            m.removeprefix("paper:") in STRATEGIES for m in methods
+        )
+        for text, method in rewrites:  # a tree: every rewrite is of the parent itself
+            assert text == f"#Rewritten Prompt#:\n{parent} [{method.removeprefix('paper:')}]"
+    mixes = [c for c in sent(server) if strategy_of(c) == "mix"]
+    for c in mixes:  # mix pairs the prompt with a different prompt of the batch
+        given, second = re.findall(r"Prompt#:\n(.*?)\n#", c)
+        assert given != second and second in PROMPTS
+    table, stats = evolved_records(seed_records(PROMPTS), out, iteration=1)
+    assert stats.kept == 16 and stats.cleaned == 16  # the echoed label was stripped
+    assert not any(p.startswith("#") for p in table.column("prompt").to_pylist())
+
+
+def test_strategy_choice_is_seeded():
+    def run(seed: int) -> tuple[list[Any], list[str]]:
+        with OpenAICompatibleServer(rewrite) as server:
+            out = load(server).evolve(PROMPTS, [None] * 4, 3, seed)
+        return out, sorted(sent(server))
+
+    assert run(9) == run(9)
+    assert run(9)[0] != run(10)[0]
+    with OpenAICompatibleServer(rewrite) as server:
+        alone = load(server).evolve(PROMPTS[:1], [None], 3, seed=9)[0]
+    # Without a batch there is no mix partner; the other draws do not depend on the batch.
+    assert all(m != "paper:mix" for _, m in alone)
+
+
+def test_best_of_n_tree_keeps_the_top_scored_and_recurses():
+    calls: list[Sequence[str]] = []
+
+    def by_length(texts: Sequence[str]) -> list[float]:
+        calls.append(list(texts))
+        return [float(len(t)) for t in texts]
+
+    with OpenAICompatibleServer(rewrite) as server:
+        cfg = PaperTemplateEvolver(
+            llm={"base_url": server.base_url, "model": "tiny"},
+            strategies_per_seed=3,
+            keep_best=2,
+            depth=2,
+        )
+        ev = cfg.load(scorer=by_length)
+        out = ev.evolve(PROMPTS[:2], [None] * 2, 2, seed=1)
+    # level 1: 1 node x 3 per prompt; level 2: 2 kept nodes x 3 per prompt.
+    assert len(server.requests) == 2 * (3 + 6)
+    assert [len(c) for c in calls] == [6, 12]  # one scorer call per level, for both prompts
+    for rewrites, level2 in zip(out, (calls[1][:6], calls[1][6:]), strict=True):
+        assert len(rewrites) == 2 and all(m.count(">") == 1 for _, m in rewrites)
+        best = sorted((len(t) for t in level2), reverse=True)[:2]
+        assert sorted((len(t.split("\n", 1)[1]) for t, _ in rewrites), reverse=True) == best
+
+
+def test_failures_fill_the_beam_only_when_nothing_better_is_left():
+    def respond(prompt: str, index: int, request: dict[str, Any]) -> str:
+        if "Explain tides." in prompt:
+            return "I'm sorry, I can't do that."
+        return rewrite(prompt, index, request)
+
+    with OpenAICompatibleServer(respond) as server:
+        ev = load(server, strategies_per_seed=4, keep_best=2)
+        out = ev.evolve(PROMPTS[:2], [None] * 2, 2, seed=0)
+    assert all("sorry" not in t for t, _ in out[0])
+    assert [t for t, _ in out[1]] == ["I'm sorry, I can't do that."] * 2
+    _, stats = evolved_records(seed_records(PROMPTS[:2]), out, iteration=1)
+    assert stats.kept == 2 and stats.dropped["refusal"] == 2
+
+
+def test_default_scorer_is_the_llm_judge():
+    with OpenAICompatibleServer(rewrite) as server:
+        ev = load(server, scorer="judge", strategies_per_seed=3, keep_best=1)
+        out = ev.evolve(PROMPTS[:1], [None], 1, seed=0)
+    assert ev.stats()["judge_requests"] == 3 and ev.stats()["requests"] == 3
+    judged = [c for c in sent(server) if c.startswith("You are an expert judge")]
+    assert len(judged) == 3 and len(out[0]) == 1  # ties (7 + 8 each) keep the first drawn
+    judge_bodies = [r["body"] for r in server.requests if "expert judge" in str(r["body"])]
+    assert all(b["temperature"] == 0.0 for b in judge_bodies)
+
+
+def test_config_union_and_validation():
+    cfg = EvolveConfig.model_validate({"evolver": {"kind": "paper", "llm": {"model": "m"}}})
+    assert isinstance(cfg.evolver, PaperTemplateEvolver) and cfg.evolver.depth == 1
+    assert EvolveConfig().evolver.kind == "world"
+    with pytest.raises(ValidationError):
+        EvolveConfig.model_validate({"evolver": {"kind": "nope"}})
+    with pytest.raises(ValueError, match="unknown"):
+        PaperTemplateEvolver(llm={"model": "m"}, strategies=("persona", "telepathy")).load()
+    parsed = TypeAdapter(EvolverBackend).validate_python(
+        {"kind": "distilabel", "task": "self_instruct", "llm": {"model": "m"}}
+    )
+    assert parsed.kind == "distilabel" and parsed.llm.temperature == 0.88
+
+
+def test_evolve_stage_runs_an_llm_evolver_and_reports_its_requests(tmp_path: Path):
+    from tasks.evolve import evolve
+    from tasks.stage import RunContext, StageContext
+
+    run = RunContext(root=str(tmp_path), run="t", seed=0)
+    ctx = StageContext(run, 1, "evolve", 4, {}, str(tmp_path), run.store(), lambda _: None)
+    with OpenAICompatibleServer(rewrite) as server:
+        llm = {"base_url": server.base_url, "model": "tiny"}
+        config = EvolveConfig.model_validate(
+            {"num_evolutions": 2, "evolver": {"kind": "paper", "llm": llm, "scorer": "length"}}
+        )
+        out = evolve.fn(ctx, config, subset=seed_records(PROMPTS))
+    assert out.table.num_rows == 8 and set(out.table.column("depth").to_pylist()) == {1}
+    assert out.stats["kept"] == 8 and out.stats["cleaned"] == 8
+    assert out.stats["backend"] == {"requests": 8, "generated": 8, "scored": 0}
+    assert all(m.startswith("paper:") for m in out.table.column("evolve_method").to_pylist())
