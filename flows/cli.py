@@ -15,22 +15,7 @@ import os
 import sys
 from typing import Any
 
-STAGES = (
-    "prompts",
-    "heldout",
-    "bootstrap",
-    "creator_generate",
-    "creator_annotate",
-    "score",
-    "sample",
-    "evolve",
-    "mix",
-    "generate",
-    "annotate",
-    "pairs",
-    "train",
-    "evaluate",
-)
+from tasks.stage import STAGE_ORDER
 
 
 def _iteration(text: str) -> int | None:
@@ -66,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, help="run seed (config field seed)")
 
     st = sub.add_parser("stage", help="rerun one stage of an existing run")
-    st.add_argument("name", choices=STAGES)
+    st.add_argument("name", choices=STAGE_ORDER)
     st.add_argument("--run", required=True)
     st.add_argument("--root", default="runs")
     st.add_argument("--iteration", type=_iteration, required=True, help="a number, or 'setup'")
@@ -77,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--run", required=True)
     show.add_argument("--root", default="runs")
     show.add_argument("--iteration", type=_iteration)
-    show.add_argument("--stage", choices=STAGES)
+    show.add_argument("--stage", choices=STAGE_ORDER)
     show.add_argument("--rows", type=int, default=10)
 
     serve = sub.add_parser("serve", help="serve the eva-run deployment to a Prefect API")

@@ -12,6 +12,7 @@ from prefect import flow
 
 from flows.config import RunConfig
 from tasks.annotate import annotate
+from tasks.complexity import complexity
 from tasks.evaluate import evaluate
 from tasks.evolve import evolve
 from tasks.generate import generate
@@ -70,6 +71,8 @@ def eva_iteration(
     else:
         evolved = evolve(run, t, cfg.evolve, subset=subset)
         next_prompts = mix(run, t, cfg.mix, current=prompts, evolved=evolved)
+    if cfg.complexity is not None:  # inspection only: nothing downstream reads it
+        complexity(run, t, cfg.complexity, prompts=next_prompts)
     # Solver: learn on the new prompt set.
     return solver_step(run, t, cfg, next_prompts, policy, heldout)
 

@@ -10,6 +10,7 @@ from tasks.store import RunStore
 COLUMNS = (
     "iteration",
     "prompts",
+    "complexity",
     "mean_informativeness",
     "evolved_kept",
     "pairs",
@@ -36,6 +37,7 @@ def iteration_summary(store: RunStore, config: RunConfig) -> list[dict[str, Any]
         rows.append({
             "iteration": t,
             "prompts": stat(t, "generate", "prompts"),
+            "complexity": stat(t, "complexity", "mean_complexity"),
             "mean_informativeness": stat(t, "score", "mean_informativeness"),
             "evolved_kept": stat(t, "mix", "evolved"),
             "pairs": stat(t, "pairs", "pairs"),

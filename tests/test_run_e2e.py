@@ -13,6 +13,7 @@ import time
 import pytest
 import yaml
 
+from eva_core import world
 from flows.cli import main
 from flows.config import validate_config
 from tasks.store import RunStore
@@ -23,6 +24,10 @@ pytestmark = pytest.mark.usefixtures("prefect_api")
 SOLVER = ("generate", "annotate", "pairs", "train", "evaluate")
 CREATOR = ("creator_generate", "creator_annotate", "score", "sample", "evolve", "mix")
 SETUP = ("prompts", "heldout", "bootstrap", "evaluate")
+
+
+def mix_ids(store: RunStore) -> list[str]:
+    return store.read_table(store.read_manifest(1, "mix")["uri"]).column("prompt_id").to_pylist()
 
 
 def _manifests(store: RunStore, iterations: int) -> dict[tuple, dict]:
@@ -57,6 +62,12 @@ def test_run_produces_every_artifact_and_summary(finished_run) -> None:
     assert [r["iteration"] for r in rows] == ["theta_0", 0, 1]
     assert rows[2]["prompts"] == 24 and rows[2]["evolved_kept"] == round(0.8 * 24)
     assert all(0.0 <= r["heldout_score"] <= 1.0 for r in rows)
+    # X_1's complexity (the world's difficulty) is charted; it matches the prompts it scored.
+    scored = store.read_table(store.read_manifest(1, "complexity")["uri"])
+    assert scored.column("prompt_id").to_pylist() == mix_ids(store)
+    assert rows[2]["complexity"] == pytest.approx(
+        sum(map(world.difficulty, scored.column("prompt").to_pylist())) / 24, abs=1e-3
+    )
     mix = store.read_table(manifests[(1, "mix")]["uri"])
     evolved = [r for r in mix.to_pylist() if r["source"] == "evolved"]
     assert evolved and all(

@@ -161,7 +161,7 @@ def test_init_checkpoint_local_or_hub_id(tmp_path) -> None:
     assert is_hub_id("google/gemma-2-9b-it") and not is_hub_id("/nope") and not is_hub_id("./a")
     hub = BootstrapConfig(init_checkpoint="google/gemma-2-9b-it")  # not fetched at validation
     assert _checkpoint_key(hub) != _checkpoint_key(BootstrapConfig(init_checkpoint="google/x"))
-    with pytest.raises(ValidationError, match="no checkpoint at './missing'"):
+    with pytest.raises(ValidationError, match=r"no checkpoint at '\./missing'"):
         BootstrapConfig(init_checkpoint="./missing")
     (tmp_path / "config.json").write_text("{}")
     local = _checkpoint_key(BootstrapConfig(init_checkpoint=str(tmp_path)))
