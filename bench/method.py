@@ -35,6 +35,7 @@ from typing import Any
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
 from eva_core import world
 from eva_core.informativeness import METRICS
+from flows.config import deep_merge
 
 PAIR_BUDGET = 48
 
@@ -74,13 +75,6 @@ def base_config(root: str, seed: int, quick: bool) -> dict[str, Any]:
     }
 
 
-def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def _iteration_row(store: Any, t: int | None) -> dict[str, Any]:
     ev = store.read_manifest(t, "evaluate")["stats"]
     row = {
@@ -103,7 +97,7 @@ def run_seed(root: str, seed: int, quick: bool) -> dict[str, Any]:
     from tasks.store import RunStore
 
     base = base_config(root, seed, quick)
-    cfg = validate_config(_merge(base, {"run": f"s{seed}-base", "iterations": 0}))
+    cfg = validate_config(deep_merge(base, {"run": f"s{seed}-base", "iterations": 0}))
     eva_run(cfg)
     store = RunStore(cfg.root, cfg.run)
     result: dict[str, Any] = {"theta_0": _iteration_row(store, None)}
@@ -114,7 +108,7 @@ def run_seed(root: str, seed: int, quick: bool) -> dict[str, Any]:
     checkpoint = train["model_uri"]
     for arm in arms(quick):
         started = time.perf_counter()
-        arm_cfg = _merge(
+        arm_cfg = deep_merge(
             base,
             {
                 "run": f"s{seed}-{arm.name}",
@@ -123,7 +117,7 @@ def run_seed(root: str, seed: int, quick: bool) -> dict[str, Any]:
                 "bootstrap": {"init_checkpoint": checkpoint},
             },
         )
-        cfg = validate_config(_merge(arm_cfg, arm.overrides))
+        cfg = validate_config(deep_merge(arm_cfg, arm.overrides))
         eva_run(cfg)
         store = RunStore(cfg.root, cfg.run)
         result[arm.name] = {
