@@ -15,6 +15,18 @@ from typing import Any
 import pytest
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread():
+    """One intra-op thread for the whole suite: its models are tiny, and with two threads on
+    a shared 2-core machine every step spins (up to 20x slower)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def prefect_api():
     from prefect.testing.utilities import prefect_test_harness

@@ -24,16 +24,6 @@ ADDITION = [(f"{a}+{b}=", str(a + b)[::-1]) for a in range(10) for b in range(10
 MIXED = ["1+2=", "4+4=", "12+3=", "7+9=", " 5+5=", "  3+3=", "9+0=", "a 2+2=", "6+7="]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """One intra-op thread: these models are too small to gain from two, and two threads spin
-    (20x slower) when another process shares the two cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("policy")

@@ -42,14 +42,6 @@ PROMPTS = ["1+2=", "12+345=", "r:abcdef=", "9-3="]
 RESPONSES = [["3", "21", ""], ["753", "7"], ["fedcba", "abc", "f"], ["6", "66666"]]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models; two threads only spin on a shared 2-core box
-    yield
-    torch.set_num_threads(before)
-
-
 def _tokenizer(template: bool = True) -> PreTrainedTokenizerFast:
     # Left padding on purpose: the backend must not depend on the tokenizer's padding side.
     tok = build_char_tokenizer(world.ALPHABET + "ua\n")

@@ -9,7 +9,6 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-import torch
 from pydantic import ValidationError
 
 from tasks.backends.rewriter import RewriterConfig
@@ -139,21 +138,14 @@ def test_train_stage_rewrites_chosen_and_reports_counts(tmp_path: Path):
         model_dir=lambda _: str(policy),
     )
     pairs = pa.table({"prompt": prompts, "chosen": chosen, "rejected": ["ghij"] * 8})
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with OpenAICompatibleServer(
-            respond=lambda p, i, r: "abd" if p.endswith("abc") else ""
-        ) as srv:
-            config = TrainConfig(
-                solver=DPOSolverConfig(
-                    learning_rate=1e-3, num_train_epochs=1, per_device_train_batch_size=4
-                ),
-                rewrite_chosen=_config(srv),
-            )
-            out = train.fn(ctx, config, pairs=pairs)
-    finally:
-        torch.set_num_threads(before)
+    with OpenAICompatibleServer(respond=lambda p, i, r: "abd" if p.endswith("abc") else "") as srv:
+        config = TrainConfig(
+            solver=DPOSolverConfig(
+                learning_rate=1e-3, num_train_epochs=1, per_device_train_batch_size=4
+            ),
+            rewrite_chosen=_config(srv),
+        )
+        out = train.fn(ctx, config, pairs=pairs)
     assert out.stats["rewrite_rewritten"] == 7 and out.stats["rewrite_kept_empty"] == 1
     assert out.stats["steps"] == 2 and len(srv.requests) == 8
     assert seen == sorted(seen) and seen[-1] == 1.0 and any(f <= 0.1 for f in seen)

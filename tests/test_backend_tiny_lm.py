@@ -23,16 +23,6 @@ ALPHABET = "0123456789+-=:abcdefghij "
 ADDITION = [(f"{a}+{b}=", str(a + b)[::-1]) for a in range(10) for b in range(10)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """One intra-op thread: these models are too small to gain from two, and two threads spin
-    (20x slower) when another process shares the two cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def tok():
     return build_char_tokenizer(ALPHABET)

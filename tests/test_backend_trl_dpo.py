@@ -27,16 +27,6 @@ X, Y = "abc", "ghij"  # every pair prefers X over Y
 FAST = {"learning_rate": 1e-3, "beta": 0.1, "num_train_epochs": 1, "warmup_ratio": 0.0}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """One intra-op thread: these models are too small to gain from two, and two threads spin
-    (20x slower) when another process shares the two cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     path = tmp_path_factory.mktemp("policy")
