@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.backends.generation import GenerationBackend
 from tasks.backends.hf_generate import TransformersGeneration
+from tasks.backends.protocols import close_after
 from tasks.backends.reward import PointwiseRewardBackend
 from tasks.backends.world import WorldReward
 from tasks.stage import MODEL, StageContext, StageOutput, stage
@@ -39,8 +40,9 @@ class EvaluateConfig(BaseModel):
 )
 def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> StageOutput:
     prompts = heldout.column("prompt").to_pylist()
-    generator = config.generation.load(ctx.model_dir("policy"))
-    responses = [rs[0] for rs in generator.generate(prompts, 1, ctx.seed, ctx.progress)]
+    # Closed before the reward model loads: a served policy gives its GPU back first.
+    with close_after(config.generation.load(ctx.model_dir("policy"))) as generator:
+        responses = [rs[0] for rs in generator.generate(prompts, 1, ctx.seed, ctx.progress)]
     rewards = np.array(
         [rs[0] for rs in config.reward.load().score(prompts, [[r] for r in responses])]
     )

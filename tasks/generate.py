@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from eva_core.schema import PROMPT_COLUMNS
 from tasks.backends.generation import GenerationBackend
 from tasks.backends.hf_generate import TransformersGeneration
+from tasks.backends.protocols import close_after
 from tasks.stage import MODEL, StageContext, StageOutput, stage
 
 ROLLOUT_COLUMNS = (*PROMPT_COLUMNS, "responses")
@@ -24,18 +25,19 @@ class GenerateConfig(BaseModel):
     n: int = Field(default=6, ge=1, description="Responses per prompt (paper: 6).")
     backend: GenerationBackend = Field(
         default_factory=TransformersGeneration,
-        description="transformers (CPU/GPU), vllm (in-process, GPU env), or openai (any "
-        "OpenAI-compatible endpoint: vllm serve, sglang, a hosted API).",
+        description="transformers (CPU/GPU), vllm (in-process, GPU env), openai (any "
+        "OpenAI-compatible endpoint: vllm serve, sglang, a hosted API), or served (starts "
+        "`vllm serve` from its own env on this stage's checkpoint, stops it after).",
     )
 
 
 @stage("generate", inputs={"prompts": PROMPT_COLUMNS, "policy": MODEL}, outputs=ROLLOUT_COLUMNS)
 def generate(ctx: StageContext, config: GenerateConfig, prompts: pa.Table) -> StageOutput:
-    generator = config.backend.load(ctx.model_dir("policy"))
     texts = prompts.column("prompt").to_pylist()
-    started = time.perf_counter()
-    responses = generator.generate(texts, config.n, ctx.seed, ctx.progress)
-    seconds = time.perf_counter() - started
+    with close_after(config.backend.load(ctx.model_dir("policy"))) as generator:
+        started = time.perf_counter()
+        responses = generator.generate(texts, config.n, ctx.seed, ctx.progress)
+        seconds = time.perf_counter() - started
     out = prompts.append_column("responses", pa.array(responses, pa.list_(pa.string())))
     chars = sum(len(r) for rs in responses for r in rs)
     distinct = sum(len(set(rs)) for rs in responses) / max(len(responses), 1)

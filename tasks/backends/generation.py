@@ -14,9 +14,10 @@ from pydantic import Discriminator, Tag
 
 from tasks.backends.hf_generate import TransformersGeneration, TransformersGenerator
 from tasks.backends.openai_generate import GenerationError, OpenAIGeneration, OpenAIGenerator
+from tasks.backends.served_generate import ServedGeneration, ServedGenerator
 from tasks.backends.vllm_generate import VLLMGeneration, VLLMGenerator
 
-KINDS = ("transformers", "vllm", "openai")
+KINDS = ("transformers", "vllm", "openai", "served")
 
 
 def _kind(value: Any) -> str | None:
@@ -29,7 +30,8 @@ def _kind(value: Any) -> str | None:
 GenerationBackend = Annotated[
     Annotated[TransformersGeneration, Tag("transformers")]
     | Annotated[VLLMGeneration, Tag("vllm")]
-    | Annotated[OpenAIGeneration, Tag("openai")],
+    | Annotated[OpenAIGeneration, Tag("openai")]
+    | Annotated[ServedGeneration, Tag("served")],
     Discriminator(
         _kind,
         custom_error_type="unknown_generation_backend",
@@ -45,6 +47,8 @@ __all__ = [
     "GenerationError",
     "OpenAIGeneration",
     "OpenAIGenerator",
+    "ServedGeneration",
+    "ServedGenerator",
     "TransformersGeneration",
     "TransformersGenerator",
     "VLLMGeneration",

@@ -10,14 +10,28 @@ artifact so long work is visible in the UI.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Protocol, TypeVar, runtime_checkable
 
 Progress = Callable[[float], None]
+T = TypeVar("T")
 
 
 def no_progress(_: float) -> None:
     """Default progress sink."""
+
+
+@contextmanager
+def close_after(backend: T) -> Iterator[T]:
+    """``with close_after(config.backend.load(...)) as gen:``: calls ``gen.close()`` on the way
+    out when it has one (a backend that started a server stops it), a no-op otherwise."""
+    try:
+        yield backend
+    finally:
+        close = getattr(backend, "close", None)
+        if callable(close):
+            close()
 
 
 @runtime_checkable

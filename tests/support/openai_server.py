@@ -9,16 +9,29 @@ Failure injection, per request (``fail`` callable returning None or an action):
 ``("status", 503)`` answers with that HTTP status; ``("sleep", seconds)`` delays the answer.
 Every request is recorded in ``server.requests`` (with headers) so tests can assert retries,
 concurrency and that an API key was sent.
+
+Run as a module it is a stand-in for ``vllm serve`` in its own process (the ``served`` backend's
+tests start it the way that backend starts vLLM)::
+
+    python -m tests.support.openai_server --port P --model NAME --answer world|echo \\
+        [--checkpoint DIR]
+
+``--answer world`` replies with the world's reference answer (echo for other prompts);
+``--checkpoint`` is listed as the model's ``root`` in ``/v1/models``, as vLLM lists the path it
+loaded, so a test can see which checkpoint the server was started on.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from eva_core import world
 
 Respond = Callable[[str, int, dict[str, Any]], str]
 Fail = Callable[[dict[str, Any]], tuple[str, float] | None]
@@ -28,19 +41,34 @@ def echo(prompt: str, index: int, request: dict[str, Any]) -> str:
     return f"reply {index} to: {prompt}"
 
 
+def world_answer(prompt: str, index: int, request: dict[str, Any]) -> str:
+    """The world's reference answer; an echo for a prompt outside the world."""
+    try:
+        return world.solve(prompt)
+    except ValueError:
+        return echo(prompt, index, request)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128  # the default backlog of 5 drops connects under concurrency tests
 
 
 class OpenAICompatibleServer:
-    def __init__(self, respond: Respond = echo, fail: Fail | None = None, model: str = "tiny"):
-        self.respond, self.fail, self.model = respond, fail, model
+    def __init__(
+        self,
+        respond: Respond = echo,
+        fail: Fail | None = None,
+        model: str = "tiny",
+        port: int = 0,
+        root: str | None = None,
+    ):
+        self.respond, self.fail, self.model, self.root = respond, fail, model, root
         self.requests: list[dict[str, Any]] = []
         self.in_flight = 0
         self.max_in_flight = 0
         self._lock = threading.Lock()
-        self._httpd = _Server(("127.0.0.1", 0), self._handler())
+        self._httpd = _Server(("127.0.0.1", port), self._handler())
         # A short poll interval: shutdown waits for it, once per test.
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
@@ -59,6 +87,13 @@ class OpenAICompatibleServer:
         self._httpd.shutdown()
         self._httpd.server_close()
 
+    def serve_forever(self) -> None:
+        """Serve on this thread until the process is stopped (the module's ``main``)."""
+        try:
+            self._httpd.serve_forever(poll_interval=0.05)
+        finally:
+            self._httpd.server_close()
+
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
 
@@ -76,9 +111,10 @@ class OpenAICompatibleServer:
 
             def do_GET(self) -> None:
                 if self.path.rstrip("/").endswith("/models"):
-                    self._send(
-                        200, {"object": "list", "data": [{"id": server.model, "object": "model"}]}
-                    )
+                    card: dict[str, Any] = {"id": server.model, "object": "model"}
+                    if server.root is not None:
+                        card["root"] = server.root
+                    self._send(200, {"object": "list", "data": [card]})
                 else:
                     self._send(404, {"error": {"message": "not found"}})
 
@@ -153,3 +189,20 @@ class OpenAICompatibleServer:
                 )
 
         return Handler
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="A stand-in for `vllm serve`, for tests.")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--model", default="tiny", help="served model name")
+    parser.add_argument("--answer", choices=("world", "echo"), default="world")
+    parser.add_argument("--checkpoint", default=None, help="listed as the model's root")
+    args = parser.parse_args(argv)
+    respond = world_answer if args.answer == "world" else echo
+    server = OpenAICompatibleServer(respond, model=args.model, port=args.port, root=args.checkpoint)
+    print(f"serving {args.model!r} ({args.checkpoint}) on {server.base_url}", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

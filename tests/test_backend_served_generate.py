@@ -1,0 +1,247 @@
+"""The ``served`` backend with real subprocesses: the test OpenAI server stands in for
+``vllm serve`` (started the same way, on the stage's checkpoint, on a port picked at load)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import TypeAdapter, ValidationError
+
+from eva_core import world
+from eva_core.schema import seed_records
+from tasks.backends.generation import GenerationBackend
+from tasks.backends.hf_generate import TransformersGeneration
+from tasks.backends.protocols import Generator, close_after
+from tasks.backends.served_generate import (
+    ServedGeneration,
+    ServedGenerator,
+    ServerStartError,
+)
+from tasks.evaluate import EvaluateConfig
+from tasks.generate import GenerateConfig
+
+REPO = str(Path(__file__).resolve().parents[1])
+PROMPTS = ["12+34=", "r:abc=", "9-4=", "not a world prompt"]
+SERVER = [
+    sys.executable, "-m", "tests.support.openai_server", "--port", "{port}",
+    "--model", "{name}", "--answer", "world", "--checkpoint", "{model}",
+]  # fmt: skip
+FAST_CLIENT = {"api_key_env": None, "backoff_s": 0.01, "max_retries": 1, "timeout_s": 10.0}
+
+
+def served(command: list[str] = SERVER, **overrides: Any) -> ServedGeneration:
+    fields: dict[str, Any] = {
+        "command": command,
+        "env": {"PYTHONPATH": REPO},  # `-m tests.support...` from any working directory
+        "startup_timeout_s": 20.0,
+        "stop_timeout_s": 5.0,
+        "client": FAST_CLIENT,
+        **overrides,
+    }
+    return ServedGeneration.model_validate(fields)
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie nobody reaped yet counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def refuses(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def wait_gone(pid: int, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not alive(pid)
+
+
+def drop_log(error: ServerStartError) -> None:
+    """A failed start keeps its log directory for post-mortems; tests clean up after."""
+    shutil.rmtree(os.path.dirname(error.log_path))
+
+
+def test_serves_the_stage_checkpoint_answers_and_stops(tmp_path: Path):
+    ckpt = str(tmp_path / "iter_3" / "policy")
+    gen = served().load(ckpt)
+    try:
+        assert isinstance(gen, Generator) and gen.running
+        # The server was started on the stage's checkpoint, under the name requests use.
+        assert gen.argv[gen.argv.index("--checkpoint") + 1] == ckpt
+        card = httpx.get(f"{gen.base_url}/models").json()["data"][0]
+        assert card == {"id": "policy", "object": "model", "root": ckpt}
+        out = gen.generate(PROMPTS, 2, seed=0)
+        assert out[:3] == [["64"] * 2, ["cba"] * 2, ["5"] * 2]
+        assert out[3] == [f"reply {j} to: not a world prompt" for j in range(2)]
+        assert os.path.exists(gen.log_path)
+    finally:
+        gen.close()
+    assert gen.process.returncode is not None  # reaped
+    assert not gen.running and refuses(gen.port)
+    assert not os.path.exists(gen.log_path)  # a clean stop removes its log directory
+    gen.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        gen.generate(PROMPTS, 1, seed=0)
+
+
+def test_close_kills_the_servers_children_too(tmp_path: Path):
+    # Like vLLM's workers: a grandchild in the server's process group must go with it.
+    pid_file = tmp_path / "child.pid"
+    script = f'sleep 120 & echo $! > {pid_file}; exec "$@"'
+    with served(["sh", "-c", script, "sh", *SERVER]).load(str(tmp_path)) as gen:
+        child = int(pid_file.read_text())
+        assert alive(child) and gen.generate(["1+1="], 1, seed=0) == [["2"]]
+    assert not alive(gen.process.pid) and wait_gone(child)
+
+
+def test_a_server_that_exits_at_once_raises_with_its_log_tail(tmp_path: Path):
+    lines = "; ".join(f"print('line {i}')" for i in range(40))
+    crash = [sys.executable, "-c", f"{lines}; raise SystemExit('CUDA out of memory')"]
+    with pytest.raises(ServerStartError, match="exited with code 1") as info:
+        served([*crash, "{model}", "{port}"]).load(str(tmp_path))
+    message = str(info.value)
+    assert "CUDA out of memory" in message and "line 39" in message
+    assert "line 10" in message and "line 9\n" not in message  # the last 30 lines only
+    assert info.value.returncode == 1 and os.path.exists(info.value.log_path)  # kept
+    drop_log(info.value)
+
+
+def test_a_server_that_never_gets_ready_times_out_and_is_killed(tmp_path: Path):
+    # It ignores SIGTERM too, so the stop has to escalate to SIGKILL.
+    stuck = [
+        sys.executable, "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('loading weights', flush=True); time.sleep(60)",
+        "{model}", "{port}",
+    ]  # fmt: skip
+    started = time.monotonic()
+    with pytest.raises(ServerStartError, match="not ready after 1 s") as info:
+        served(stuck, startup_timeout_s=1.0, stop_timeout_s=0.5).load(str(tmp_path))
+    assert time.monotonic() - started < 10
+    assert "loading weights" in str(info.value) and info.value.returncode is None
+    assert wait_gone(info.value.pid)
+    drop_log(info.value)
+
+
+def test_a_server_serving_another_name_is_refused(tmp_path: Path):
+    # Without {name} the client asks for the checkpoint path (vLLM's default name).
+    other = [arg.replace("{name}", "someone-else") for arg in SERVER]
+    expected = re.escape(f"serves ['someone-else'], not '{tmp_path}'")
+    with pytest.raises(ServerStartError, match=expected) as info:
+        served(other).load(str(tmp_path))
+    assert wait_gone(info.value.pid)
+    drop_log(info.value)
+
+
+def test_a_missing_binary_says_where_to_point_the_command(tmp_path: Path):
+    with pytest.raises(ServerStartError, match=r"\.venv-vllm/bin/vllm"):
+        served([str(tmp_path / "no-such-vllm"), "serve", "{model}", "--port", "{port}"]).load(
+            str(tmp_path)
+        )
+
+
+def test_config_validation_and_the_backend_union():
+    default = ServedGeneration()
+    assert default.command[:3] == ["vllm", "serve", "{model}"]
+    assert default.argv("/ckpt", 1234)[2:] == [
+        "/ckpt", "--port", "1234", "--seed", "0", "--served-model-name", "policy",
+    ]  # fmt: skip
+    assert default.served_name("/ckpt") == "policy"
+    tp = ServedGeneration(command=["v", "serve", "{model}", "--port={port}"], extra_args=["-tp"])
+    assert tp.argv("/c", 9) == ["v", "serve", "/c", "--port=9", "-tp"]
+    assert tp.served_name("/c") == "/c"  # no {name}: vLLM serves it under its path
+    for bad in ([], ["vllm", "serve", "--port", "{port}"], ["vllm", "serve", "{model}"]):
+        with pytest.raises(ValidationError):
+            ServedGeneration(command=bad)
+    with pytest.raises(ValidationError, match=r"client\.base_url"):
+        ServedGeneration.model_validate({"client": {"base_url": "http://elsewhere/v1"}})
+    with pytest.raises(ValidationError):
+        ServedGeneration.model_validate({"startup_timeout": 5})  # extra="forbid"
+    with pytest.raises(ValidationError):
+        default.startup_timeout_s = 1.0  # frozen
+    assert default.model_validate(default.model_dump()) == default  # round-trips
+
+    config = GenerateConfig.model_validate(
+        {"n": 2, "backend": {"kind": "served", "extra_args": ["--tensor-parallel-size", "8"]}}
+    )
+    assert isinstance(config.backend, ServedGeneration)
+    assert config.backend.extra_args == ["--tensor-parallel-size", "8"]
+    evaluate = EvaluateConfig.model_validate(
+        {"generation": {"kind": "served", "client": {"temperature": 0.0}}}
+    )
+    assert isinstance(evaluate.generation, ServedGeneration)
+    assert evaluate.generation.client.temperature == 0.0
+    adapter: TypeAdapter[Any] = TypeAdapter(GenerationBackend)
+    assert isinstance(adapter.validate_python({"max_new_tokens": 3}), TransformersGeneration)
+    with pytest.raises(ValidationError, match="'served'"):
+        adapter.validate_python({"kind": "sglang"})
+
+
+def test_close_after_closes_what_has_close_and_ignores_the_rest():
+    class Closable:
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    with close_after(Closable()) as c:
+        assert not c.closed
+    assert c.closed
+    with pytest.raises(KeyError), close_after(Closable()) as c:
+        raise KeyError("boom")
+    assert c.closed
+    with close_after(object()):
+        pass
+
+
+def test_generate_stage_starts_and_stops_the_server(tmp_path: Path):
+    from tasks.generate import generate
+    from tasks.stage import RunContext, StageContext
+    from tasks.store import Ref
+
+    ckpt = tmp_path / "policy"
+    ckpt.mkdir()
+    pid_file = ckpt / "server.pid"
+    # exec keeps the pid, so the file names the server process itself.
+    command = ["sh", "-c", 'echo $$ > "$0"/server.pid; exec "$@"', "{model}", *SERVER]
+    config = GenerateConfig(n=2, backend=served(command))
+    run = RunContext(root=str(tmp_path), run="t", seed=0)
+    refs = {"policy": Ref("train", 0, "mem://x", "h", 0, model_uri=str(ckpt))}
+    ctx = StageContext(run, 1, "generate", 7, refs, str(tmp_path), run.store(), lambda _: None)
+    out = generate.fn(ctx, config, prompts=seed_records(PROMPTS[:3]))
+    responses = out.table.column("responses").to_pylist()
+    assert responses == [[world.solve(p)] * 2 for p in PROMPTS[:3]]
+    assert not alive(int(pid_file.read_text()))  # the stage closed it
+
+
+def test_garbage_collection_stops_a_forgotten_server(tmp_path: Path):
+    import gc
+
+    gen: ServedGenerator | None = served().load(str(tmp_path))
+    assert gen is not None
+    pid, port = gen.process.pid, gen.port
+    del gen
+    gc.collect()
+    assert wait_gone(pid) and refuses(port)
