@@ -62,6 +62,25 @@ def encode_conversation(tokenizer: Any, prompt: str, response: str, template: bo
     return list(tokenizer(f"{prompt}\n\n{response}")["input_ids"])
 
 
+def encode_all(
+    tokenizer: Any,
+    prompts: Sequence[str],
+    responses: Sequence[Sequence[str]],
+    template: bool,
+    max_length: int,
+) -> tuple[list[tuple[int, int, list[int]]], int]:
+    """``(prompt index, response index, token ids)`` of every conversation that fits in
+    ``max_length`` tokens, and how many did not (those are scored NaN, never truncated: a
+    truncated response would be judged on text it does not end with)."""
+    items = [
+        (i, j, encode_conversation(tokenizer, prompt, response, template))
+        for i, (prompt, rs) in enumerate(zip(prompts, responses, strict=True))
+        for j, response in enumerate(rs)
+    ]
+    valid = [it for it in items if 0 < len(it[2]) <= max_length]
+    return valid, sum(len(it[2]) > max_length for it in items)
+
+
 class SequenceClassifierReward(BaseModel):
     """Score responses with a ``transformers`` sequence-classification reward model."""
 
@@ -163,13 +182,10 @@ class SequenceClassifierScorer:
     ) -> list[list[float]]:
         """One reward per response (NaN for conversations over ``self.max_length`` tokens)."""
         out = [[math.nan] * len(rs) for rs in responses]
-        items: list[tuple[int, int, list[int]]] = []
-        for i, (prompt, rs) in enumerate(zip(prompts, responses, strict=True)):
-            for j, response in enumerate(rs):
-                ids = encode_conversation(self.tokenizer, prompt, response, self.use_template)
-                items.append((i, j, ids))
-        valid = [it for it in items if 0 < len(it[2]) <= self.max_length]
-        self.last_stats = {"too_long": sum(len(it[2]) > self.max_length for it in items)}
+        valid, too_long = encode_all(
+            self.tokenizer, prompts, responses, self.use_template, self.max_length
+        )
+        self.last_stats = {"too_long": too_long}
         # Longest first: batches hold similar lengths (little padding), and a batch that does
         # not fit in memory fails at the start of a long stage rather than at its end.
         valid.sort(key=lambda it: -len(it[2]))

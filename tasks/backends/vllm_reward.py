@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.backends.protocols import Progress, no_progress
-from tasks.backends.reward_models import encode_conversation, use_chat_template
+from tasks.backends.reward_models import encode_all, use_chat_template
 
 
 class VLLMPoolingReward(BaseModel):
@@ -96,13 +96,10 @@ class VLLMPoolingScorer:
         progress: Progress = no_progress,
     ) -> list[list[float]]:
         out = [[math.nan] * len(rs) for rs in responses]
-        items: list[tuple[int, int, list[int]]] = []
-        for i, (prompt, rs) in enumerate(zip(prompts, responses, strict=True)):
-            for j, response in enumerate(rs):
-                ids = encode_conversation(self.tokenizer, prompt, response, self.use_template)
-                items.append((i, j, ids))
-        valid = [it for it in items if 0 < len(it[2]) <= self.config.max_length]
-        self.last_stats = {"too_long": sum(len(it[2]) > self.config.max_length for it in items)}
+        valid, too_long = encode_all(
+            self.tokenizer, prompts, responses, self.use_template, self.config.max_length
+        )
+        self.last_stats = {"too_long": too_long}
         step = self.config.chunk_size
         for start in range(0, len(valid), step):
             chunk = valid[start : start + step]
