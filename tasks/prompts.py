@@ -87,6 +87,14 @@ def _world_records(prompts: list[str]) -> pa.Table:
     return seed_records(prompts, [world.category_of(p) for p in prompts])
 
 
+def _world_distribution(config: PromptsConfig) -> world.Distribution:
+    return (
+        world.SEED_DISTRIBUTION
+        if config.world_distribution == "seed"
+        else world.HELDOUT_DISTRIBUTION
+    )
+
+
 def _output(table: pa.Table) -> StageOutput:
     cats = table.column("category").to_pylist()
     counts = {str(c): cats.count(c) for c in sorted(set(cats), key=str)}
@@ -101,11 +109,7 @@ def _output(table: pa.Table) -> StageOutput:
 def load_prompts(ctx: StageContext, config: PromptsConfig) -> StageOutput:
     if config.path:
         return _output(read_prompt_file(config))
-    dist = (
-        world.SEED_DISTRIBUTION
-        if config.world_distribution == "seed"
-        else world.HELDOUT_DISTRIBUTION
-    )
+    dist = _world_distribution(config)
     return _output(_world_records(world.sample_prompts(dist, config.world_size, seed=ctx.seed)))
 
 
@@ -113,11 +117,7 @@ def load_prompts(ctx: StageContext, config: PromptsConfig) -> StageOutput:
 def load_heldout(ctx: StageContext, config: PromptsConfig, seed_set: pa.Table) -> StageOutput:
     if config.path:
         return _output(read_prompt_file(config))
-    dist = (
-        world.SEED_DISTRIBUTION
-        if config.world_distribution == "seed"
-        else world.HELDOUT_DISTRIBUTION
-    )
+    dist = _world_distribution(config)
     exclude = set(seed_set.column("prompt").to_pylist())
     return _output(
         _world_records(world.sample_prompts(dist, config.world_size, ctx.seed, exclude=exclude))
