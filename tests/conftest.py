@@ -28,6 +28,22 @@ def _one_torch_thread():
 
 
 @pytest.fixture(scope="session")
+def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An untrained tiny GPT-2 policy, saved with save_pretrained (solvers only read it)."""
+    from tasks.backends.tiny_lm import (
+        TinyModelConfig,
+        build_char_tokenizer,
+        build_tiny_model,
+        save_checkpoint,
+    )
+
+    path = tmp_path_factory.mktemp("policy")
+    tok = build_char_tokenizer("0123456789+-=:abcdefghij")
+    save_checkpoint(build_tiny_model(TinyModelConfig(), tok, seed=0), tok, str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="session")
 def prefect_api():
     from prefect.testing.utilities import prefect_test_harness
 

@@ -15,12 +15,6 @@ import yaml
 from transformers import AutoModelForCausalLM
 
 from tasks.backends.launch import REPO_ROOT, LaunchError, _stream, launch_train, resolve_config
-from tasks.backends.tiny_lm import (
-    TinyModelConfig,
-    build_char_tokenizer,
-    build_tiny_model,
-    save_checkpoint,
-)
 from tasks.backends.trl_dpo import DPOSolverConfig
 from tasks.train import TrainConfig, train
 
@@ -33,14 +27,6 @@ def _one_thread_children(monkeypatch: pytest.MonkeyPatch):
     # The launched process is a fresh interpreter: only the environment can keep it at one
     # thread, which on two shared cores is much faster than two.
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-
-
-@pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("policy")
-    tok = build_char_tokenizer("0123456789+-=:abcdefghij")
-    save_checkpoint(build_tiny_model(TinyModelConfig(), tok, seed=0), tok, str(path))
-    return str(path)
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tasks.backends.protocols import Solver
 from tasks.backends.solver import SolverBackend
-from tasks.backends.tiny_lm import (
-    TinyModelConfig,
-    build_char_tokenizer,
-    build_tiny_model,
-    save_checkpoint,
-)
 from tasks.backends.trl_dpo import DPOSolverConfig, build_trainer, truncate_prompts
 from tasks.backends.trl_solvers import (
     DPONLLSolverConfig,
@@ -47,14 +41,6 @@ ALL = {
     "sppo": SPPOSolverConfig,
     "dpo_nll": DPONLLSolverConfig,
 }
-
-
-@pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("policy")
-    tok = build_char_tokenizer("0123456789+-=:abcdefghij")
-    save_checkpoint(build_tiny_model(TinyModelConfig(), tok, seed=0), tok, str(path))
-    return str(path)
 
 
 def _ids(tok, text: str) -> list[int]:

@@ -13,26 +13,12 @@ from pydantic import ValidationError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tasks.backends.protocols import Solver
-from tasks.backends.tiny_lm import (
-    TinyModelConfig,
-    build_char_tokenizer,
-    build_tiny_model,
-    save_checkpoint,
-)
 from tasks.backends.trl_dpo import DPOSolverConfig, build_dpo_trainer
 
 PROMPTS = [f"{a}+{b}=" for a in range(6) for b in range(6)]
 X, Y = "abc", "ghij"  # every pair prefers X over Y
 # Big steps, so a handful of them visibly move a randomly initialised model.
 FAST = {"learning_rate": 1e-3, "beta": 0.1, "num_train_epochs": 1, "warmup_ratio": 0.0}
-
-
-@pytest.fixture(scope="module")
-def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    path = tmp_path_factory.mktemp("policy")
-    tok = build_char_tokenizer("0123456789+-=:abcdefghij")
-    save_checkpoint(build_tiny_model(TinyModelConfig(), tok, seed=0), tok, str(path))
-    return str(path)
 
 
 def _seq_logp(model, tok, prompt: str, completion: str) -> torch.Tensor:
