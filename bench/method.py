@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from typing import Any
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
 from eva_core import world
 from eva_core.informativeness import METRICS
-from flows.config import deep_merge
+from flows.config import apply_overrides, deep_merge, validate_config
 
 PAIR_BUDGET = 48
 
@@ -64,15 +65,18 @@ def arms(quick: bool) -> list[Arm]:
     return out
 
 
-def base_config(root: str, seed: int, quick: bool) -> dict[str, Any]:
+def base_config(root: str, seed: int, quick: bool, overrides: list[str]) -> dict[str, Any]:
+    """The settings every arm shares; ``overrides`` (``a.b=value``) apply to all arms alike."""
     size = 200 if quick else 400
-    return {
+    base = {
         "root": root,
         "seed": seed,
         "prompts": {"world_size": size},
         "heldout": {"world_size": 300 if quick else 500, "world_distribution": "heldout"},
         "pairs": {"max_pairs": PAIR_BUDGET},
     }
+    # Overrides change single fields of the config that would run (see flows.config).
+    return apply_overrides(validate_config(base).model_dump(mode="json"), overrides)
 
 
 def _iteration_row(store: Any, t: int | None) -> dict[str, Any]:
@@ -87,16 +91,41 @@ def _iteration_row(store: Any, t: int | None) -> dict[str, Any]:
         prompts = store.read_table(gen["uri"]).column("prompt").to_pylist()
         row["difficulty"] = round(sum(map(world.difficulty, prompts)) / len(prompts), 3)
         row["categories"] = dict(Counter(map(world.category_of, prompts)))
-        row["pairs"] = store.read_manifest(t, "pairs")["stats"]["pairs"]
+        row.update(_pair_quality(store, t))
     return row
 
 
-def run_seed(root: str, seed: int, quick: bool) -> dict[str, Any]:
-    from flows.config import validate_config
+def _pair_quality(store: Any, t: int) -> dict[str, Any]:
+    """What the solver was taught: how good the chosen answers were and how far it moved.
+
+    ``sample_reward`` is the mean reward of the N sampled responses on X_t; ``chosen_exact``
+    the share of pairs whose chosen response is fully correct (a chosen answer that is still
+    wrong teaches the wrong digits as well as the right ones); ``train_margin`` the solver's
+    own last logged reward margin (beta-scaled log-ratio, chosen minus rejected) and
+    ``train_loss`` its last loss (DPO starts at ln 2 = 0.693).
+    """
+    pairs = store.read_table(store.read_manifest(t, "pairs")["uri"])
+    chosen = pairs.column("chosen_reward").to_numpy()
+    rewards = store.read_table(store.read_manifest(t, "annotate")["uri"]).column("rewards")
+    flat = [r for rs in rewards.to_pylist() for r in rs]
+    train = store.read_manifest(t, "train")["stats"]
+    return {
+        "pairs": len(chosen),
+        "sample_reward": round(sum(flat) / max(len(flat), 1), 3),
+        "chosen_exact": round(float((chosen == 1.0).mean()), 3) if len(chosen) else None,
+        "steps": train.get("steps"),
+        "train_loss": train.get("loss"),
+        "train_margin": train.get("rewards/margins"),
+    }
+
+
+def run_seed(
+    root: str, seed: int, quick: bool, overrides: list[str], only: list[str] | None
+) -> dict[str, Any]:
     from flows.run import eva_run
     from tasks.store import RunStore
 
-    base = base_config(root, seed, quick)
+    base = base_config(root, seed, quick, overrides)
     cfg = validate_config(deep_merge(base, {"run": f"s{seed}-base", "iterations": 0}))
     eva_run(cfg)
     store = RunStore(cfg.root, cfg.run)
@@ -107,6 +136,8 @@ def run_seed(root: str, seed: int, quick: bool) -> dict[str, Any]:
     assert train is not None, "the base run trains theta_1"
     checkpoint = train["model_uri"]
     for arm in arms(quick):
+        if only and arm.name not in only:
+            continue
         started = time.perf_counter()
         arm_cfg = deep_merge(
             base,
@@ -136,19 +167,38 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+")
     ap.add_argument("--root", default="runs-bench")
     ap.add_argument("--out", default=os.path.join("docs", "bench"))
+    ap.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a run setting for every arm (and the base run), e.g. "
+        "--set train.solver.learning_rate=5e-4; use with --tag",
+    )
+    ap.add_argument("--arms", nargs="+", help="run only these arms (default: all)")
+    ap.add_argument(
+        "--tag", default="", help="name for a variant: its runs and report get their own names"
+    )
     args = ap.parse_args()
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
-    root = os.path.abspath(os.path.join(args.root, "quick" if args.quick else "full"))
+    mode = "quick" if args.quick else "full"
+    root = os.path.abspath(os.path.join(args.root, f"{mode}-{args.tag}" if args.tag else mode))
     started = time.perf_counter()
-    results = {str(s): run_seed(root, s, args.quick) for s in seeds}
+    results = {str(s): run_seed(root, s, args.quick, args.overrides, args.arms) for s in seeds}
     from bench.report import write_method_report
 
     os.makedirs(args.out, exist_ok=True)
-    name = "method-quick" if args.quick else "method"
+    name = ("method-quick" if args.quick else "method") + (f"-{args.tag}" if args.tag else "")
     with open(os.path.join(args.out, f"{name}.json"), "w") as f:
         json.dump(results, f, indent=1)
     md = write_method_report(
-        results, args.out, name, seconds=time.perf_counter() - started, quick=args.quick
+        results,
+        args.out,
+        name,
+        seconds=time.perf_counter() - started,
+        quick=args.quick,
+        command="python -m bench.method " + " ".join(sys.argv[1:]),
     )
     print(md)
 

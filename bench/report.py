@@ -18,17 +18,26 @@ def _stat(values: list[float]) -> str:
 
 
 def _rows(results: Results, arm: str, t: int | None) -> list[dict[str, Any]]:
+    """One row per seed for ``arm`` at iteration ``t`` (None: a base model), each carrying
+    ``delta``: its score minus the same seed's theta_1 (arms share theta_1, so the paired
+    difference removes most of the seed-to-seed spread). Empty when the arm was not run."""
     out = []
     for per_seed in results.values():
+        if arm not in per_seed:
+            return []
         entry = per_seed[arm]
-        out.append(entry if t is None else entry["iterations"][t - 1])
+        row = entry if t is None else entry["iterations"][t - 1]
+        out.append({**row, "delta": row["score"] - per_seed["theta_1"]["score"]})
     return out
 
 
 def _line(label: str, rows: list[dict[str, Any]], cats: list[str]) -> str:
-    cells = [label, _stat([r["score"] for r in rows]), _stat([r["solved"] for r in rows])]
+    if not rows:
+        return ""
+    cells = [label, _stat([r["score"] for r in rows]), _stat([r["delta"] for r in rows])]
+    cells.append(_stat([r["solved"] for r in rows]))
     cells += [_stat([r.get(f"cat_{c}", np.nan) for r in rows]) for c in cats]
-    if "pairs" in rows[0]:
+    if "difficulty" in rows[0]:
         cells.append(_stat([r["pairs"] for r in rows]))
         cells.append(_stat([r["difficulty"] for r in rows]))
     else:
@@ -40,18 +49,50 @@ def _table(title: str, lines: list[str], cats: list[str]) -> str:
     head = [
         "arm",
         "held-out score",
+        "Δ vs theta_1",
         "solved",
         *[f"score {c}" for c in cats],
         "pairs",
         "train difficulty",
     ]
+    lines = [line for line in lines if line]
     return "\n".join(
         [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head), *lines, ""]
     )
 
 
+_TAUGHT = ("pairs", "sample_reward", "chosen_exact", "steps", "train_loss", "train_margin")
+
+
+def _taught_table(results: Results, arms: list[str]) -> str:
+    """What each solver step was given and how far it moved (see bench.method._pair_quality)."""
+    lines = []
+    first = next(iter(results.values()))
+    for arm in ["theta_1", *arms]:
+        its = [first[arm]] if arm == "theta_1" else first[arm]["iterations"]
+        for t in range(len(its)):
+            rows = _rows(results, arm, None if arm == "theta_1" else t + 1)
+            if not rows or "chosen_exact" not in rows[0]:
+                continue
+            cells = [f"{arm}, iteration {0 if arm == 'theta_1' else t + 1}"]
+            cells += [_stat([r[k] for r in rows]) for k in _TAUGHT]
+            lines.append("| " + " | ".join(cells) + " |")
+    head = ["arm", "pairs", "mean sample reward on X_t", "chosen exact", "optimizer steps",
+            "final loss", "final margin"]  # fmt: skip
+    return "\n".join(
+        [
+            "### What the solver was taught",
+            "",
+            "| " + " | ".join(head) + " |",
+            "|" + "---|" * len(head),
+            *lines,
+            "",
+        ]
+    )
+
+
 def write_method_report(
-    results: Results, out_dir: str, name: str, seconds: float, quick: bool
+    results: Results, out_dir: str, name: str, seconds: float, quick: bool, command: str
 ) -> str:
     first = next(iter(results.values()))
     cats = sorted(k.removeprefix("cat_") for k in first["theta_0"] if k.startswith("cat_"))
@@ -64,10 +105,13 @@ def write_method_report(
     parts = [
         f"## Method benchmark ({'quick' if quick else 'full'})",
         "",
+        f"`{command}`",
+        "",
         f"{len(results)} seed(s): {', '.join(results)}; {seconds / 60:.1f} min on "
         f"{platform.machine()} with {os.cpu_count()} cores, "
         f"{time.strftime('%Y-%m-%d')}. Score = mean dense reward of greedy answers on the "
-        "held-out set; ± is the standard deviation over seeds.",
+        "held-out set; ± is the standard deviation over seeds; Δ is the paired difference "
+        "from the same seed's theta_1.",
         "",
     ]
     t2 = [
@@ -94,13 +138,16 @@ def write_method_report(
         if a in arms
     ]
     parts.append(_table("Table 5 analogue: evolving and sampling", t5, cats))
-    iterations = len(first["eva"]["iterations"])
-    t13 = [*base]
-    for t in range(1, iterations + 1):
-        t13.append(_line(f"fresh, iteration {t}", _rows(results, "fresh", t), cats))
-        t13.append(_line(f"eva, iteration {t}", _rows(results, "eva", t), cats))
-    parts.append(_table(f"Table 13 analogue: {iterations} iterations", t13, cats))
-    parts.append(_plots(results, out_dir, name, iterations))
+    if "fresh" in first and "eva" in first:
+        iterations = len(first["eva"]["iterations"])
+        t13 = [*base]
+        for t in range(1, iterations + 1):
+            t13.append(_line(f"fresh, iteration {t}", _rows(results, "fresh", t), cats))
+            t13.append(_line(f"eva, iteration {t}", _rows(results, "eva", t), cats))
+        parts.append(_table(f"Table 13 analogue: {iterations} iterations", t13, cats))
+    parts.append(_taught_table(results, arms))
+    if "fresh" in first and "eva" in first:
+        parts.append(_plots(results, out_dir, name, iterations))
     md = "\n".join(parts)
     with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
         f.write(md)
@@ -148,3 +195,110 @@ def _plots(results: Results, out_dir: str, name: str, iterations: int) -> str:
     return (
         f"### Table 7 / Figure 6 analogue: curriculum\n\n![curriculum]({os.path.basename(path)})\n"
     )
+
+
+def _machine() -> str:
+    return f"{platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}"
+
+
+def _mean_stage(run: dict[str, Any], stage: str, key: str) -> float:
+    values = [it["stages"][stage][key] for it in run["iterations"] if stage in it["stages"]]
+    return float(np.mean(values)) if values else float("nan")
+
+
+def write_costs_report(results: dict[str, Any], out_dir: str, name: str, command: str) -> str:
+    """Markdown for ``bench.costs`` results: stage times, overhead, cache, rollouts, per pair."""
+    runs = {"demo": results["demo"]}
+    if "demo_10x" in results:
+        runs["10x"] = results["demo_10x"]
+    first = results["demo"]["iterations"][0]["stages"]
+    head = ["stage"] + [f"{r} {k}" for r in runs for k in ("task s", "backend s")]
+    if len(runs) == 2:
+        head.append("10x / demo (task)")
+    lines = []
+    for stage in first:
+        cells = [stage]
+        for run in runs.values():
+            cells += [f"{_mean_stage(run, stage, 'task'):.3f}"]
+            cells += [f"{_mean_stage(run, stage, 'backend'):.3f}"]
+        if len(runs) == 2:
+            ratio = _mean_stage(runs["10x"], stage, "task") / _mean_stage(
+                runs["demo"], stage, "task"
+            )
+            cells.append(f"{ratio:.1f}x")
+        lines.append("| " + " | ".join(cells) + " |")
+    over = ["| run | iteration | wall s | backends s | stage I/O s | orchestration s | overhead |"]
+    over.append("|---|---|---|---|---|---|---|")
+    for label, run in runs.items():
+        for it in run["iterations"]:
+            over.append(
+                f"| {label} | {it['t']} | {it['wall']:.2f} | {it['backend']:.2f} | "
+                f"{it['stage_io']:.2f} | {it['orchestration']:.2f} | "
+                f"{100 * it['overhead_share']:.1f}% |"
+            )
+    cached = results["cached_rerun"]
+    roll = [
+        "| run | prompts | tokens | direct tok/s | stage tok/s | stage / direct | same output |"
+    ]
+    roll.append("|---|---|---|---|---|---|---|")
+    for label, key in (("demo", "rollout_demo"), ("10x", "rollout_10x")):
+        if key in results:
+            r = results[key]
+            roll.append(
+                f"| {label} | {r['prompts']} | {r['tokens']} | {r['direct_tokens_per_s']:.0f} | "
+                f"{r['stage_tokens_per_s']:.0f} | {100 * r['efficiency']:.1f}% | "
+                f"{r['same_outputs']} |"
+            )
+    per_pair = ["| arm | responses generated | pairs trained | responses per pair |"]
+    per_pair.append("|---|---|---|---|")
+    for arm, label in (
+        ("dpo", "iterative DPO (fresh seed prompts)"),
+        ("eva", "eva (fresh creator rollouts)"),
+        ("eva-previous", "eva, creator_rollouts=previous"),
+    ):
+        g = results["generation_per_pair"][arm]
+        per_pair.append(
+            f"| {label} | {g['responses']} | {g['pairs']} | {g['responses_per_pair']} |"
+        )
+    md = "\n".join(
+        [
+            "## Pipeline costs",
+            "",
+            f"`{command}`, {_machine()}. Prefect's temporary server took "
+            f"{results['prefect_startup']:.1f} s to start (once per process; excluded below).",
+            "",
+            "### Time per stage (mean over the run's eva iterations)",
+            "",
+            "*task* = the stage's Prefect task run; *backend* = load, call and close of the "
+            "generator, reward model, evolver or solver inside it.",
+            "",
+            "| " + " | ".join(head) + " |",
+            "|" + "---|" * len(head),
+            *lines,
+            "",
+            "### Orchestration and I/O overhead per iteration",
+            "",
+            "overhead = (wall - backends) / wall; stage I/O = parquet, hashing and checkpoint "
+            "copies inside stages; orchestration = Prefect task and subflow runs.",
+            "",
+            *over,
+            "",
+            "### Cached rerun of the finished demo run",
+            "",
+            f"{cached['seconds']:.2f} s against {results['demo']['total']:.2f} s for the "
+            f"original run ({100 * cached['share']:.1f}%); {cached['stages']} stage manifests, "
+            f"re-executed: {', '.join(cached['reexecuted']) or 'none'}.",
+            "",
+            "### Rollout efficiency (iteration 1's generate stage)",
+            "",
+            *roll,
+            "",
+            "### Generation per training pair (iterations 1..T, demo size)",
+            "",
+            *per_pair,
+            "",
+        ]
+    )
+    with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
+        f.write(md)
+    return md

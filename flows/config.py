@@ -187,10 +187,13 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def load_config(path: str | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Read YAML/JSON (optional, with ``extends``), apply ``a.b.c=value`` overrides, validate."""
-    data: dict[str, Any] = read_config_file(path) if path else {}
-    for item in overrides or []:
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """``data`` with each ``a.b.c=value`` override set in place (values parsed as YAML).
+
+    Setting a backend's ``kind`` to a new value starts that section from the new kind's own
+    defaults: the old kind's fields would not validate against it.
+    """
+    for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected key=value, e.g. sample.fraction=0.5")
@@ -200,5 +203,21 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {item!r}: {part} is not a section")
-        node[parts[-1]] = yaml.safe_load(raw)
+        value = yaml.safe_load(raw)
+        if parts[-1] == "kind" and node.get("kind") != value:
+            node.clear()
+        node[parts[-1]] = value
+    return data
+
+
+def load_config(path: str | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Read YAML/JSON (optional, with ``extends``), apply ``a.b.c=value`` overrides, validate.
+
+    An override changes one field of the config that would otherwise run, so it is applied to
+    the validated config, not to the file: ``--set train.solver.learning_rate=1e-3`` keeps the
+    demo solver's other settings instead of rebuilding the solver from the paper's defaults.
+    """
+    data: dict[str, Any] = read_config_file(path) if path else {}
+    if overrides:
+        data = apply_overrides(validate_config(data).model_dump(mode="json"), overrides)
     return validate_config(data)

@@ -27,8 +27,8 @@ class AnnotateConfig(BaseModel):
 
 @stage("annotate", inputs={"rollouts": ROLLOUT_COLUMNS}, outputs=ANNOTATED_COLUMNS)
 def annotate(ctx: StageContext, config: AnnotateConfig, rollouts: pa.Table) -> StageOutput:
+    started = time.perf_counter()  # load included, as in every stage's backend_seconds
     model = config.reward.load()
-    started = time.perf_counter()
     rewards = model.score(
         rollouts.column("prompt").to_pylist(),
         rollouts.column("responses").to_pylist(),

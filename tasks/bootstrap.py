@@ -9,6 +9,7 @@ everything and much of the seed set, which leaves informativeness a frontier to 
 from __future__ import annotations
 
 import os
+import time
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -62,6 +63,7 @@ def bootstrap(ctx: StageContext, config: BootstrapConfig) -> StageOutput:
             stats={"checkpoint": config.init_checkpoint},
             external_model=config.init_checkpoint,
         )
+    started = time.perf_counter()
     tokenizer = build_char_tokenizer(world.ALPHABET)
     model = build_tiny_model(config.model, tokenizer, seed=ctx.seed)
     examples = world.sft_examples(world.SFT_DISTRIBUTION, config.sft_examples, seed=ctx.seed)
@@ -70,11 +72,17 @@ def bootstrap(ctx: StageContext, config: BootstrapConfig) -> StageOutput:
     )
     out_dir = os.path.join(ctx.scratch, "model")
     save_checkpoint(model, tokenizer, out_dir)
+    seconds = time.perf_counter() - started
     table = pa.Table.from_pylist(metrics)
     params = sum(p.numel() for p in model.parameters())
     final = metrics[-1] if metrics else {}
     return StageOutput(
         table,
-        stats={"parameters": params, "steps": config.sft.steps, "final_loss": final.get("loss")},
+        stats={
+            "parameters": params,
+            "steps": config.sft.steps,
+            "final_loss": final.get("loss"),
+            "backend_seconds": round(seconds, 3),
+        },
         model_dir=out_dir,
     )

@@ -7,6 +7,7 @@ backend the run trains with (the world's verifier here; a reward model in a real
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -40,12 +41,15 @@ class EvaluateConfig(BaseModel):
 )
 def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> StageOutput:
     prompts = heldout.column("prompt").to_pylist()
+    model_dir = ctx.model_dir("policy")
+    started = time.perf_counter()
     # Closed before the reward model loads: a served policy gives its GPU back first.
-    with close_after(config.generation.load(ctx.model_dir("policy"))) as generator:
+    with close_after(config.generation.load(model_dir)) as generator:
         responses = [rs[0] for rs in generator.generate(prompts, 1, ctx.seed, ctx.progress)]
     rewards = np.array(
         [rs[0] for rs in config.reward.load().score(prompts, [[r] for r in responses])]
     )
+    seconds = time.perf_counter() - started
     categories = heldout.column("category").to_pylist()
     by_cat: dict[str, list[float]] = defaultdict(list)
     for c, r in zip(categories, rewards, strict=True):
@@ -63,5 +67,6 @@ def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> St
         "score": round(float(np.nanmean(rewards)), 4),
         "solved": round(float(np.mean(rewards == 1.0)), 4),
         "per_category": {c: round(float(np.nanmean(v)), 4) for c, v in sorted(by_cat.items())},
+        "backend_seconds": round(seconds, 3),
     }
     return StageOutput(out, stats=stats, ui_tables={"responses": out.slice(0, 20).to_pylist()})

@@ -8,6 +8,8 @@ records lineage. Stats carry the drop counts and, for LLM evolvers, their reques
 
 from __future__ import annotations
 
+import time
+
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,11 +30,13 @@ class EvolveConfig(BaseModel):
 
 @stage("evolve", inputs={"subset": PROMPT_COLUMNS}, outputs=PROMPT_COLUMNS)
 def evolve(ctx: StageContext, config: EvolveConfig, subset: pa.Table) -> StageOutput:
-    evolver = config.evolver.load()
     parents = subset.column("prompt").to_pylist()
+    started = time.perf_counter()
+    evolver = config.evolver.load()
     raw = evolver.evolve(
         parents, subset.column("category").to_pylist(), config.num_evolutions, ctx.seed
     )
+    seconds = time.perf_counter() - started
     assert ctx.iteration is not None, "evolve runs inside an iteration"
     table, stats = evolved_records(
         subset,
@@ -52,5 +56,9 @@ def evolve(ctx: StageContext, config: EvolveConfig, subset: pa.Table) -> StageOu
         for r in table.slice(0, 40).to_pylist()
     ]
     backend = evolver.stats() if hasattr(evolver, "stats") else None
-    out_stats = {**stats.as_dict(), **({"backend": backend} if backend is not None else {})}
+    out_stats = {
+        **stats.as_dict(),
+        "backend_seconds": round(seconds, 3),
+        **({"backend": backend} if backend is not None else {}),
+    }
     return StageOutput(table, stats=out_stats, ui_tables={"evolved": rows})

@@ -10,6 +10,7 @@ run in this process or under ``accelerate launch`` (several GPUs, DeepSpeed ZeRO
 from __future__ import annotations
 
 import os
+import time
 from typing import Literal
 
 import pyarrow as pa
@@ -50,6 +51,8 @@ def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutpu
     rejected = pairs.column("rejected").to_pylist()
     rewrite_stats: dict[str, int] = {}
     train_share = 1.0
+    policy_dir = ctx.model_dir("policy")
+    started = time.perf_counter()
     if config.rewrite_chosen is not None:
         # The progress bar gives rewriting its first tenth, so it never runs backwards.
         train_share = 0.9
@@ -66,7 +69,7 @@ def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutpu
         log = ctx.log
         metrics = launch_train(
             config.solver,
-            ctx.model_dir("policy"),
+            policy_dir,
             prompts,
             chosen,
             rejected,
@@ -80,8 +83,9 @@ def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutpu
         )
     else:
         metrics = config.solver.load().train(
-            ctx.model_dir("policy"), prompts, chosen, rejected, out_dir, ctx.seed, progress
+            policy_dir, prompts, chosen, rejected, out_dir, ctx.seed, progress
         )
+    seconds = time.perf_counter() - started
     table = (
         pa.Table.from_pylist(metrics) if metrics else pa.table({"step": pa.array([], pa.int64())})
     )
@@ -89,6 +93,7 @@ def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutpu
     stats = {
         "pairs": pairs.num_rows,
         "steps": int(last.get("step", 0)),
+        "backend_seconds": round(seconds, 3),
         **rewrite_stats,
         **{k: round(v, 4) for k, v in last.items() if k != "step" and isinstance(v, float)},
     }

@@ -49,3 +49,23 @@ def test_extends_cycle_and_missing_file_are_one_line_errors(tmp_path: Path) -> N
     (tmp_path / "d.yaml").write_text("sample: {method: greedy}\nseed: 3\n")
     cfg = load_config(str(tmp_path / "c.yaml"))
     assert (cfg.sample.fraction, cfg.sample.method, cfg.seed) == (0.5, "greedy", 3)
+
+
+def test_set_changes_one_field_of_the_config_that_would_run(tmp_path: Path) -> None:
+    # Regression: `--set train.solver.learning_rate=...` used to rebuild the solver from the
+    # paper's defaults (lr 5e-7, batch 8, beta 0.05), silently dropping the demo's settings.
+    demo = load_config(None).train.solver
+    cfg = load_config(None, ["train.solver.learning_rate=1e-3"])
+    assert cfg.train.solver.learning_rate == 1e-3
+    assert cfg.train.solver.per_device_train_batch_size == demo.per_device_train_batch_size == 16
+    assert cfg.train.solver.beta == demo.beta == 0.1
+    # On top of a file, the file's sections are what gets changed.
+    paper_dpo = Path(__file__).parent.parent / "configs" / "paper" / "dpo.yaml"
+    (tmp_path / "r.yaml").write_text(f"extends: {paper_dpo}\n")
+    cfg = load_config(str(tmp_path / "r.yaml"), ["train.solver.beta=0.2"])
+    assert (cfg.train.solver.beta, cfg.train.solver.learning_rate) == (0.2, 5e-7)
+    # A new backend kind starts from that kind's own defaults.
+    cfg = load_config(None, ["generate.backend.kind=openai", "generate.backend.model=m"])
+    assert cfg.generate.backend.kind == "openai" and cfg.generate.backend.model == "m"
+    with pytest.raises(ConfigError, match="not a section"):
+        load_config(None, ["seed.x=1"])

@@ -1,0 +1,280 @@
+"""Benchmark: what the pipeline itself costs (issue 4, part 2).
+
+    python -m bench.costs [--quick] [--root runs-bench/costs] [--out docs/bench]
+
+Everything is measured in one process, after Prefect's temporary server is up (its start-up
+is timed on its own), on the embedded demo run and on the same run with 10x the prompts:
+
+* time per stage of each eva iteration: the stage's Prefect task run (what the UI shows), the
+  part inside the stage function, and the part inside the backend (``backend_seconds``: load,
+  call and close of the generator, reward model, evolver or solver);
+* orchestration and I/O overhead: the iteration subflow's wall time minus its backends' time,
+  as a share of the iteration;
+* a cached rerun of the finished run, as a share of the original, and proof that no stage ran
+  (every manifest is byte-identical afterwards);
+* rollout efficiency: the generate stage's tokens per second against the same backend, loaded
+  and called directly on the same checkpoint, prompts, n and seed (the outputs must match);
+* extra generation per training pair: responses generated per iteration divided by pairs
+  trained, for plain iterative DPO (fresh seed prompts), eva, and eva with informativeness
+  taken from the previous iteration's rollouts (``creator_rollouts=previous``).
+
+The creator's CPU path at 1M prompts is ``bench.creator_cpu``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
+from flows.config import RunConfig, deep_merge, validate_config
+from tasks.stage import STAGE_ORDER
+from tasks.store import RunStore, iteration_dir
+
+DEMO = RunConfig()
+SCALE = 10
+BACKEND_STAGES = ("creator_generate", "creator_annotate", "evolve", "generate", "annotate")
+BACKEND_STAGES += ("train", "evaluate")
+
+
+def _flow_runs(name: str, since: datetime) -> list[Any]:
+    """Flow runs called ``name`` that started after ``since`` (oldest first)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterName,
+        FlowRunFilterStartTime,
+    )
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                name=FlowRunFilterName(any_=[name]),
+                start_time=FlowRunFilterStartTime(after_=since),
+            )
+        )
+    return sorted(runs, key=lambda r: r.start_time)
+
+
+def _task_runs(flow_run_id: Any) -> dict[str, Any]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
+    return {r.name: r for r in runs}
+
+
+def _wall(run: Any) -> float:
+    return (run.end_time - run.start_time).total_seconds()
+
+
+def timed_run(cfg: RunConfig) -> dict[str, Any]:
+    """Run ``cfg`` and break each eva iteration's wall time down by stage."""
+    from flows.run import eva_run
+
+    since = datetime.now(UTC)
+    started = time.perf_counter()
+    eva_run(cfg)
+    total = time.perf_counter() - started
+    store = RunStore(cfg.root, cfg.run)
+    iterations = []
+    for t in range(1, cfg.iterations + 1):
+        (sub,) = _flow_runs(f"{cfg.run}-iter-{t}", since)[-1:]
+        tasks = _task_runs(sub.id)
+        stages = {}
+        for artifact in STAGE_ORDER:
+            manifest = store.read_manifest(t, artifact)
+            if manifest is None:
+                continue
+            task_run = tasks[f"{artifact}-{iteration_dir(t).replace('_', '-')}"]
+            stages[artifact] = {
+                "task": round(_wall(task_run), 3),
+                "stage": manifest["seconds"],
+                "backend": manifest["stats"].get("backend_seconds", 0.0),
+                "stats": manifest["stats"],
+            }
+        wall = _wall(sub)
+        backend = sum(s["backend"] for s in stages.values())
+        inside = sum(s["stage"] for s in stages.values())
+        iterations.append(
+            {
+                "t": t,
+                "wall": round(wall, 3),
+                "backend": round(backend, 3),
+                "stage_io": round(inside - backend, 3),  # parquet, hashing, checkpoints
+                "orchestration": round(wall - inside, 3),  # Prefect task and subflow runs
+                "overhead_share": round((wall - backend) / wall, 4),
+                "stages": stages,
+            }
+        )
+    return {"total": round(total, 3), "iterations": iterations}
+
+
+def _manifests(root: str, run: str) -> dict[str, bytes]:
+    out = {}
+    for dirpath, _, files in os.walk(os.path.join(root, run)):
+        for name in files:
+            if name.endswith(".manifest.json"):
+                path = os.path.join(dirpath, name)
+                with open(path, "rb") as f:
+                    out[path] = f.read()
+    return out
+
+
+def cached_rerun(cfg: RunConfig, original_seconds: float) -> dict[str, Any]:
+    """Launch the finished run again: every stage must come back from its manifest."""
+    from flows.run import eva_run
+
+    before = _manifests(cfg.root, cfg.run)
+    started = time.perf_counter()
+    eva_run(cfg)
+    seconds = time.perf_counter() - started
+    after = _manifests(cfg.root, cfg.run)
+    changed = sorted(os.path.relpath(p, cfg.root) for p in before if before[p] != after.get(p))
+    return {
+        "seconds": round(seconds, 3),
+        "share": round(seconds / original_seconds, 4),
+        "stages": len(before),
+        "reexecuted": changed,
+    }
+
+
+def rollout_efficiency(cfg: RunConfig, t: int, stage_seconds: float) -> dict[str, Any]:
+    """The generate stage of iteration ``t`` (its task run took ``stage_seconds``) against its
+    backend loaded and called directly on the same checkpoint, prompts, n and seed."""
+    from tasks.backends.protocols import close_after
+    from tasks.stage import stage_seed
+
+    store = RunStore(cfg.root, cfg.run)
+    manifest = store.read_manifest(t, "generate")
+    policy_hash = manifest["inputs"]["policy"]["content_hash"]
+    candidates = [store.read_manifest(t - 1, "train"), store.read_manifest(None, "bootstrap")]
+    (policy,) = [m for m in candidates if m and m["content_hash"] == policy_hash][:1]
+    prompts = store.read_table(manifest["inputs"]["prompts"]["uri"]).column("prompt").to_pylist()
+    model_dir = store.local_model(policy["model_uri"], policy_hash)
+
+    started = time.perf_counter()
+    with close_after(cfg.generate.backend.load(model_dir)) as generator:
+        seed = stage_seed(cfg.seed, t, "generate")
+        responses = generator.generate(prompts, cfg.generate.n, seed)
+    direct = time.perf_counter() - started
+
+    stored = store.read_table(manifest["uri"]).column("responses").to_pylist()
+    tokens = _tokens(model_dir, responses)
+    return {
+        "prompts": len(prompts),
+        "tokens": tokens,
+        "direct_seconds": round(direct, 3),
+        "stage_seconds": stage_seconds,
+        "direct_tokens_per_s": round(tokens / direct, 1),
+        "stage_tokens_per_s": round(tokens / stage_seconds, 1),
+        "efficiency": round(direct / stage_seconds, 4),
+        "same_outputs": responses == stored,
+    }
+
+
+def _tokens(model_dir: str, responses: list[list[str]]) -> int:
+    """Generated tokens, end-of-sequence included (the model spends a step on it too)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    texts = [r for rs in responses for r in rs]
+    return sum(len(ids) + 1 for ids in tok(texts, add_special_tokens=False)["input_ids"])
+
+
+def generation_per_pair(store: RunStore, iterations: int) -> dict[str, Any]:
+    """Responses sampled per iteration (creator and solver) and the pairs they yielded."""
+    generated = pairs = 0
+    for t in range(1, iterations + 1):
+        for artifact in ("creator_generate", "generate"):
+            if (m := store.read_manifest(t, artifact)) is not None:
+                generated += m["stats"]["responses"]
+        pairs += store.read_manifest(t, "pairs")["stats"]["pairs"]
+    return {
+        "responses": generated,
+        "pairs": pairs,
+        "responses_per_pair": round(generated / pairs, 2) if pairs else None,
+    }
+
+
+def _prefect_startup() -> float:
+    """Start Prefect's temporary server with an empty flow, so later timings exclude it."""
+    from prefect import flow
+
+    @flow(name="eva-bench-warmup")
+    def warmup() -> None:
+        return None
+
+    started = time.perf_counter()
+    warmup()
+    return round(time.perf_counter() - started, 3)
+
+
+def run_costs(root: str, quick: bool) -> dict[str, Any]:
+    shutil.rmtree(root, ignore_errors=True)  # timings of a fresh run, never of a cached one
+    base = {"root": root, "iterations": DEMO.iterations}
+    results: dict[str, Any] = {"prefect_startup": _prefect_startup()}
+
+    demo = validate_config({**base, "run": "demo"})
+    results["demo"] = timed_run(demo)
+    results["cached_rerun"] = cached_rerun(demo, results["demo"]["total"])
+    gen = results["demo"]["iterations"][0]["stages"]["generate"]
+    results["rollout_demo"] = rollout_efficiency(demo, 1, gen["task"])
+
+    # The same theta_0 for every other run: bootstrap is setup, not part of an iteration.
+    theta0 = RunStore(root, "demo").read_manifest(None, "bootstrap")["model_uri"]
+    shared = deep_merge(base, {"bootstrap": {"init_checkpoint": theta0}})
+    if not quick:
+        size = DEMO.prompts.world_size * SCALE
+        big = validate_config(
+            deep_merge(shared, {"run": "demo-10x", "prompts": {"world_size": size}})
+        )
+        results["demo_10x"] = timed_run(big)
+        gen = results["demo_10x"]["iterations"][0]["stages"]["generate"]
+        results["rollout_10x"] = rollout_efficiency(big, 1, gen["task"])
+
+    per_pair = {"eva": generation_per_pair(RunStore(root, "demo"), demo.iterations)}
+    for name, extra in (
+        ("dpo", {"prompt_strategy": "fresh"}),
+        ("eva-previous", {"creator_rollouts": "previous"}),
+    ):
+        cfg = validate_config(deep_merge(shared, {"run": name, **extra}))
+        from flows.run import eva_run
+
+        eva_run(cfg)
+        per_pair[name] = generation_per_pair(RunStore(root, name), cfg.iterations)
+    results["generation_per_pair"] = per_pair
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--quick", action="store_true", help="demo size only (no 10x run)")
+    ap.add_argument("--root", default=os.path.join("runs-bench", "costs"))
+    ap.add_argument("--out", default=os.path.join("docs", "bench"))
+    args = ap.parse_args()
+    root = os.path.abspath(os.path.join(args.root, "quick" if args.quick else "full"))
+    results = run_costs(root, args.quick)
+    from bench.report import write_costs_report
+
+    os.makedirs(args.out, exist_ok=True)
+    name = "costs-quick" if args.quick else "costs"
+    with open(os.path.join(args.out, f"{name}.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    command = "python -m bench.costs " + " ".join(sys.argv[1:])
+    print(write_costs_report(results, args.out, name, command))
+
+
+if __name__ == "__main__":
+    main()
