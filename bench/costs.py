@@ -219,9 +219,12 @@ def _prefect_startup() -> float:
     return round(time.perf_counter() - started, 3)
 
 
-def run_costs(root: str, quick: bool) -> dict[str, Any]:
+def run_costs(root: str, quick: bool, base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Every figure of the report; ``base`` replaces the embedded demo config (tests)."""
+    from flows.run import eva_run
+
     shutil.rmtree(root, ignore_errors=True)  # timings of a fresh run, never of a cached one
-    base = {"root": root, "iterations": DEMO.iterations}
+    base = {**(base or {"iterations": DEMO.iterations}), "root": root}
     results: dict[str, Any] = {"prefect_startup": _prefect_startup()}
 
     demo = validate_config({**base, "run": "demo"})
@@ -234,7 +237,7 @@ def run_costs(root: str, quick: bool) -> dict[str, Any]:
     theta0 = RunStore(root, "demo").read_manifest(None, "bootstrap")["model_uri"]
     shared = deep_merge(base, {"bootstrap": {"init_checkpoint": theta0}})
     if not quick:
-        size = DEMO.prompts.world_size * SCALE
+        size = demo.prompts.world_size * SCALE
         big = validate_config(
             deep_merge(shared, {"run": "demo-10x", "prompts": {"world_size": size}})
         )
@@ -248,22 +251,20 @@ def run_costs(root: str, quick: bool) -> dict[str, Any]:
         ("eva-previous", {"creator_rollouts": "previous"}),
     ):
         cfg = validate_config(deep_merge(shared, {"run": name, **extra}))
-        from flows.run import eva_run
-
         eva_run(cfg)
         per_pair[name] = generation_per_pair(RunStore(root, name), cfg.iterations)
     results["generation_per_pair"] = per_pair
     return results
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--quick", action="store_true", help="demo size only (no 10x run)")
     ap.add_argument("--root", default=os.path.join("runs-bench", "costs"))
     ap.add_argument("--out", default=os.path.join("docs", "bench"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     root = os.path.abspath(os.path.join(args.root, "quick" if args.quick else "full"))
     results = run_costs(root, args.quick)
     from bench.report import write_costs_report
@@ -272,7 +273,7 @@ def main() -> None:
     name = "costs-quick" if args.quick else "costs"
     with open(os.path.join(args.out, f"{name}.json"), "w") as f:
         json.dump(results, f, indent=1)
-    command = "python -m bench.costs " + " ".join(sys.argv[1:])
+    command = "python -m bench.costs " + " ".join(sys.argv[1:] if argv is None else argv)
     print(write_costs_report(results, args.out, name, command))
 
 

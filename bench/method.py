@@ -159,7 +159,7 @@ def run_seed(
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -180,7 +180,7 @@ def main() -> None:
     ap.add_argument(
         "--tag", default="", help="name for a variant: its runs and report get their own names"
     )
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     mode = "quick" if args.quick else "full"
     root = os.path.abspath(os.path.join(args.root, f"{mode}-{args.tag}" if args.tag else mode))
@@ -198,7 +198,7 @@ def main() -> None:
         name,
         seconds=time.perf_counter() - started,
         quick=args.quick,
-        command="python -m bench.method " + " ".join(sys.argv[1:]),
+        command="python -m bench.method " + " ".join(sys.argv[1:] if argv is None else argv),
     )
     print(md)
 

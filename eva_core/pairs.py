@@ -4,6 +4,11 @@ For each prompt, chosen = the highest-reward response and rejected = the lowest.
 responses share the top (or bottom) reward the first one is taken, so pairs are deterministic.
 A prompt whose best and worst rewards tie (or that has fewer than two scored responses) carries
 no preference signal and is skipped; the stage counts it.
+
+``min_chosen`` (off by default, not in the paper) also skips prompts whose best response scores
+below it. With a verifier as the reward, 1.0 keeps only pairs whose chosen answer is correct:
+best-of-N from a weak policy is often still wrong, and DPO then raises the likelihood of the
+wrong tokens it shares with nothing in the rejected answer.
 """
 
 from __future__ import annotations
@@ -27,12 +32,15 @@ class PairStats:
     pairs: int
     skipped_tied: int
     skipped_unscored: int  # fewer than two finite rewards
+    skipped_low_chosen: int = 0  # best response below min_chosen
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
 
 
-def choose_pairs(rewards: np.ndarray) -> tuple[PairChoice, PairStats]:
+def choose_pairs(
+    rewards: np.ndarray, min_chosen: float | None = None
+) -> tuple[PairChoice, PairStats]:
     """Best/worst response indices per row of a (prompts, N) reward matrix (NaN = unscored)."""
     r = np.asarray(rewards, dtype=np.float64)
     finite = np.isfinite(r)
@@ -46,12 +54,15 @@ def choose_pairs(rewards: np.ndarray) -> tuple[PairChoice, PairStats]:
     rows = np.arange(len(r))
     scored = n_valid >= 2
     gap = np.where(scored, r[rows, best] - r[rows, worst], 0.0)
-    keep = scored & (gap > 0)
+    informative = scored & (gap > 0)
+    good = r[rows, best] >= min_chosen if min_chosen is not None else np.ones(len(r), bool)
+    keep = informative & good
     stats = PairStats(
         prompts=len(r),
         pairs=int(keep.sum()),
-        skipped_tied=int((scored & ~keep).sum()),
+        skipped_tied=int((scored & ~informative).sum()),
         skipped_unscored=int((~scored).sum()),
+        skipped_low_chosen=int((informative & ~good).sum()),
     )
     kept = np.flatnonzero(keep)
     return PairChoice(kept, best[kept], worst[kept]), stats

@@ -5,6 +5,7 @@ eva stage NAME --run R --iteration T [--force] [--downstream]
 eva show --run R [--iteration T --stage NAME]        manifests and artifact rows
 eva serve [--file infra/prefect.yaml]                serve the deployment to a Prefect API
 eva config                                           print the default config as YAML
+eva bench [--quick]                                  the method and cost benchmarks (docs/bench)
 """
 
 from __future__ import annotations
@@ -69,6 +70,15 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--file", default=os.path.join("infra", "prefect.yaml"))
 
     sub.add_parser("config", help="print the default run config as YAML")
+
+    bench = sub.add_parser(
+        "bench", help="the paper's tables in miniature and the pipeline's costs (docs/bench)"
+    )
+    bench.add_argument(
+        "--quick", action="store_true", help="one seed, fewer arms, demo size (<= 10 min)"
+    )
+    bench.add_argument("--root", default="runs-bench", help="where the benchmark runs live")
+    bench.add_argument("--out", default=os.path.join("docs", "bench"), help="tables and plots")
     return p
 
 
@@ -167,6 +177,16 @@ def _cmd_config(_: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    """Both benchmarks, one after the other; each module also runs alone (``python -m``)."""
+    from bench import costs, method
+
+    quick = ["--quick"] if args.quick else []
+    method.main([*quick, "--root", args.root, "--out", args.out])
+    costs.main([*quick, "--root", os.path.join(args.root, "costs"), "--out", args.out])
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from flows.config import ConfigError
@@ -178,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         "show": _cmd_show,
         "serve": _cmd_serve,
         "config": _cmd_config,
+        "bench": _cmd_bench,
     }
     try:
         return handlers[args.command](args)

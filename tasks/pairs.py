@@ -22,6 +22,11 @@ class PairsConfig(BaseModel):
         description="Train on at most this many pairs (a seeded random subset): equal budgets "
         "when comparing prompt-set strategies. None keeps every pair.",
     )
+    min_chosen_reward: float | None = Field(
+        default=None,
+        description="Skip prompts whose best response scores below this (not in the paper; "
+        "with a verifier reward, 1.0 trains only on correct chosen answers). None: off.",
+    )
 
 
 @stage(
@@ -31,7 +36,7 @@ class PairsConfig(BaseModel):
 )
 def pairs(ctx: StageContext, config: PairsConfig, annotated: pa.Table) -> StageOutput:
     rewards = reward_matrix(annotated.column("rewards"))
-    choice, stats = choose_pairs(rewards)
+    choice, stats = choose_pairs(rewards, config.min_chosen_reward)
     capped = cap_pairs(choice, config.max_pairs, ctx.seed)
     over_budget = len(choice.rows) - len(capped.rows)
     choice = capped

@@ -6,22 +6,23 @@ import re
 
 import pytest
 
+import bench.costs as costs
 import bench.method as method
-from bench.report import write_method_report
+from bench.report import write_costs_report, write_method_report
 from tests.conftest import tiny_run_config
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
 
 def test_quick_arms_produce_well_formed_tables(tmp_path, monkeypatch) -> None:
-    def tiny_base(root: str, seed: int, quick: bool) -> dict:
+    def tiny_base(root: str, seed: int, quick: bool, overrides: list[str]) -> dict:
         cfg = tiny_run_config(root, seed=seed)
         cfg.pop("run")
         cfg["pairs"] = {"max_pairs": 4}
         return cfg
 
     monkeypatch.setattr(method, "base_config", tiny_base)
-    results = {"0": method.run_seed(str(tmp_path / "runs"), 0, quick=True)}
+    results = {"0": method.run_seed(str(tmp_path / "runs"), 0, True, [], None)}
     assert set(results["0"]) == {
         "theta_0",
         "theta_1",
@@ -32,15 +33,46 @@ def test_quick_arms_produce_well_formed_tables(tmp_path, monkeypatch) -> None:
     }
     eva = results["0"]["eva"]["iterations"]
     assert len(eva) == 2 and all(r["pairs"] <= 4 for r in eva)
-    md = write_method_report(results, str(tmp_path), "m", seconds=1.0, quick=True)
+    md = write_method_report(results, str(tmp_path), "m", seconds=1.0, quick=True, command="c")
     for title in ("Table 2", "Table 4", "Table 5", "Table 13", "Table 7"):
         assert f"### {title}" in md
     rows = [line for line in md.splitlines() if line.startswith("| +eva")]
     assert len(rows) == 1
-    score = float(rows[0].split("|")[2])
+    score, delta = float(rows[0].split("|")[2]), float(rows[0].split("|")[3])
     assert 0.0 <= score <= 1.0
+    theta1 = results["0"]["theta_1"]["score"]
+    assert abs(delta - (results["0"]["eva"]["iterations"][0]["score"] - theta1)) < 1e-3
+    assert "### What the solver was taught" in md
     # Every table row has as many cells as its header.
     for block in re.findall(r"(\| arm .*?)\n\n", md, flags=re.S):
         widths = {line.count("|") for line in block.splitlines() if line.startswith("|")}
         assert len(widths) == 1, block
     assert (tmp_path / "m-curriculum.png").stat().st_size > 1000
+
+
+def test_costs_quick_measures_a_run_its_cached_rerun_and_rollouts(tmp_path) -> None:
+    base = tiny_run_config("unused", iterations=2)
+    base.pop("root")
+    results = costs.run_costs(str(tmp_path / "costs"), quick=True, base=base)
+    its = results["demo"]["iterations"]
+    assert [it["t"] for it in its] == [1, 2]
+    for it in its:
+        # The parts add up to the iteration's wall time, and every backend stage was timed.
+        parts = it["backend"] + it["stage_io"] + it["orchestration"]
+        assert abs(parts - it["wall"]) < 1e-2
+        assert all(it["stages"][s]["backend"] > 0 for s in ("generate", "train", "evaluate"))
+        assert 0 < it["overhead_share"] < 1
+    cached = results["cached_rerun"]
+    assert cached["reexecuted"] == [] and cached["stages"] > 20
+    assert 0 < cached["share"] < 1
+    roll = results["rollout_demo"]
+    assert roll["same_outputs"] and roll["tokens"] > 24 * 4  # at least one token per response
+    # Generation per pair: eva samples X_{t-1} and X_t; iterative DPO and the
+    # previous-rollouts variant sample only X_t (24 prompts x 4 responses x 2 iterations).
+    per_pair = results["generation_per_pair"]
+    assert per_pair["dpo"]["responses"] == per_pair["eva-previous"]["responses"] == 192
+    assert per_pair["eva"]["responses"] == 2 * 192
+    md = write_costs_report(results, str(tmp_path), "c", command="c")
+    for title in ("Time per stage", "overhead per iteration", "Cached rerun", "Rollout"):
+        assert title in md
+    assert "re-executed: none" in md

@@ -221,6 +221,10 @@ def test_pairs_best_worst_ties_and_unscored() -> None:
     assert pick(responses, choice.rows, choice.chosen) == ["b", "h"]
     assert pick(responses, choice.rows, choice.rejected) == ["a", "g"]
     assert math.isclose(float(r[3, 1] - r[3, 0]), 1.0)
+    # min_chosen: row 0's best is 0.9, below 1.0, so only row 3 (best 1.0) keeps its pair.
+    choice, stats = choose_pairs(r, min_chosen=1.0)
+    assert choice.rows.tolist() == [3] and choice.chosen.tolist() == [1]
+    assert (stats.pairs, stats.skipped_low_chosen, stats.skipped_tied) == (1, 1, 1)
 
 
 def test_cap_pairs_seeded_subset_in_row_order() -> None:
