@@ -39,8 +39,13 @@ from tasks.store import RunStore, iteration_dir
 
 DEMO = RunConfig()
 SCALE = 10
-BACKEND_STAGES = ("creator_generate", "creator_annotate", "evolve", "generate", "annotate")
-BACKEND_STAGES += ("train", "evaluate")
+
+
+def _manifest(store: RunStore, t: int | None, artifact: str) -> dict[str, Any]:
+    manifest = store.read_manifest(t, artifact)
+    if manifest is None:
+        raise RuntimeError(f"{store.base}: no {artifact} manifest for iteration {t}")
+    return manifest
 
 
 def _flow_runs(name: str, since: datetime) -> list[Any]:
@@ -56,7 +61,7 @@ def _flow_runs(name: str, since: datetime) -> list[Any]:
         runs = client.read_flow_runs(
             flow_run_filter=FlowRunFilter(
                 name=FlowRunFilterName(any_=[name]),
-                start_time=FlowRunFilterStartTime(after_=since),
+                start_time=FlowRunFilterStartTime(after_=since),  # type: ignore[arg-type]
             )
         )
     return sorted(runs, key=lambda r: r.start_time)
@@ -155,7 +160,7 @@ def rollout_efficiency(cfg: RunConfig, t: int, stage_seconds: float) -> dict[str
     from tasks.stage import stage_seed
 
     store = RunStore(cfg.root, cfg.run)
-    manifest = store.read_manifest(t, "generate")
+    manifest = _manifest(store, t, "generate")
     policy_hash = manifest["inputs"]["policy"]["content_hash"]
     candidates = [store.read_manifest(t - 1, "train"), store.read_manifest(None, "bootstrap")]
     (policy,) = [m for m in candidates if m and m["content_hash"] == policy_hash][:1]
@@ -198,7 +203,7 @@ def generation_per_pair(store: RunStore, iterations: int) -> dict[str, Any]:
         for artifact in ("creator_generate", "generate"):
             if (m := store.read_manifest(t, artifact)) is not None:
                 generated += m["stats"]["responses"]
-        pairs += store.read_manifest(t, "pairs")["stats"]["pairs"]
+        pairs += _manifest(store, t, "pairs")["stats"]["pairs"]
     return {
         "responses": generated,
         "pairs": pairs,
@@ -234,7 +239,7 @@ def run_costs(root: str, quick: bool, base: dict[str, Any] | None = None) -> dic
     results["rollout_demo"] = rollout_efficiency(demo, 1, gen["task"])
 
     # The same theta_0 for every other run: bootstrap is setup, not part of an iteration.
-    theta0 = RunStore(root, "demo").read_manifest(None, "bootstrap")["model_uri"]
+    theta0 = _manifest(RunStore(root, "demo"), None, "bootstrap")["model_uri"]
     shared = deep_merge(base, {"bootstrap": {"init_checkpoint": theta0}})
     if not quick:
         size = demo.prompts.world_size * SCALE
