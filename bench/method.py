@@ -101,14 +101,19 @@ def _pair_quality(store: Any, t: int) -> dict[str, Any]:
     ``sample_reward`` is the mean reward of the N sampled responses on X_t; ``chosen_exact``
     the share of pairs whose chosen response is fully correct (a chosen answer that is still
     wrong teaches the wrong digits as well as the right ones); ``train_margin`` the solver's
-    own last logged reward margin (beta-scaled log-ratio, chosen minus rejected) and
-    ``train_loss`` its last loss (DPO starts at ln 2 = 0.693).
+    own last logged reward margin (beta-scaled log-ratio, chosen minus rejected),
+    ``train_loss`` its last loss (DPO starts at ln 2 = 0.693), and ``chosen_logp`` the mean
+    log-probability of the chosen answers in the first and last logged batch: when it falls,
+    DPO is pushing probability off the chosen answers too, not only off the rejected ones.
     """
     pairs = store.read_table(store.read_manifest(t, "pairs")["uri"])
     chosen = pairs.column("chosen_reward").to_numpy()
     rewards = store.read_table(store.read_manifest(t, "annotate")["uri"]).column("rewards")
     flat = [r for rs in rewards.to_pylist() for r in rs]
-    train = store.read_manifest(t, "train")["stats"]
+    manifest = store.read_manifest(t, "train")
+    train = manifest["stats"]
+    log = store.read_table(manifest["uri"])
+    logp = log.column("logps/chosen").to_pylist() if "logps/chosen" in log.column_names else []
     return {
         "pairs": len(chosen),
         "sample_reward": round(sum(flat) / max(len(flat), 1), 3),
@@ -116,6 +121,7 @@ def _pair_quality(store: Any, t: int) -> dict[str, Any]:
         "steps": train.get("steps"),
         "train_loss": train.get("loss"),
         "train_margin": train.get("rewards/margins"),
+        "chosen_logp": [round(logp[0], 3), round(logp[-1], 3)] if logp else None,
     }
 
 

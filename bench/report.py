@@ -236,6 +236,11 @@ def write_costs_report(results: dict[str, Any], out_dir: str, name: str, command
                 f"{it['stage_io']:.2f} | {it['orchestration']:.2f} | "
                 f"{100 * it['overhead_share']:.1f}% |"
             )
+    for label, run in runs.items():
+        over.append(
+            f"| {label} | whole run | {run['total']:.2f} | {run['backend']:.2f} | - | - | "
+            f"{100 * run['overhead_share']:.1f}% |"
+        )
     cached = results["cached_rerun"]
     roll = [
         "| run | prompts | tokens | direct tok/s | stage tok/s | stage / direct | same output |"
@@ -279,7 +284,10 @@ def write_costs_report(results: dict[str, Any], out_dir: str, name: str, command
             "### Orchestration and I/O overhead per iteration",
             "",
             "overhead = (wall - backends) / wall; stage I/O = parquet, hashing and checkpoint "
-            "copies inside stages; orchestration = Prefect task and subflow runs.",
+            "copies inside stages; orchestration = Prefect task and subflow runs. An "
+            "iteration's wall time is its subflow's recorded start to end; *whole run* is "
+            "the caller's clock around `eva_run` (setup, iteration 0 and flow-run creation "
+            "and teardown included) against every stage's backend time.",
             "",
             *over,
             "",
@@ -287,7 +295,10 @@ def write_costs_report(results: dict[str, Any], out_dir: str, name: str, command
             "",
             f"{cached['seconds']:.2f} s against {results['demo']['total']:.2f} s for the "
             f"original run ({100 * cached['share']:.1f}%); {cached['stages']} stage manifests, "
-            f"re-executed: {', '.join(cached['reexecuted']) or 'none'}.",
+            f"re-executed: {', '.join(cached['reexecuted']) or 'none'}. The "
+            f"{cached['cached_tasks']} stage tasks (each a cache check) took "
+            f"{cached['cached_tasks_seconds']:.2f} s together; the rest is the "
+            f"{cached['flow_runs']} flow runs around them.",
             "",
             "### Rollout efficiency (iteration 1's generate stage)",
             "",

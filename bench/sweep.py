@@ -51,6 +51,8 @@ def _row(tag: str, overrides: list[str], result: dict) -> str:
         cells += [f"{its[-1]['score'] - theta1:+.3f}"]
         cells += [f"{sum(it['chosen_exact'] for it in its) / len(its):.2f}"]
     cells += [f"{seed['theta_1']['train_margin']:.3f}"]
+    first, last = seed["theta_1"]["chosen_logp"]
+    cells += [f"{first:.2f} -> {last:.2f}"]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -75,14 +77,15 @@ def main(argv: list[str] | None = None) -> None:
     head = [
         "variant", "overrides", "theta_0", "theta_0 -> theta_1", "fresh: it 2 - theta_1",
         "fresh: chosen exact", "eva: it 2 - theta_1", "eva: chosen exact",
-        "theta_1 final margin",
+        "theta_1 final margin", "theta_1 chosen log-prob, first -> last batch",
     ]  # fmt: skip
     md = "\n".join(
         [
             "## Solver sweep (quick, seed 0)",
             "",
             f"`python -m bench.sweep`, {time.strftime('%Y-%m-%d')}, "
-            f"{(time.perf_counter() - started) / 60:.1f} min. Held-out score differences; "
+            f"{(time.perf_counter() - started) / 60:.1f} min (variants already run come back from "
+            "the cache). Held-out score differences; "
             "one seed: read them against the seed-to-seed spread of the full method run.",
             "",
             "| " + " | ".join(head) + " |",

@@ -64,6 +64,8 @@ def test_costs_quick_measures_a_run_its_cached_rerun_and_rollouts(tmp_path) -> N
         assert 0 < it["overhead_share"] < 1
     cached = results["cached_rerun"]
     assert cached["reexecuted"] == [] and cached["stages"] > 20
+    assert cached["cached_tasks"] == cached["stages"]  # every stage task came back Cached
+    assert results["demo"]["backend"] > sum(it["backend"] for it in its)  # setup counted too
     assert 0 < cached["share"] < 1
     roll = results["rollout_demo"]
     assert roll["same_outputs"] and roll["tokens"] > 24 * 4  # at least one token per response
