@@ -187,6 +187,12 @@ def main(argv: list[str] | None = None) -> None:
         "--tag", default="", help="name for a variant: its runs and report get their own names"
     )
     args = ap.parse_args(argv)
+    try:  # checked first: finding out after the last arm would waste the whole run
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise SystemExit(
+            "eva: error: the benchmark draws its plots with matplotlib: pip install -e '.[bench]'"
+        ) from None
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     mode = "quick" if args.quick else "full"
     root = os.path.abspath(os.path.join(args.root, f"{mode}-{args.tag}" if args.tag else mode))
