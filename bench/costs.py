@@ -91,14 +91,19 @@ def timed_run(cfg: RunConfig) -> dict[str, Any]:
     eva_run(cfg)
     total = time.perf_counter() - started
     store = RunStore(cfg.root, cfg.run)
+    manifests = {
+        (t, artifact): m
+        for t in (None, *range(cfg.iterations + 1))
+        for artifact in STAGE_ORDER
+        if (m := store.read_manifest(t, artifact)) is not None
+    }
     iterations = []
     for t in range(1, cfg.iterations + 1):
         (sub,) = _flow_runs(f"{cfg.run}-iter-{t}", since)[-1:]
         tasks = _task_runs(sub.id)
         stages = {}
-        for artifact in STAGE_ORDER:
-            manifest = store.read_manifest(t, artifact)
-            if manifest is None:
+        for (it, artifact), manifest in manifests.items():
+            if it != t:
                 continue
             task_run = tasks[f"{artifact}-{iteration_dir(t).replace('_', '-')}"]
             stages[artifact] = {
@@ -123,12 +128,7 @@ def timed_run(cfg: RunConfig) -> dict[str, Any]:
         )
     # The whole run as the caller sees it: flow-run creation and teardown included, which the
     # subflows' own start/end times (above) leave out.
-    backend_all = sum(
-        (m["stats"] or {}).get("backend_seconds", 0.0)
-        for t in (None, *range(cfg.iterations + 1))
-        for artifact in STAGE_ORDER
-        if (m := store.read_manifest(t, artifact)) is not None
-    )
+    backend_all = sum((m["stats"] or {}).get("backend_seconds", 0.0) for m in manifests.values())
     return {
         "total": round(total, 3),
         "backend": round(backend_all, 3),

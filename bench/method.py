@@ -33,9 +33,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
 from eva_core import world
-from eva_core.informativeness import METRICS
+from eva_core.informativeness import METRICS, reward_matrix
 from flows.config import apply_overrides, deep_merge, validate_config
 
 PAIR_BUDGET = 48
@@ -109,14 +111,13 @@ def _pair_quality(store: Any, t: int) -> dict[str, Any]:
     pairs = store.read_table(store.read_manifest(t, "pairs")["uri"])
     chosen = pairs.column("chosen_reward").to_numpy()
     rewards = store.read_table(store.read_manifest(t, "annotate")["uri"]).column("rewards")
-    flat = [r for rs in rewards.to_pylist() for r in rs]
     manifest = store.read_manifest(t, "train")
     train = manifest["stats"]
     log = store.read_table(manifest["uri"])
     logp = log.column("logps/chosen").to_pylist() if "logps/chosen" in log.column_names else []
     return {
         "pairs": len(chosen),
-        "sample_reward": round(sum(flat) / max(len(flat), 1), 3),
+        "sample_reward": round(float(np.nanmean(reward_matrix(rewards))), 3),
         "chosen_exact": round(float((chosen == 1.0).mean()), 3) if len(chosen) else None,
         "steps": train.get("steps"),
         "train_loss": train.get("loss"),

@@ -22,10 +22,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--run", default="demo")
     ap.add_argument("--lines", type=int, default=40)
     args = ap.parse_args(argv)
-    from flows.cli import _stored_config
+    from flows.cli import stored_config
     from flows.run import eva_run
 
-    config = _stored_config(args.root, args.run)
+    config = stored_config(args.root, args.run)
     eva_run(config)  # warm: server up, modules imported
     profile = cProfile.Profile()
     started = time.perf_counter()

@@ -17,6 +17,15 @@ def _stat(values: list[float]) -> str:
     return f"{a.mean():.3f} ± {a.std(ddof=1):.3f}" if len(a) > 1 else f"{a.mean():.3f}"
 
 
+def md_table(head: list[str], rows: list[list[str]]) -> list[str]:
+    """The lines of a markdown table: header, separator, one line per row."""
+    return [_md_row(head), "|" + "---|" * len(head), *map(_md_row, rows)]
+
+
+def _md_row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
 def _rows(results: Results, arm: str, t: int | None) -> list[dict[str, Any]]:
     """One row per seed for ``arm`` at iteration ``t`` (None: a base model), each carrying
     ``delta``: its score minus the same seed's theta_1 (arms share theta_1, so the paired
@@ -31,9 +40,10 @@ def _rows(results: Results, arm: str, t: int | None) -> list[dict[str, Any]]:
     return out
 
 
-def _line(label: str, rows: list[dict[str, Any]], cats: list[str]) -> str:
+def _line(label: str, rows: list[dict[str, Any]], cats: list[str]) -> list[str]:
+    """A table row over seeds; empty when the arm was not run."""
     if not rows:
-        return ""
+        return []
     cells = [label, _stat([r["score"] for r in rows]), _stat([r["delta"] for r in rows])]
     cells.append(_stat([r["solved"] for r in rows]))
     cells += [_stat([r.get(f"cat_{c}", np.nan) for r in rows]) for c in cats]
@@ -42,10 +52,10 @@ def _line(label: str, rows: list[dict[str, Any]], cats: list[str]) -> str:
         cells.append(_stat([r["difficulty"] for r in rows]))
     else:
         cells += ["-", "-"]
-    return "| " + " | ".join(cells) + " |"
+    return cells
 
 
-def _table(title: str, lines: list[str], cats: list[str]) -> str:
+def _table(title: str, lines: list[list[str]], cats: list[str]) -> str:
     head = [
         "arm",
         "held-out score",
@@ -55,10 +65,7 @@ def _table(title: str, lines: list[str], cats: list[str]) -> str:
         "pairs",
         "train difficulty",
     ]
-    lines = [line for line in lines if line]
-    return "\n".join(
-        [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head), *lines, ""]
-    )
+    return "\n".join([f"### {title}", "", *md_table(head, [ln for ln in lines if ln]), ""])
 
 
 _TAUGHT = ("pairs", "sample_reward", "chosen_exact", "steps", "train_loss", "train_margin")
@@ -76,19 +83,10 @@ def _taught_table(results: Results, arms: list[str]) -> str:
                 continue
             cells = [f"{arm}, iteration {0 if arm == 'theta_1' else t + 1}"]
             cells += [_stat([r[k] for r in rows]) for k in _TAUGHT]
-            lines.append("| " + " | ".join(cells) + " |")
+            lines.append(cells)
     head = ["arm", "pairs", "mean sample reward on X_t", "chosen exact", "optimizer steps",
             "final loss", "final margin"]  # fmt: skip
-    return "\n".join(
-        [
-            "### What the solver was taught",
-            "",
-            "| " + " | ".join(head) + " |",
-            "|" + "---|" * len(head),
-            *lines,
-            "",
-        ]
-    )
+    return "\n".join(["### What the solver was taught", "", *md_table(head, lines), ""])
 
 
 def write_method_report(
@@ -107,9 +105,8 @@ def write_method_report(
         "",
         f"`{command}`",
         "",
-        f"{len(results)} seed(s): {', '.join(results)}; {seconds / 60:.1f} min on "
-        f"{platform.machine()} with {os.cpu_count()} cores, "
-        f"{time.strftime('%Y-%m-%d')}. Score = mean dense reward of greedy answers on the "
+        f"{len(results)} seed(s): {', '.join(results)}; {seconds / 60:.1f} min; "
+        f"{_machine()}. Score = mean dense reward of greedy answers on the "
         "held-out set; ± is the standard deviation over seeds; Δ is the paired difference "
         "from the same seed's theta_1.",
         "",
@@ -138,15 +135,16 @@ def write_method_report(
         if a in arms
     ]
     parts.append(_table("Table 5 analogue: evolving and sampling", t5, cats))
-    if "fresh" in first and "eva" in first:
-        iterations = len(first["eva"]["iterations"])
+    iterations = len(first["eva"]["iterations"]) if "eva" in first else 0
+    both = "fresh" in first and iterations > 0
+    if both:
         t13 = [*base]
         for t in range(1, iterations + 1):
             t13.append(_line(f"fresh, iteration {t}", _rows(results, "fresh", t), cats))
             t13.append(_line(f"eva, iteration {t}", _rows(results, "eva", t), cats))
         parts.append(_table(f"Table 13 analogue: {iterations} iterations", t13, cats))
     parts.append(_taught_table(results, arms))
-    if "fresh" in first and "eva" in first:
+    if both:
         parts.append(_plots(results, out_dir, name, iterations))
     md = "\n".join(parts)
     with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
@@ -201,6 +199,15 @@ def _machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}"
 
 
+def _overhead_cells(
+    label: str, where: str, wall: float, backend: float, row: dict[str, Any]
+) -> list[str]:
+    """One overhead row; stage I/O and orchestration exist per iteration only."""
+    split = [f"{row[k]:.2f}" if k in row else "-" for k in ("stage_io", "orchestration")]
+    share = f"{100 * row['overhead_share']:.1f}%"
+    return [label, where, f"{wall:.2f}", f"{backend:.2f}", *split, share]
+
+
 def _mean_stage(run: dict[str, Any], stage: str, key: str) -> float:
     values = [it["stages"][stage][key] for it in run["iterations"] if stage in it["stages"]]
     return float(np.mean(values)) if values else float("nan")
@@ -226,45 +233,37 @@ def write_costs_report(results: dict[str, Any], out_dir: str, name: str, command
                 runs["demo"], stage, "task"
             )
             cells.append(f"{ratio:.1f}x")
-        lines.append("| " + " | ".join(cells) + " |")
-    over = ["| run | iteration | wall s | backends s | stage I/O s | orchestration s | overhead |"]
-    over.append("|---|---|---|---|---|---|---|")
-    for label, run in runs.items():
-        for it in run["iterations"]:
-            over.append(
-                f"| {label} | {it['t']} | {it['wall']:.2f} | {it['backend']:.2f} | "
-                f"{it['stage_io']:.2f} | {it['orchestration']:.2f} | "
-                f"{100 * it['overhead_share']:.1f}% |"
-            )
-    for label, run in runs.items():
-        over.append(
-            f"| {label} | whole run | {run['total']:.2f} | {run['backend']:.2f} | - | - | "
-            f"{100 * run['overhead_share']:.1f}% |"
-        )
+        lines.append(cells)
+    over = [
+        _overhead_cells(label, str(it["t"]), it["wall"], it["backend"], it)
+        for label, run in runs.items()
+        for it in run["iterations"]
+    ]
+    over += [
+        _overhead_cells(label, "whole run", run["total"], run["backend"], run)
+        for label, run in runs.items()
+    ]
     cached = results["cached_rerun"]
     roll = [
-        "| run | prompts | tokens | direct tok/s | stage tok/s | stage / direct | same output |"
-    ]
-    roll.append("|---|---|---|---|---|---|---|")
-    for label, key in (("demo", "rollout_demo"), ("10x", "rollout_10x")):
-        if key in results:
-            r = results[key]
-            roll.append(
-                f"| {label} | {r['prompts']} | {r['tokens']} | {r['direct_tokens_per_s']:.0f} | "
-                f"{r['stage_tokens_per_s']:.0f} | {100 * r['efficiency']:.1f}% | "
-                f"{r['same_outputs']} |"
-            )
-    per_pair = ["| arm | responses generated | pairs trained | responses per pair |"]
-    per_pair.append("|---|---|---|---|")
+        [label, str(r["prompts"]), str(r["tokens"]), f"{r['direct_tokens_per_s']:.0f}",
+         f"{r['stage_tokens_per_s']:.0f}", f"{100 * r['efficiency']:.1f}%",
+         str(r["same_outputs"])]
+        for label, key in (("demo", "rollout_demo"), ("10x", "rollout_10x"))
+        if (r := results.get(key)) is not None
+    ]  # fmt: skip
+    per_pair = []
     for arm, label in (
         ("dpo", "iterative DPO (fresh seed prompts)"),
         ("eva", "eva (fresh creator rollouts)"),
         ("eva-previous", "eva, creator_rollouts=previous"),
     ):
         g = results["generation_per_pair"][arm]
-        per_pair.append(
-            f"| {label} | {g['responses']} | {g['pairs']} | {g['responses_per_pair']} |"
-        )
+        per_pair.append([label, str(g["responses"]), str(g["pairs"]), str(g["responses_per_pair"])])
+    over_head = ["run", "iteration", "wall s", "backends s", "stage I/O s", "orchestration s",
+                 "overhead"]  # fmt: skip
+    roll_head = ["run", "prompts", "tokens", "direct tok/s", "stage tok/s", "stage / direct",
+                 "same output"]  # fmt: skip
+    pair_head = ["arm", "responses generated", "pairs trained", "responses per pair"]
     md = "\n".join(
         [
             "## Pipeline costs",
@@ -277,9 +276,7 @@ def write_costs_report(results: dict[str, Any], out_dir: str, name: str, command
             "*task* = the stage's Prefect task run; *backend* = load, call and close of the "
             "generator, reward model, evolver or solver inside it.",
             "",
-            "| " + " | ".join(head) + " |",
-            "|" + "---|" * len(head),
-            *lines,
+            *md_table(head, lines),
             "",
             "### Orchestration and I/O overhead per iteration",
             "",
@@ -289,7 +286,7 @@ def write_costs_report(results: dict[str, Any], out_dir: str, name: str, command
             "the caller's clock around `eva_run` (setup, iteration 0 and flow-run creation "
             "and teardown included) against every stage's backend time.",
             "",
-            *over,
+            *md_table(over_head, over),
             "",
             "### Cached rerun of the finished demo run",
             "",
@@ -302,11 +299,11 @@ def write_costs_report(results: dict[str, Any], out_dir: str, name: str, command
             "",
             "### Rollout efficiency (iteration 1's generate stage)",
             "",
-            *roll,
+            *md_table(roll_head, roll),
             "",
             "### Generation per training pair (iterations 1..T, demo size)",
             "",
-            *per_pair,
+            *md_table(pair_head, per_pair),
             "",
         ]
     )

@@ -18,6 +18,7 @@ import os
 import time
 
 from bench import method
+from bench.report import md_table
 
 # tag -> --set overrides (on top of the demo solver: DPO, beta 0.1, lr 2e-4, batch 16, 2 epochs)
 VARIANTS: dict[str, list[str]] = {
@@ -41,7 +42,7 @@ VARIANTS: dict[str, list[str]] = {
 }
 
 
-def _row(tag: str, overrides: list[str], result: dict) -> str:
+def _row(tag: str, overrides: list[str], result: dict) -> list[str]:
     seed = next(iter(result.values()))
     theta0, theta1 = seed["theta_0"]["score"], seed["theta_1"]["score"]
     cells = [f"`{tag}`", " ".join(f"`{o}`" for o in overrides) or "(demo solver)"]
@@ -53,7 +54,7 @@ def _row(tag: str, overrides: list[str], result: dict) -> str:
     cells += [f"{seed['theta_1']['train_margin']:.3f}"]
     first, last = seed["theta_1"]["chosen_logp"]
     cells += [f"{first:.2f} -> {last:.2f}"]
-    return "| " + " | ".join(cells) + " |"
+    return cells
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -88,9 +89,7 @@ def main(argv: list[str] | None = None) -> None:
             "the cache). Held-out score differences; "
             "one seed: read them against the seed-to-seed spread of the full method run.",
             "",
-            "| " + " | ".join(head) + " |",
-            "|" + "---|" * len(head),
-            *rows,
+            *md_table(head, rows),
             "",
         ]
     )

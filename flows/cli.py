@@ -101,7 +101,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _stored_config(root: str, run: str) -> Any:
+def stored_config(root: str, run: str) -> Any:
     from flows.config import ConfigError, validate_config
     from tasks.store import RunStore
 
@@ -117,7 +117,7 @@ def _stored_config(root: str, run: str) -> Any:
 
 
 def _cmd_stage(args: argparse.Namespace) -> int:
-    config = _stored_config(args.root, args.run)
+    config = stored_config(args.root, args.run)
     if args.iteration is not None and args.iteration > config.iterations:
         raise SystemExit(f"eva: error: --iteration {args.iteration}: run has {config.iterations}")
     from flows.run import eva_run
@@ -138,7 +138,7 @@ def _cmd_stage(args: argparse.Namespace) -> int:
 def _cmd_show(args: argparse.Namespace) -> int:
     from flows.summary import iteration_summary, summary_table
 
-    config = _stored_config(args.root, args.run)
+    config = stored_config(args.root, args.run)
     store = __import__("tasks.store", fromlist=["RunStore"]).RunStore(
         config.root, config.run, config.storage_options
     )
