@@ -38,7 +38,7 @@ import numpy as np
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
 from eva_core import world
 from eva_core.informativeness import METRICS, reward_matrix
-from flows.config import apply_overrides, deep_merge, validate_config
+from flows.config import ConfigError, apply_overrides, deep_merge, validate_config
 
 PAIR_BUDGET = 48
 
@@ -197,6 +197,10 @@ def main(argv: list[str] | None = None) -> None:
     seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     mode = "quick" if args.quick else "full"
     root = os.path.abspath(os.path.join(args.root, f"{mode}-{args.tag}" if args.tag else mode))
+    try:  # a bad --set fails here, in one line, before any arm runs
+        validate_config(base_config(root, seeds[0], args.quick, args.overrides))
+    except ConfigError as exc:
+        raise SystemExit(f"eva: error: {exc}") from None
     started = time.perf_counter()
     results = {str(s): run_seed(root, s, args.quick, args.overrides, args.arms) for s in seeds}
     from bench.report import write_method_report
