@@ -1,0 +1,271 @@
+"""The prioritized generative buffer of online eva (paper appendix A/B, "online eva").
+
+Offline eva evolves a prompt set once per iteration. Online eva evolves every mini-batch: the
+trainer draws each batch from the seed set D and from a buffer B of evolved prompts, scores the
+batch's samples, and the most informative prompts of the batch are evolved into children that
+enter B. The buffer moves through three phases:
+
+* ``warmup``: every prompt comes from D (in a seeded shuffle, without replacement). After each
+  step the top ``top_fraction`` of the batch by informativeness get ``n_new`` children each;
+  only the children enter B. Ends when B first holds ``size`` prompts.
+* ``mixup``: ``ratio_evol`` of each batch is drawn from B (weighted by priority, without
+  replacement, popped as it is drawn), the rest from D. Children of the batch's top prompts
+  enter B, and the oldest entries are evicted to keep |B| = ``size``. Ends when D is exhausted.
+* ``bootstrap``: every prompt comes from B; the top prompts get ``n_new_bootstrap`` children.
+  Trained prompts are popped, so |B| stays level (2 children for each of half the batch).
+
+A child has not been sampled yet, so its priority starts at its parent's informativeness (the
+best available guess of how much its neighbourhood of problems still teaches); a buffer entry
+is trained on once and popped, so no priority is ever revised in place.
+
+Without evolution (``evolve=False``) the same object is the plain baseline: D is drawn in fresh
+seeded shuffles, epoch after epoch, and B stays empty.
+
+Everything here is pure and deterministic: a draw depends only on the state and ``(seed,
+step)``, and ``state()`` / ``from_state()`` round-trip through JSON, so an interrupted run
+resumes with exactly the batches an uninterrupted run would have drawn.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from eva_core.informativeness import informativeness
+from eva_core.sampling import select_subset
+
+Phase = Literal["warmup", "mixup", "bootstrap", "seed"]
+PHASES: tuple[str, ...] = ("warmup", "mixup", "bootstrap", "seed")
+
+
+@dataclass(frozen=True)
+class BufferSettings:
+    """The buffer's knobs, with the paper's online defaults (appendix A)."""
+
+    size: int = 3200
+    ratio_evol: float = 0.5
+    top_fraction: float = 0.5
+    n_new: int = 4
+    n_new_bootstrap: int = 2
+    metric: str = "a_avg"
+    evolve: bool = True
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"buffer size must be >= 1, got {self.size}")
+        if not 0.0 <= self.ratio_evol <= 1.0:
+            raise ValueError(f"ratio_evol must be in [0, 1], got {self.ratio_evol}")
+        if not 0.0 < self.top_fraction <= 1.0:
+            raise ValueError(f"top_fraction must be in (0, 1], got {self.top_fraction}")
+        if self.n_new < 0 or self.n_new_bootstrap < 0:
+            raise ValueError("n_new and n_new_bootstrap must be >= 0")
+
+
+@dataclass
+class Entry:
+    """A prompt in B: its record (the prompt schema's fields), priority and arrival order."""
+
+    record: dict[str, Any]
+    priority: float
+    arrival: int
+
+
+@dataclass
+class Batch:
+    """One mini-batch: prompt records in draw order and whether each came from B."""
+
+    records: list[dict[str, Any]]
+    from_buffer: list[bool]
+    phase: str
+
+
+@dataclass
+class PromptBuffer:
+    """D (seed records, consumed through seeded shuffles) and B (evolved entries)."""
+
+    seeds: list[dict[str, Any]]
+    settings: BufferSettings = field(default_factory=BufferSettings)
+    seed: int = 0
+    phase: str = "warmup"
+    step: int = 0  # batches drawn so far
+    epoch: int = 0  # passes over D started
+    cursor: int = 0  # position in this epoch's shuffle of D
+    consumed: int = 0  # prompts handed to the trainer, from D and B together
+    arrivals: int = 0  # children ever added (orders eviction)
+    evicted: int = 0
+    entries: list[Entry] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.seeds:
+            raise ValueError("the seed set D is empty")
+        if not self.settings.evolve and self.phase == "warmup":
+            self.phase = "seed"
+
+    # --- drawing ---------------------------------------------------------------------------
+
+    @property
+    def budget(self) -> float:
+        """Prompts consumed relative to |D| (the paper's 1x, 2x, ... budgets)."""
+        return self.consumed / len(self.seeds)
+
+    def _order(self) -> np.ndarray:
+        return np.random.default_rng([self.seed, self.epoch]).permutation(len(self.seeds))
+
+    def _take_seeds(self, k: int) -> list[dict[str, Any]]:
+        """The next k prompts of D's shuffle; a new epoch only for the no-evolution baseline
+        (with evolution, D ends once and the bootstrap phase takes over)."""
+        out: list[dict[str, Any]] = []
+        order = self._order()
+        while len(out) < k:
+            if self.cursor >= len(self.seeds):
+                if self.settings.evolve:
+                    break
+                self.epoch, self.cursor = self.epoch + 1, 0
+                order = self._order()
+            take = order[self.cursor : self.cursor + k - len(out)]
+            out.extend(self.seeds[int(i)] for i in take)
+            self.cursor += len(take)
+        return out
+
+    @property
+    def seeds_left(self) -> int:
+        return len(self.seeds) - self.cursor
+
+    def _take_buffer(self, k: int) -> list[dict[str, Any]]:
+        """Pop k entries drawn by priority without replacement (uniform if all are zero)."""
+        k = min(k, len(self.entries))
+        if k == 0:
+            return []
+        weights = np.array([e.priority for e in self.entries])
+        picked = select_subset(weights, k, "weighted", seed=_mix(self.seed, self.step, 1)).indices
+        chosen = [self.entries[int(i)] for i in picked]
+        gone = {int(i) for i in picked}
+        self.entries = [e for i, e in enumerate(self.entries) if i not in gone]
+        return [e.record for e in chosen]
+
+    def draw(self, batch_size: int) -> Batch:
+        """The next mini-batch; advances the phase when its condition is met."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self._advance_phase()
+        if self.phase in ("warmup", "seed"):
+            from_b: list[dict[str, Any]] = []
+        elif self.phase == "mixup":
+            from_b = self._take_buffer(round(self.settings.ratio_evol * batch_size))
+        else:
+            from_b = self._take_buffer(batch_size)
+        from_d = self._take_seeds(batch_size - len(from_b))
+        if len(from_b) + len(from_d) < batch_size and self.entries:
+            # D ran out inside this batch: the rest comes from B (bootstrap starts next step).
+            from_b += self._take_buffer(batch_size - len(from_b) - len(from_d))
+        records = from_b + from_d
+        if not records:
+            raise RuntimeError("both D and B are empty: nothing left to train on")
+        batch = Batch(records, [True] * len(from_b) + [False] * len(from_d), self.phase)
+        self.step += 1
+        self.consumed += len(records)
+        return batch
+
+    def _advance_phase(self) -> None:
+        if not self.settings.evolve:
+            return
+        if self.phase == "warmup" and len(self.entries) >= self.settings.size:
+            self.phase = "mixup"
+        if self.phase in ("warmup", "mixup") and self.seeds_left == 0:
+            self.phase = "bootstrap"
+
+    # --- feeding back ----------------------------------------------------------------------
+
+    def parents(self, batch: Batch, rewards: np.ndarray) -> tuple[list[int], np.ndarray]:
+        """Rows of ``batch`` to evolve (the top ``top_fraction`` by informativeness, ties to
+        the earlier row) and every row's informativeness, from a (batch, N) reward matrix."""
+        r = np.asarray(rewards, dtype=np.float64)
+        if r.shape[0] != len(batch.records):
+            raise ValueError(f"{r.shape[0]} reward rows for a batch of {len(batch.records)}")
+        info = informativeness(r, self.settings.metric)
+        if not self.settings.evolve:
+            return [], info
+        k = math.ceil(self.settings.top_fraction * len(batch.records))
+        order = np.lexsort((np.arange(len(info)), -np.nan_to_num(info, nan=-np.inf)))
+        return [int(i) for i in order[:k]], info
+
+    @property
+    def children_per_parent(self) -> int:
+        return self.settings.n_new_bootstrap if self.phase == "bootstrap" else self.settings.n_new
+
+    def add_children(self, children: Sequence[dict[str, Any]], priorities: Sequence[float]) -> int:
+        """Add evolved records (lineage filled in by the caller) with their starting priority;
+        evicts the oldest entries beyond ``size`` outside warm-up. Returns how many were evicted.
+
+        A child already in B is skipped, so B never holds one prompt twice."""
+        if len(children) != len(priorities):
+            raise ValueError(f"{len(priorities)} priorities for {len(children)} children")
+        present = {e.record["prompt_id"] for e in self.entries}
+        for record, priority in zip(children, priorities, strict=True):
+            if record["prompt_id"] in present:
+                continue
+            present.add(record["prompt_id"])
+            value = float(priority) if np.isfinite(priority) else 0.0
+            self.entries.append(Entry(dict(record), value, self.arrivals))
+            self.arrivals += 1
+        over = len(self.entries) - self.settings.size
+        if over <= 0 or self.phase == "warmup":
+            # Warm-up fills B up to its size and then hands over to mix-up, which trims.
+            return 0
+        oldest = sorted(range(len(self.entries)), key=lambda i: self.entries[i].arrival)[:over]
+        gone = set(oldest)
+        self.entries = [e for i, e in enumerate(self.entries) if i not in gone]
+        self.evicted += over
+        return over
+
+    # --- persistence -----------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Everything but D itself, JSON-ready; with D, ``from_state`` rebuilds this buffer."""
+        return {
+            "settings": asdict(self.settings),
+            "seed": self.seed,
+            "phase": self.phase,
+            "step": self.step,
+            "epoch": self.epoch,
+            "cursor": self.cursor,
+            "consumed": self.consumed,
+            "arrivals": self.arrivals,
+            "evicted": self.evicted,
+            "entries": [asdict(e) for e in self.entries],
+        }
+
+    @classmethod
+    def from_state(cls, seeds: list[dict[str, Any]], state: dict[str, Any]) -> PromptBuffer:
+        fields = {k: v for k, v in state.items() if k not in ("settings", "entries")}
+        return cls(
+            seeds=seeds,
+            settings=BufferSettings(**state["settings"]),
+            entries=[Entry(**e) for e in state["entries"]],
+            **fields,
+        )
+
+    def composition(self) -> dict[str, Any]:
+        """B by category and by depth, and its priority spread: what a segment reports."""
+        cats: dict[str, int] = {}
+        depths: dict[str, int] = {}
+        for e in self.entries:
+            cats[str(e.record.get("category"))] = cats.get(str(e.record.get("category")), 0) + 1
+            depths[str(e.record.get("depth"))] = depths.get(str(e.record.get("depth")), 0) + 1
+        p = np.array([e.priority for e in self.entries]) if self.entries else np.zeros(0)
+        return {
+            "size": len(self.entries),
+            "categories": dict(sorted(cats.items())),
+            "depths": dict(sorted(depths.items(), key=lambda kv: int(kv[0]))),
+            "priority_mean": float(p.mean()) if p.size else 0.0,
+            "priority_zero_share": float((p <= 0).mean()) if p.size else 0.0,
+        }
+
+
+def _mix(*parts: int) -> int:
+    """One 63-bit seed from several integers (numpy's SeedSequence, which mixes them well)."""
+    return int(np.random.SeedSequence(list(parts)).generate_state(2, np.uint64)[0] >> 1)
