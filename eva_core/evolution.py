@@ -13,7 +13,7 @@ differ only in their wrapping escape the duplicate check.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 
 import pyarrow as pa
@@ -60,7 +60,7 @@ class EvolveStats:
     cleaned: int = 0  # candidates whose template labels, fences or quotes were stripped
     dropped: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(
-            ("empty", "refusal", "too_long", "same_as_parent", "duplicate"), 0
+            ("empty", "refusal", "too_long", "same_as_parent", "duplicate", "heldout"), 0
         )
     )
 
@@ -74,12 +74,15 @@ def evolved_records(
     iteration: int,
     max_chars: int | None = None,
     categorize: Callable[[str], str | None] | None = None,
+    exclude_ids: Collection[str] = (),
 ) -> tuple[pa.Table, EvolveStats]:
     """Prompt records for the rewrites of each parent row.
 
     ``candidates[i]`` holds ``(text, method)`` pairs for ``parents`` row ``i``. Kept rewrites
     inherit the parent's root, one level deeper. ``categorize`` labels a rewrite (in-breadth
-    rewrites may change category); without it the parent's category is inherited.
+    rewrites may change category); without it the parent's category is inherited. Rewrites
+    whose id is in ``exclude_ids`` (the held-out set: decontamination) are dropped as
+    ``heldout``.
     """
     if len(candidates) != parents.num_rows:
         raise ValueError(f"{len(candidates)} candidate lists for {parents.num_rows} parents")
@@ -99,6 +102,8 @@ def evolved_records(
             pid = prompt_id(text) if reason is None else ""
             if reason is None and pid == cols["prompt_id"][i]:
                 reason = "same_as_parent"
+            elif reason is None and pid in exclude_ids:
+                reason = "heldout"
             elif reason is None and pid in seen:
                 reason = "duplicate"
             if reason is not None:

@@ -40,10 +40,18 @@ Evolution mirrors EvolInstruct and transforms the parent rather than drawing a f
   rev -> add/sub (letters -> digits, split into two operands).
 
 Three distributions mirror the paper's setup, where the seed prompts (UltraFeedback) are
-narrower than the target set (Arena-Hard): ``SFT_DISTRIBUTION`` (every category, easy; gives
-theta_0 some skill everywhere), ``SEED_DISTRIBUTION`` (add and rev only, easy: ~21k prompts)
-and ``HELDOUT_DISTRIBUTION`` (all categories, up to 3 operands of 3 digits, rev up to 6: ~1e9).
-Evolution is what carries training from the seed toward the held-out set.
+narrower than the target set (Arena-Hard): ``SFT_DISTRIBUTION`` (theta_0's demonstrations:
+every category, 2 operands of up to 3 digits, strings of 2-6 letters), ``SEED_DISTRIBUTION``
+(the easy part: operands of up to 2 digits, strings of 2-4 letters, ~26k prompts) and
+``HELDOUT_DISTRIBUTION`` (the whole demonstrated range again, ~2.6M prompts, most of them
+harder than any seed prompt). Evolution is what carries training from the seed range toward the
+held-out range; ``add_step`` goes beyond both (three and four operands).
+
+theta_0 imitates demonstrators of mixed care (``sft_examples(careless=...)``): a careless one
+drops carries and borrows and copies a string instead of reversing it. With more careless than
+careful demonstrations, theta_0's most likely answer is often the careless one while the correct
+one is among its samples, which is what preference optimization with a verifier learns from
+(docs/benchmarks.md explains the design and what was measured before it was chosen).
 """
 
 from __future__ import annotations
@@ -337,11 +345,15 @@ class Distribution:
         return sum(sizes[c] for c, _ in self.categories)
 
 
-SFT_DISTRIBUTION = Distribution((("add", 1.0), ("sub", 1.0), ("rev", 1.0)))
-SEED_DISTRIBUTION = Distribution((("add", 1.0), ("rev", 1.0)))
-HELDOUT_DISTRIBUTION = Distribution(
-    (("add", 1.0), ("sub", 1.0), ("rev", 1.0)), operands=(2, 3), digits=(1, 3), rev_length=(2, 6)
+# theta_0's demonstrations cover the whole target range; the seed prompts are the easy part of
+# it (2-digit operands, strings of 2-4 letters), as UltraFeedback is narrower than Arena-Hard; the
+# held-out target asks for 3-digit operands and strings of up to 6 letters as well. Evolution
+# (deepen_digits above all) is what can carry training from the seed range toward the target.
+SFT_DISTRIBUTION = Distribution(
+    (("add", 1.0), ("sub", 1.0), ("rev", 1.0)), digits=(1, 3), rev_length=(2, 6)
 )
+SEED_DISTRIBUTION = Distribution((("add", 1.0), ("sub", 1.0), ("rev", 1.0)))
+HELDOUT_DISTRIBUTION = SFT_DISTRIBUTION
 
 
 def _draw_number(rng: np.random.Generator, width: int) -> int:
@@ -384,8 +396,50 @@ def sample_prompts(
     raise ValueError(f"found only {len(out)} of {n} distinct prompts; the support is exhausted")
 
 
-def sft_examples(dist: Distribution, n: int, seed: int) -> list[tuple[str, str]]:
-    """n (prompt, answer) pairs for supervised training; duplicates allowed."""
+def careless_answer(prompt: str) -> str:
+    """The answer of a careless demonstrator: each category's typical slip.
+
+    add drops every carry (each column's digit sum mod 10), sub drops every borrow (each
+    column's difference mod 10), rev copies the string instead of reversing it. Leading zeros
+    of the (reversed) number are dropped as in a real answer. Where the slip changes nothing (a
+    sum without carries, a palindrome) the careless answer is the correct one.
+    """
+    p = _parse_or_raise(prompt)
+    if p.category == "rev":
+        return p.operands[0]
+    columns = []
+    for col in range(max(len(o) for o in p.operands)):
+        digits = [int(o[-1 - col]) if col < len(o) else 0 for o in p.operands]
+        value = sum(digits) if p.category == "add" else digits[0] - digits[1]
+        columns.append(str(value % 10))
+    return "".join(columns).rstrip("0") or "0"
+
+
+def sft_examples(
+    dist: Distribution,
+    n: int,
+    seed: int,
+    careless: float = 0.0,
+    exclude: Collection[str] = (),
+) -> list[tuple[str, str]]:
+    """n (prompt, demonstration) pairs for supervised training; duplicates allowed.
+
+    A share ``careless`` of the demonstrations (each independently) is ``careless_answer``
+    instead of the correct one: theta_0 then imitates demonstrators of mixed care, as a real
+    SFT model imitates annotators of mixed quality, and keeps the correct answer among its
+    samples without making it the most likely one. ``exclude`` keeps prompts (the held-out set)
+    out of the demonstrations.
+    """
+    if not 0.0 <= careless <= 1.0:
+        raise ValueError(f"careless must be in [0, 1], got {careless}")
     rng = np.random.default_rng(seed)
     cum = list(itertools.accumulate(w for _, w in dist.categories))
-    return [(p, solve(p)) for p in (_draw(dist, rng, cum) for _ in range(n))]
+    excluded = set(exclude)
+    out: list[tuple[str, str]] = []
+    while len(out) < n:
+        prompt = _draw(dist, rng, cum)
+        if prompt in excluded:
+            continue
+        slip = careless > 0.0 and float(rng.random()) < careless
+        out.append((prompt, careless_answer(prompt) if slip else solve(prompt)))
+    return out

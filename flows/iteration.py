@@ -69,7 +69,7 @@ def eva_iteration(
     if cfg.prompt_strategy == "subset":  # ablation: the informative prompts, not evolved
         next_prompts = subset
     else:
-        evolved = evolve(run, t, cfg.evolve, subset=subset)
+        evolved = evolve(run, t, cfg.evolve, subset=subset, heldout=heldout)
         next_prompts = mix(run, t, cfg.mix, current=prompts, evolved=evolved)
     if cfg.complexity is not None:  # inspection only: nothing downstream reads it
         complexity(run, t, cfg.complexity, prompts=next_prompts)

@@ -15,7 +15,7 @@ from flows.iteration import dpo_iteration, eva_iteration
 from flows.summary import iteration_summary, summary_markdown
 from tasks.bootstrap import bootstrap
 from tasks.evaluate import evaluate
-from tasks.prompts import load_heldout, load_prompts
+from tasks.prompts import load_heldout, load_prompts, load_split
 from tasks.stage import Plan, RunContext
 
 
@@ -37,7 +37,7 @@ def eva_run(config: RunConfig, plan: Plan | None = None) -> list[dict[str, Any]]
 
     prompts = load_prompts(run, None, config.prompts)  # X_0
     heldout = load_heldout(run, None, config.heldout, seed_set=prompts)
-    policy = bootstrap(run, None, config.bootstrap)  # theta_0
+    policy = bootstrap(run, None, config.bootstrap, heldout=heldout)  # theta_0
     evaluate(run, None, config.evaluate, heldout=heldout, policy=policy)
 
     step = None
@@ -45,9 +45,14 @@ def eva_run(config: RunConfig, plan: Plan | None = None) -> list[dict[str, Any]]
         step = dpo_iteration(run, 0, config, prompts, policy, heldout)
         policy = step.policy
     for t in range(1, config.iterations + 1):
-        if config.prompt_strategy == "fresh":
-            # Baseline: a new seed split, disjoint from the last one, instead of evolved prompts.
-            prompts = load_heldout(run, t, config.prompts, artifact="prompts", seed_set=prompts)
+        if config.prompt_strategy in ("fresh", "target"):
+            # Baselines: new prompts instead of evolved ones, never seen before by this arm and
+            # never in the held-out set: a new seed split ("+new seed prompts"), or a split of
+            # the target distribution itself (the upper bound eva's curriculum aims at).
+            source = config.prompts
+            if config.prompt_strategy == "target":
+                source = source.model_copy(update={"world_distribution": "heldout"})
+            prompts = load_split(run, t, source, artifact="prompts", heldout=heldout)
             step = dpo_iteration(run, t, config, prompts, policy, heldout)
         else:
             last = step.rollouts if step else None

@@ -37,7 +37,20 @@ class BootstrapConfig(BaseModel):
     )
     model: TinyModelConfig = Field(default_factory=TinyModelConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
-    sft_examples: int = Field(default=50_000, ge=1, description="World SFT examples to draw.")
+    sft_examples: int = Field(
+        default=192_000,
+        ge=1,
+        description="World demonstrations to draw (one pass at 3,000 steps x batch 64).",
+    )
+    careless: float = Field(
+        default=0.6,
+        ge=0.0,
+        le=1.0,
+        description="Share of careless world demonstrations (carries or borrows dropped, strings "
+        "copied instead of reversed). Above one half, theta_0's most likely answer is often the "
+        "careless one while the correct one stays among its samples: the uncertainty that "
+        "preference optimization learns from (docs/benchmarks.md, world design).",
+    )
 
     @field_validator("init_checkpoint")
     @classmethod
@@ -54,8 +67,13 @@ def _checkpoint_key(config: BootstrapConfig) -> dict[str, str]:
     return {"checkpoint": checkpoint_hash(config.init_checkpoint)} if config.init_checkpoint else {}
 
 
-@stage("bootstrap", inputs={}, outputs=("step", "loss"), extra_key=_checkpoint_key)
-def bootstrap(ctx: StageContext, config: BootstrapConfig) -> StageOutput:
+@stage(
+    "bootstrap",
+    inputs={"heldout": ("prompt",)},
+    outputs=("step", "loss"),
+    extra_key=_checkpoint_key,
+)
+def bootstrap(ctx: StageContext, config: BootstrapConfig, heldout: pa.Table) -> StageOutput:
     if config.init_checkpoint:
         table = pa.table({"step": pa.array([], pa.int64()), "loss": pa.array([], pa.float64())})
         return StageOutput(
@@ -66,7 +84,14 @@ def bootstrap(ctx: StageContext, config: BootstrapConfig) -> StageOutput:
     started = time.perf_counter()
     tokenizer = build_char_tokenizer(world.ALPHABET)
     model = build_tiny_model(config.model, tokenizer, seed=ctx.seed)
-    examples = world.sft_examples(world.SFT_DISTRIBUTION, config.sft_examples, seed=ctx.seed)
+    # The held-out prompts are kept out of the demonstrations: no arm ever trains on them.
+    examples = world.sft_examples(
+        world.SFT_DISTRIBUTION,
+        config.sft_examples,
+        seed=ctx.seed,
+        careless=config.careless,
+        exclude=set(heldout.column("prompt").to_pylist()),
+    )
     metrics = sft(
         model, tokenizer, examples, **config.sft.model_dump(), seed=ctx.seed, progress=ctx.progress
     )

@@ -28,8 +28,14 @@ class EvolveConfig(BaseModel):
     evolver: EvolverBackend = Field(default_factory=WorldEvolver)
 
 
-@stage("evolve", inputs={"subset": PROMPT_COLUMNS}, outputs=PROMPT_COLUMNS)
-def evolve(ctx: StageContext, config: EvolveConfig, subset: pa.Table) -> StageOutput:
+@stage(
+    "evolve",
+    inputs={"subset": PROMPT_COLUMNS, "heldout": ("prompt_id",)},
+    outputs=PROMPT_COLUMNS,
+)
+def evolve(
+    ctx: StageContext, config: EvolveConfig, subset: pa.Table, heldout: pa.Table
+) -> StageOutput:
     parents = subset.column("prompt").to_pylist()
     started = time.perf_counter()
     evolver = config.evolver.load()
@@ -44,6 +50,8 @@ def evolve(ctx: StageContext, config: EvolveConfig, subset: pa.Table) -> StageOu
         ctx.iteration,
         config.max_chars,
         categorize=getattr(evolver, "category_of", None),
+        # Decontamination: an evolved prompt that is a held-out prompt never reaches training.
+        exclude_ids=set(heldout.column("prompt_id").to_pylist()),
     )
     parent_text = dict(zip(subset.column("prompt_id").to_pylist(), parents, strict=True))
     rows = [

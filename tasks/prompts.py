@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core import world
 from eva_core.schema import PROMPT_COLUMNS, seed_records
-from tasks.stage import StageContext, StageOutput, stage
+from tasks.stage import StageContext, StageOutput, stage, stage_seed
 from tasks.store import hash_file
 
 
@@ -122,3 +122,26 @@ def load_heldout(ctx: StageContext, config: PromptsConfig, seed_set: pa.Table) -
     return _output(
         _world_records(world.sample_prompts(dist, config.world_size, ctx.seed, exclude=exclude))
     )
+
+
+@stage("split", inputs={"heldout": ("prompt",)}, outputs=PROMPT_COLUMNS)
+def load_split(ctx: StageContext, config: PromptsConfig, heldout: pa.Table) -> StageOutput:
+    """Split t of a baseline arm: ``world_size`` new world prompts for iteration t.
+
+    Every split of an arm comes from one seeded stream that skips the held-out prompts, split
+    t taking its t-th slice, so splits never repeat each other and never touch the held-out
+    set. The stream has X_0's seed, so for the seed distribution its first slice *is* X_0
+    ("+new seed prompts" never retrains on X_0); for the target distribution (the upper-bound
+    arm) it is a stream of its own.
+    """
+    if config.path:
+        raise ValueError("new splits are drawn from the world; unset prompts.path")
+    assert ctx.iteration is not None, "a split belongs to an iteration"
+    size = config.world_size
+    stream = world.sample_prompts(
+        _world_distribution(config),
+        (ctx.iteration + 1) * size,
+        seed=stage_seed(ctx.run.seed, None, "prompts"),
+        exclude=set(heldout.column("prompt").to_pylist()),
+    )
+    return _output(_world_records(stream[ctx.iteration * size :]))

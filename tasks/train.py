@@ -40,18 +40,32 @@ class TrainConfig(BaseModel):
         default=DEFAULT_ACCELERATE_CONFIG,
         description="accelerate yaml; a relative path missing here is read from the repo.",
     )
+    on_no_pairs: Literal["keep_policy", "fail"] = Field(
+        default="keep_policy",
+        description="When the pairs stage produced none (every prompt tied, or no chosen answer "
+        "reached pairs.min_chosen_reward): keep_policy passes theta_{t-1} on unchanged, "
+        "reported as steps 0 and no_pairs; fail stops the run.",
+    )
 
 
 @stage(
     "train", inputs={"pairs": ("prompt", "chosen", "rejected"), "policy": MODEL}, outputs=("step",)
 )
 def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutput:
+    policy_dir = ctx.model_dir("policy")
+    if pairs.num_rows == 0:
+        if config.on_no_pairs == "fail":
+            raise ValueError("no preference pairs to train on (train.on_no_pairs: fail)")
+        ctx.log.warning("no preference pairs: the policy is passed on unchanged")
+        empty = pa.table({"step": pa.array([], pa.int64())})
+        return StageOutput(
+            empty, stats={"pairs": 0, "steps": 0, "no_pairs": True}, model_dir=policy_dir
+        )
     prompts = pairs.column("prompt").to_pylist()
     chosen = pairs.column("chosen").to_pylist()
     rejected = pairs.column("rejected").to_pylist()
     rewrite_stats: dict[str, int] = {}
     train_share = 1.0
-    policy_dir = ctx.model_dir("policy")
     started = time.perf_counter()
     if config.rewrite_chosen is not None:
         # The progress bar gives rewriting its first tenth, so it never runs backwards.

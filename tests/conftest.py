@@ -63,6 +63,8 @@ def tiny_run_config(root: str, run: str = "t", **overrides: Any) -> dict[str, An
         "heldout": {"world_size": 24, "world_distribution": "heldout"},
         "bootstrap": {"sft": {"steps": 40, "batch_size": 32}, "sft_examples": 2000},
         "generate": {"n": 4, "backend": gen},
+        # 40 SFT steps solve almost nothing exactly: train on best-vs-worst pairs regardless.
+        "pairs": {"min_chosen_reward": None},
         "evaluate": {"generation": {**gen, "temperature": 0.0}},
         "train": {
             "solver": {

@@ -145,6 +145,7 @@ def test_failures_are_counted_not_raised():
     # empty: 4 (empty me) + 3 (links after the refusal) + 4 (slow me); nothing rewrites junk.
     assert stats.dropped == {
         "empty": 11, "refusal": 1, "too_long": 0, "same_as_parent": 0, "duplicate": 0,
+        "heldout": 0,
     }  # fmt: skip
     # Each link of flaky me answers 503 once, then 200 on the client's retry. Requests: fine 4,
     # flaky 4 x 2, empty 1, refuse 1, slow 1 + 1 retry; the links after a failure are not sent.

@@ -159,7 +159,7 @@ def test_evolve_stage_runs_an_llm_evolver_and_reports_its_requests(tmp_path: Pat
         config = EvolveConfig.model_validate(
             {"num_evolutions": 2, "evolver": {"kind": "paper", "llm": llm, "scorer": "length"}}
         )
-        out = evolve.fn(ctx, config, subset=seed_records(PROMPTS))
+        out = evolve.fn(ctx, config, subset=seed_records(PROMPTS), heldout=seed_records(["x"]))
     assert out.table.num_rows == 8 and set(out.table.column("depth").to_pylist()) == {1}
     assert out.stats["kept"] == 8 and out.stats["cleaned"] == 8
     assert out.stats["backend"] == {"requests": 8, "generated": 8, "scored": 0}

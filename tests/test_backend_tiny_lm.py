@@ -1,4 +1,4 @@
-"""The demo policy: character tokenizer, tiny GPT-2, plain SFT loop, checkpoint round trip."""
+"""The demo policy: character tokenizer, tiny Llama/GPT-2, plain SFT loop, checkpoint round trip."""
 
 from __future__ import annotations
 
@@ -61,18 +61,24 @@ def test_tokenizer_maps_unknown_characters_to_unk_and_survives_save(tok, tmp_pat
     assert again.padding_side == "left"
 
 
-def test_build_tiny_model_is_seeded_and_leaves_global_rng_alone(tok):
-    cfg = TinyModelConfig()
+@pytest.mark.parametrize(
+    ("arch", "cls", "max_params"),
+    [("llama", "LlamaForCausalLM", 500_000), ("gpt2", "GPT2LMHeadModel", 400_000)],
+)
+def test_build_tiny_model_is_seeded_and_leaves_global_rng_alone(tok, arch, cls, max_params):
+    cfg = TinyModelConfig(arch=arch)
     state = torch.get_rng_state()
     a, b, c = (build_tiny_model(cfg, tok, seed=s) for s in (1, 1, 2))
+    assert type(a).__name__ == cls
     assert torch.equal(torch.get_rng_state(), state)
     pa, pb = _params(a), _params(b)
     assert all(torch.equal(pa[k], pb[k]) for k in pa)
-    assert not torch.equal(a.transformer.wte.weight, c.transformer.wte.weight)
+    emb_a, emb_c = a.get_input_embeddings().weight, c.get_input_embeddings().weight
+    assert not torch.equal(emb_a, emb_c)
     assert a.config.vocab_size == len(tok)
     assert a.config.pad_token_id == tok.pad_token_id == a.generation_config.pad_token_id
     assert a.generation_config.eos_token_id == tok.eos_token_id
-    assert sum(p.numel() for p in a.parameters()) < 200_000  # stays CPU-demo sized
+    assert sum(p.numel() for p in a.parameters()) < max_params  # stays CPU-demo sized
 
 
 def test_tiny_model_config_rejects_bad_shapes(tok):
@@ -101,7 +107,7 @@ def test_sft_loss_falls_and_is_bit_for_bit_reproducible(tok):
     sft(other, tok, ADDITION, **cfg.model_copy(update={"steps": 5}).model_dump(), seed=8)
     short = build_tiny_model(TinyModelConfig(), tok, seed=0)
     sft(short, tok, ADDITION, **cfg.model_copy(update={"steps": 5}).model_dump(), seed=7)
-    assert not torch.equal(other.transformer.wte.weight, short.transformer.wte.weight)
+    assert not torch.equal(other.get_input_embeddings().weight, short.get_input_embeddings().weight)
 
 
 def test_sft_trains_on_the_answer_and_eos_but_not_the_prompt(tok):
@@ -146,7 +152,7 @@ def test_checkpoint_round_trip_through_auto_classes(tok, tmp_path: Path):
     assert (tmp_path / "model.safetensors").exists()
     assert (tmp_path / "tokenizer.json").exists()
     loaded, loaded_tok = load_checkpoint(str(tmp_path))
-    assert type(loaded).__name__ == "GPT2LMHeadModel"
+    assert type(loaded).__name__ == "LlamaForCausalLM"
     assert not loaded.training
     ids = torch.tensor([tok("3+4=")["input_ids"]])
     with torch.no_grad():

@@ -176,7 +176,13 @@ def test_evolved_lineage_and_drop_counts() -> None:
         "too_long": 1,
         "same_as_parent": 1,
         "duplicate": 1,
+        "heldout": 0,
     }
+    # Decontamination: a rewrite that is a held-out prompt (after normalization) is dropped.
+    held = {prompt_id("P0 X")}
+    kept, clean = evolved_records(parents, cands, iteration=3, max_chars=20, exclude_ids=held)
+    assert kept.column("prompt").to_pylist() == ["p1 y"]
+    assert clean.dropped["heldout"] == 2 and clean.dropped["duplicate"] == 0  # both spellings
     grand, _ = evolved_records(table, [[("z", "m")], []], iteration=4)
     assert grand.column("depth").to_pylist() == [2]
     assert grand.column("root_id").to_pylist() == [parents.column("prompt_id")[0].as_py()]

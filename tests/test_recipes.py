@@ -57,7 +57,7 @@ def test_set_changes_one_field_of_the_config_that_would_run(tmp_path: Path) -> N
     demo = load_config(None).train.solver
     cfg = load_config(None, ["train.solver.learning_rate=1e-3"])
     assert cfg.train.solver.learning_rate == 1e-3
-    assert cfg.train.solver.per_device_train_batch_size == demo.per_device_train_batch_size == 16
+    assert cfg.train.solver.per_device_train_batch_size == demo.per_device_train_batch_size == 32
     assert cfg.train.solver.beta == demo.beta == 0.1
     # On top of a file, the file's sections are what gets changed.
     paper_dpo = Path(__file__).parent.parent / "configs" / "paper" / "dpo.yaml"

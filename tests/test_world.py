@@ -105,8 +105,9 @@ def test_reward() -> None:
 
 
 def test_distribution_sizes() -> None:
-    assert SEED_DISTRIBUTION.size() == 100**2 + (10**2 + 10**3 + 10**4)
-    assert SFT_DISTRIBUTION.size() == SEED_DISTRIBUTION.size() + 100 * 101 // 2
+    assert SEED_DISTRIBUTION.size() == 100**2 + 100 * 101 // 2 + (10**2 + 10**3 + 10**4)
+    assert SFT_DISTRIBUTION.size() == 1000**2 + 1000 * 1001 // 2 + sum(10**n for n in range(2, 7))
+    assert HELDOUT_DISTRIBUTION.size() == SFT_DISTRIBUTION.size()
     tiny = Distribution((("add", 1.0),), digits=(1, 1))
     assert tiny.size() == 100
     # Asking for the whole support works; one more is impossible.
@@ -128,15 +129,16 @@ def test_sample_prompts() -> None:
     assert a == sample_prompts(SEED_DISTRIBUTION, 500, seed=7)
     assert a != sample_prompts(SEED_DISTRIBUTION, 500, seed=8)
     assert len(set(a)) == 500
-    assert {category_of(p) for p in a} == {"add", "rev"}
+    assert {category_of(p) for p in a} == {"add", "sub", "rev"}
     assert all(SEED_DISTRIBUTION.contains(p) for p in a)
     held = sample_prompts(HELDOUT_DISTRIBUTION, 2000, seed=1, exclude=a)
     assert not set(held) & set(a)
     assert {category_of(p) for p in held} == {"add", "sub", "rev"}
-    assert any(p.count("+") == 2 for p in held)
-    assert any(difficulty(p) > max(difficulty(q) for q in a) for p in held)
+    harder = [p for p in held if difficulty(p) > max(difficulty(q) for q in a)]
+    assert len(harder) > len(held) / 3  # the target is mostly beyond the seed range
     assert all(HELDOUT_DISTRIBUTION.contains(p) for p in held)
-    assert not SEED_DISTRIBUTION.contains("1+2+3=") and HELDOUT_DISTRIBUTION.contains("1+2+3=")
+    assert not SEED_DISTRIBUTION.contains("123+4=") and HELDOUT_DISTRIBUTION.contains("123+4=")
+    assert not HELDOUT_DISTRIBUTION.contains("1+2+3=")  # add_step goes beyond the target
 
 
 def test_sft_examples() -> None:
@@ -144,6 +146,39 @@ def test_sft_examples() -> None:
     assert pairs == sft_examples(SFT_DISTRIBUTION, 300, seed=0)
     assert {category_of(p) for p, _ in pairs} == {"add", "sub", "rev"}
     assert all(solve(p) == ans and SFT_DISTRIBUTION.contains(p) for p, ans in pairs)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "careless"),
+    [
+        ("12+34=", "64"),  # no carry: the slip changes nothing
+        ("95+7=", "29"),  # 5+7=12 -> 2, carry dropped; 9 -> 9; sum written reversed
+        ("999+1=", "099"),  # every carry dropped: 990, written reversed
+        ("905-5=", "009"),  # no borrow: 900, written reversed
+        ("50-48=", "21"),  # 0-8 -> 2 (borrow dropped), 5-4 -> 1
+        ("53-17=", "64"),  # 3-7 -> 6, 5-1 -> 4
+        ("10-10=", "0"),
+        ("r:abc=", "abc"),  # copied instead of reversed
+        ("r:aba=", "aba"),  # a palindrome: careless and correct agree
+    ],
+)
+def test_careless_answer(prompt: str, careless: str) -> None:
+    assert world.careless_answer(prompt) == careless
+
+
+def test_careless_demonstrations_mix_at_the_given_share_and_skip_excluded() -> None:
+    prompts = sample_prompts(SFT_DISTRIBUTION, 50, seed=9)
+    pairs = sft_examples(SFT_DISTRIBUTION, 4000, seed=3, careless=0.6, exclude=prompts)
+    assert not {p for p, _ in pairs} & set(prompts)
+    differs = [p for p, _ in pairs if world.careless_answer(p) != solve(p)]
+    slipped = sum(ans == world.careless_answer(p) for p, ans in pairs if p in set(differs))
+    assert 0.56 < slipped / len(differs) < 0.64  # 0.6 of those where a slip shows
+    assert all(ans in (solve(p), world.careless_answer(p)) for p, ans in pairs)
+    assert sft_examples(SFT_DISTRIBUTION, 300, seed=0, careless=0.0) == sft_examples(
+        SFT_DISTRIBUTION, 300, seed=0
+    )
+    with pytest.raises(ValueError, match="careless"):
+        sft_examples(SFT_DISTRIBUTION, 1, seed=0, careless=1.5)
 
 
 def _all_prompts() -> list[str]:

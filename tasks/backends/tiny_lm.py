@@ -1,4 +1,4 @@
-"""A character-level GPT-2 small enough to train on two CPU cores: the demo world's policy.
+"""A character-level language model small enough to train on two CPU cores: the world's policy.
 
 The demo world needs a policy that starts weak, learns from preference pairs within minutes, and
 round-trips through ``save_pretrained`` / ``from_pretrained`` exactly like a hub checkpoint, so
@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -20,7 +21,8 @@ from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
     GPT2Config,
-    GPT2LMHeadModel,
+    LlamaConfig,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
@@ -60,13 +62,19 @@ def build_char_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
 
 
 class TinyModelConfig(BaseModel):
-    """Shape of the demo policy (a GPT-2)."""
+    """Shape of the demo policy: a small Llama (rotary positions) or GPT-2 (learned positions)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    n_layer: int = Field(default=2, ge=1, description="Transformer blocks.")
-    n_embd: int = Field(default=64, ge=8, description="Hidden size; must divide by n_head.")
-    n_head: int = Field(default=2, ge=1, description="Attention heads per block.")
+    arch: Literal["llama", "gpt2"] = Field(
+        default="llama",
+        description="llama: rotary position embeddings, SwiGLU MLP (the world's default: it "
+        "learns the world's arithmetic faster and more reliably than GPT-2 at the same size). "
+        "gpt2: learned absolute positions.",
+    )
+    n_layer: int = Field(default=3, ge=1, description="Transformer blocks.")
+    n_embd: int = Field(default=96, ge=8, description="Hidden size; must divide by n_head.")
+    n_head: int = Field(default=4, ge=1, description="Attention heads per block.")
     n_positions: int = Field(
         default=64, ge=8, description="Longest sequence (prompt + response + eos) in tokens."
     )
@@ -74,34 +82,50 @@ class TinyModelConfig(BaseModel):
         default=0.0,
         ge=0.0,
         lt=1.0,
-        description="Residual/embedding/attention dropout. 0 because a 0.1M-parameter model "
-        "underfits rather than overfits, and dropout makes training slower to converge.",
+        description="Residual/embedding/attention dropout (gpt2 only). 0 because a model this "
+        "small underfits rather than overfits, and dropout makes training slower to converge.",
     )
 
 
 def build_tiny_model(
     config: TinyModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int
-) -> GPT2LMHeadModel:
-    """A freshly initialised GPT-2 sized by ``config``, with ``tokenizer``'s special ids."""
+) -> PreTrainedModel:
+    """A freshly initialised model sized by ``config``, with ``tokenizer``'s special ids."""
     if config.n_embd % config.n_head:
         raise ValueError(f"n_embd={config.n_embd} is not divisible by n_head={config.n_head}")
-    gpt2_config = GPT2Config(
+    special = dict(
         vocab_size=len(tokenizer),
-        n_positions=config.n_positions,
-        n_embd=config.n_embd,
-        n_layer=config.n_layer,
-        n_head=config.n_head,
-        resid_pdrop=config.dropout,
-        embd_pdrop=config.dropout,
-        attn_pdrop=config.dropout,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+    model_config: PretrainedConfig
+    if config.arch == "llama":
+        model_config = LlamaConfig(
+            hidden_size=config.n_embd,
+            intermediate_size=4 * config.n_embd,
+            num_hidden_layers=config.n_layer,
+            num_attention_heads=config.n_head,
+            num_key_value_heads=config.n_head,
+            max_position_embeddings=config.n_positions,
+            tie_word_embeddings=True,
+            **special,
+        )
+    else:
+        model_config = GPT2Config(
+            n_positions=config.n_positions,
+            n_embd=config.n_embd,
+            n_layer=config.n_layer,
+            n_head=config.n_head,
+            resid_pdrop=config.dropout,
+            embd_pdrop=config.dropout,
+            attn_pdrop=config.dropout,
+            **special,
+        )
     # fork_rng: seeding the initialisation must not reseed the caller's global generator.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = GPT2LMHeadModel(gpt2_config)
+        model = AutoModelForCausalLM.from_config(model_config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
@@ -113,7 +137,12 @@ class SFTConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    steps: int = Field(default=1500, ge=1, description="Optimizer steps.")
+    steps: int = Field(
+        default=3000,
+        ge=1,
+        description="Optimizer steps. 3,000 (3 min on one CPU thread) brings every seed's "
+        "theta_0 to a similar loss; at 1,500 one seed in three lagged far behind.",
+    )
     batch_size: int = Field(default=64, ge=1, description="Sequences per step.")
     learning_rate: float = Field(default=3e-3, gt=0, description="Peak AdamW learning rate.")
     warmup_steps: int = Field(
