@@ -1,6 +1,7 @@
 """``eva``: run, rerun one stage, serve, inspect.
 
 eva run [--config FILE] [--set key=value ...]        a run of T iterations (resumable)
+eva online [--config FILE] [--set key=value ...]     online eva: RLOO fed by the evolving buffer
 eva stage NAME --run R --iteration T [--force] [--downstream]
 eva show --run R [--iteration T --stage NAME]        manifests and artifact rows
 eva serve [--file infra/prefect.yaml]                serve the deployment to a Prefect API
@@ -14,9 +15,14 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tasks.stage import STAGE_ORDER
+
+if TYPE_CHECKING:
+    from flows.config import OnlineRunConfig, RunConfig
+
+T = TypeVar("T", bound="RunConfig | OnlineRunConfig")
 
 
 def _iteration(text: str) -> int | None:
@@ -38,18 +44,20 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run (or resume) an eva run")
-    run.add_argument("--config", help="YAML/JSON run config (default: the embedded demo)")
-    run.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config field, e.g. --set sample.fraction=0.5",
-    )
-    run.add_argument("--run", help="run name (config field run)")
-    run.add_argument("--root", help="run root, a path or fsspec URL (config field root)")
+    online = sub.add_parser("online", help="run (or resume) an online eva run (RLOO + buffer)")
+    for cmd, example in ((run, "sample.fraction=0.5"), (online, "online.budget=2")):
+        cmd.add_argument("--config", help="YAML/JSON run config (default: the embedded demo)")
+        cmd.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help=f"override a config field, e.g. --set {example}",
+        )
+        cmd.add_argument("--run", help="run name (config field run)")
+        cmd.add_argument("--root", help="run root, a path or fsspec URL (config field root)")
+        cmd.add_argument("--seed", type=int, help="run seed (config field seed)")
     run.add_argument("--iterations", type=int, help="eva iterations (config field iterations)")
-    run.add_argument("--seed", type=int, help="run seed (config field seed)")
 
     st = sub.add_parser("stage", help="rerun one stage of an existing run")
     st.add_argument("name", choices=STAGE_ORDER)
@@ -82,17 +90,23 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
+def _load(args: argparse.Namespace, model: type[T]) -> T:
     from flows.config import load_config
     from flows.inputs import check_inputs
 
     overrides = list(args.set)
     for field in ("run", "root", "iterations", "seed"):
-        if getattr(args, field) is not None:
+        if getattr(args, field, None) is not None:
             overrides.append(f"{field}={getattr(args, field)}")
-    config = load_config(args.config, overrides)
+    config = load_config(args.config, overrides, model)
     check_inputs(config)  # before any artifact is written
+    return config
 
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from flows.config import RunConfig
+
+    config = _load(args, RunConfig)
     from flows.run import eva_run
     from flows.summary import summary_table
 
@@ -101,8 +115,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_online(args: argparse.Namespace) -> int:
+    from flows.config import OnlineRunConfig
+
+    config = _load(args, OnlineRunConfig)
+    from flows.online import eva_online
+    from flows.summary import summary_table
+
+    rows = eva_online(config)
+    print(f"\neva online run '{config.run}' under {config.root}\n{summary_table(rows)}")
+    return 0
+
+
 def stored_config(root: str, run: str) -> Any:
-    from flows.config import ConfigError, validate_config
+    """The config a run was last launched with (an offline or an online run's)."""
+    from flows.config import ConfigError, OnlineRunConfig, RunConfig, validate_config
     from tasks.store import RunStore
 
     store = RunStore(os.path.abspath(root) if "://" not in root else root, run)
@@ -113,16 +140,27 @@ def stored_config(root: str, run: str) -> Any:
         raise ConfigError(
             f"--run {run}: no run at {store.base} (start it with `eva run`)"
         ) from None
-    return validate_config(data)
+    return validate_config(data, OnlineRunConfig if "online" in data else RunConfig)
+
+
+def _is_online(config: Any) -> bool:
+    return hasattr(config, "online")
 
 
 def _cmd_stage(args: argparse.Namespace) -> int:
     config = stored_config(args.root, args.run)
-    if args.iteration is not None and args.iteration > config.iterations:
-        raise SystemExit(f"eva: error: --iteration {args.iteration}: run has {config.iterations}")
+    from flows.online import eva_online
     from flows.run import eva_run
     from flows.summary import summary_table
     from tasks.stage import Plan
+
+    if _is_online(config):
+        last = config.online.segments(_seed_count(config))
+        entry: Any = eva_online
+    else:
+        last, entry = config.iterations, eva_run
+    if args.iteration is not None and args.iteration > last:
+        raise SystemExit(f"eva: error: --iteration {args.iteration}: run has {last}")
 
     plan = Plan(
         target_iteration=args.iteration,
@@ -130,20 +168,23 @@ def _cmd_stage(args: argparse.Namespace) -> int:
         force=args.force,
         downstream=args.downstream,
     )
-    rows = eva_run(config, plan)
+    rows = entry(config, plan)
     print(summary_table(rows))
     return 0
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    from flows.summary import iteration_summary, summary_table
+    from flows.summary import iteration_summary, online_summary, summary_table
+    from tasks.store import RunStore
 
     config = stored_config(args.root, args.run)
-    store = __import__("tasks.store", fromlist=["RunStore"]).RunStore(
-        config.root, config.run, config.storage_options
-    )
+    store = RunStore(config.root, config.run, config.storage_options)
     if args.stage is None:
-        print(summary_table(iteration_summary(store, config)))
+        if _is_online(config):
+            rows = online_summary(store, config.online.segments(_seed_count(config)))
+        else:
+            rows = iteration_summary(store, config)
+        print(summary_table(rows))
         return 0
     manifest = store.read_manifest(args.iteration, args.stage)
     if manifest is None:
@@ -159,6 +200,15 @@ def _cmd_show(args: argparse.Namespace) -> int:
     for row in table.to_pylist():
         print(json.dumps(row, default=str)[:400])
     return 0
+
+
+def _seed_count(config: Any) -> int:
+    """|D| of an online run, from its finished prompts stage."""
+    from tasks.store import RunStore
+
+    store = RunStore(config.root, config.run, config.storage_options)
+    manifest = store.read_manifest(None, "prompts")
+    return int(manifest["rows"]) if manifest else 0
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -194,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
 
     handlers = {
         "run": _cmd_run,
+        "online": _cmd_online,
         "stage": _cmd_stage,
         "show": _cmd_show,
         "serve": _cmd_serve,

@@ -10,20 +10,21 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar, overload
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     ValidationError,
-    field_validator,
     model_validator,
 )
 
 from tasks.annotate import AnnotateConfig
 from tasks.backends.hf_generate import TransformersGeneration
+from tasks.backends.online_rl import OnlineSolverConfig
 from tasks.backends.trl_solvers import DPONLLSolverConfig
 from tasks.bootstrap import BootstrapConfig
 from tasks.complexity import ComplexityConfig
@@ -31,6 +32,7 @@ from tasks.evaluate import EvaluateConfig
 from tasks.evolve import EvolveConfig
 from tasks.generate import GenerateConfig
 from tasks.mix import MixConfig
+from tasks.online import BufferConfig, OnlineConfig
 from tasks.pairs import PairsConfig
 from tasks.prompts import PromptsConfig
 from tasks.sample import SampleConfig
@@ -72,12 +74,40 @@ def _demo_pairs() -> PairsConfig:
     return PairsConfig(min_chosen_reward=1.0)
 
 
+def _demo_online() -> OnlineConfig:
+    # RLOO on the world: a 0.4M model needs lr 1e-4 where a 9B one takes 1e-6; the buffer is
+    # the paper's scaled to |D| = 1,000 (3,200 for its 10K+ seed prompts).
+    return OnlineConfig(
+        solver=OnlineSolverConfig(
+            learning_rate=1e-4, num_generations=6, prompts_per_step=16, max_completion_length=10
+        ),
+        buffer=BufferConfig(size=320),
+        budget=3.0,
+        steps_per_segment=25,
+    )
+
+
+def _run_name(name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+        raise ValueError("use letters, digits, '_', '.' and '-' (it names a folder)")
+    return name
+
+
+def _absolute_root(root: str) -> str:
+    # Workers started elsewhere (a served deployment) must find the same folder.
+    return root if "://" in root else os.path.abspath(os.path.expanduser(root))
+
+
+RunName = Annotated[str, AfterValidator(_run_name)]
+RootPath = Annotated[str, AfterValidator(_absolute_root)]
+
+
 class RunConfig(BaseModel):
     """An eva run: T iterations of creator + solver on a prompt set (Algorithm 1)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    run: str = Field(default="demo", description="Run name: the folder under root.")
-    root: str = Field(
+    run: RunName = Field(default="demo", description="Run name: the folder under root.")
+    root: RootPath = Field(
         default="runs", description="Run root: a local path or fsspec URL (s3://...)."
     )
     storage_options: dict[str, Any] = Field(
@@ -138,27 +168,44 @@ class RunConfig(BaseModel):
             )
         return self
 
-    @field_validator("run")
-    @classmethod
-    def _run_name(cls, name: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
-            raise ValueError("use letters, digits, '_', '.' and '-' (it names a folder)")
-        return name
 
-    @field_validator("root")
-    @classmethod
-    def _absolute_root(cls, root: str) -> str:
-        # Workers started elsewhere (a served deployment) must find the same folder.
-        return root if "://" in root else os.path.abspath(os.path.expanduser(root))
+class OnlineRunConfig(BaseModel):
+    """Online eva: theta_0, then RLOO whose prompts come from the prioritized generative buffer,
+    in cached segments of S steps (paper appendix A/B). The embedded default is the world demo."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    run: RunName = Field(default="online", description="Run name: the folder under root.")
+    root: RootPath = Field(default="runs", description="Run root: a local path or fsspec URL.")
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options.")
+    seed: int = Field(default=0, description="Seeds every stage (each derives its own).")
+    torch_threads: int | None = Field(default=1, ge=1, description="torch CPU threads.")
+    prompts: PromptsConfig = Field(
+        default_factory=lambda: PromptsConfig(world_size=1000), description="The seed set D."
+    )
+    heldout: PromptsConfig = Field(
+        default_factory=lambda: PromptsConfig(world_size=500, world_distribution="heldout")
+    )
+    bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig)
+    online: OnlineConfig = Field(default_factory=_demo_online)
+    evaluate: EvaluateConfig = Field(default_factory=_demo_evaluate)
+
+
+C = TypeVar("C", bound=BaseModel)
 
 
 class ConfigError(ValueError):
     """A config problem, phrased as one line that names the field."""
 
 
-def validate_config(data: dict[str, Any]) -> RunConfig:
+@overload
+def validate_config(data: dict[str, Any]) -> RunConfig: ...
+@overload
+def validate_config(data: dict[str, Any], model: type[C]) -> C: ...
+def validate_config(data: dict[str, Any], model: type[BaseModel] = RunConfig) -> BaseModel:
+    """``data`` as a ``model`` (the offline RunConfig unless told otherwise), or a ConfigError
+    that names the first bad field in one line."""
     try:
-        return RunConfig.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"]) or "config"
@@ -222,7 +269,15 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def load_config(path: str | None = None, overrides: list[str] | None = None) -> RunConfig:
+@overload
+def load_config(path: str | None = None, overrides: list[str] | None = None) -> RunConfig: ...
+@overload
+def load_config(path: str | None, overrides: list[str] | None, model: type[C]) -> C: ...
+def load_config(
+    path: str | None = None,
+    overrides: list[str] | None = None,
+    model: type[BaseModel] = RunConfig,
+) -> BaseModel:
     """Read YAML/JSON (optional, with ``extends``), apply ``a.b.c=value`` overrides, validate.
 
     An override changes one field of the config that would otherwise run, so it is applied to
@@ -231,5 +286,5 @@ def load_config(path: str | None = None, overrides: list[str] | None = None) -> 
     """
     data: dict[str, Any] = read_config_file(path) if path else {}
     if overrides:
-        data = apply_overrides(validate_config(data).model_dump(mode="json"), overrides)
-    return validate_config(data)
+        data = apply_overrides(validate_config(data, model).model_dump(mode="json"), overrides)
+    return validate_config(data, model)

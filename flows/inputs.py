@@ -6,11 +6,11 @@ contents of files the config points at (a prompt file's columns and rows).
 
 from __future__ import annotations
 
-from flows.config import ConfigError, RunConfig
+from flows.config import ConfigError, OnlineRunConfig, RunConfig
 from tasks.prompts import read_prompt_file
 
 
-def check_inputs(config: RunConfig) -> None:
+def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
     for field, prompts in (("prompts", config.prompts), ("heldout", config.heldout)):
         if prompts.path is None:
             continue

@@ -47,22 +47,71 @@ def iteration_summary(store: RunStore, config: RunConfig) -> list[dict[str, Any]
     return rows
 
 
+ONLINE_COLUMNS = (
+    "segment",
+    "steps",
+    "phase",
+    "budget",
+    "buffer",
+    "mean_reward",
+    "mean_informativeness",
+    "children",
+    "heldout_score",
+    "heldout_solved",
+)
+
+
+def online_summary(store: RunStore, segments: int) -> list[dict[str, Any]]:
+    """One row per finished segment of an online run (and theta_0)."""
+
+    def stats(it: int | None, stage: str) -> dict[str, Any]:
+        m = store.read_manifest(it, stage)
+        return {} if m is None else m["stats"]
+
+    theta0 = stats(None, "evaluate")
+    rows = [{"segment": "theta_0", "heldout_score": theta0.get("score"),
+             "heldout_solved": theta0.get("solved")}]  # fmt: skip
+    for s in range(1, segments + 1):
+        seg, ev = stats(s, "online"), stats(s, "evaluate")
+        if not seg:
+            break
+        rows.append({
+            "segment": s,
+            "steps": seg.get("trained_steps"),
+            "phase": seg.get("phase"),
+            "budget": seg.get("budget"),
+            "buffer": seg.get("buffer", {}).get("size"),
+            "mean_reward": seg.get("mean_reward"),
+            "mean_informativeness": seg.get("mean_informativeness"),
+            "children": seg.get("children_added"),
+            "heldout_score": ev.get("score"),
+            "heldout_solved": ev.get("solved"),
+        })  # fmt: skip
+    return rows
+
+
 def _fmt(v: Any) -> str:
     if v is None:
         return "-"
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
+def _columns(rows: list[dict[str, Any]]) -> tuple[str, ...]:
+    return ONLINE_COLUMNS if rows and "segment" in rows[0] else COLUMNS
+
+
 def summary_table(rows: list[dict[str, Any]]) -> str:
-    """A plain-text table for the terminal."""
-    cells = [list(COLUMNS)] + [[_fmt(r.get(c)) for c in COLUMNS] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    """A plain-text table for the terminal (an offline or an online run's rows)."""
+    columns = _columns(rows)
+    cells = [list(columns)] + [[_fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     return "\n".join(
         "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells
     )
 
 
-def summary_markdown(run: str, rows: list[dict[str, Any]]) -> str:
-    head = "| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS)
-    body = "\n".join("| " + " | ".join(_fmt(r.get(c)) for c in COLUMNS) + " |" for r in rows)
-    return f"## eva run `{run}`\n\n{head}\n{body}\n"
+def summary_markdown(run: str, rows: list[dict[str, Any]], title: str = "eva run") -> str:
+    columns = _columns(rows)
+    head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns)
+    body = "\n".join("| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |" for r in rows)
+    return f"## {title} `{run}`\n\n{head}\n{body}\n"

@@ -43,7 +43,7 @@ from tasks.store import Ref, RunStore, checkpoint_hash, iteration_dir
 STAGE_ORDER: tuple[str, ...] = (
     "prompts", "heldout", "bootstrap",
     "creator_generate", "creator_annotate", "score", "sample", "evolve", "mix",
-    "complexity", "generate", "annotate", "pairs", "train", "evaluate",
+    "complexity", "generate", "annotate", "pairs", "train", "online", "evaluate",
 )  # fmt: skip
 MODEL = None  # an input that is consumed as a checkpoint, not read as a table
 _PACKAGES = ("eva", "prefect", "torch", "transformers", "trl", "pyarrow", "numpy")

@@ -1,0 +1,192 @@
+"""Stage ``online``: one segment of online eva, S optimizer steps of RLOO (or GRPO) whose
+prompts come from eva's prioritized generative buffer (paper appendix A/B).
+
+Inputs: the seed set D, the held-out set (evolved prompts that hit it are dropped) and the
+policy to continue from. The policy checkpoint of a finished segment carries the buffer's state
+(``eva_online_state.json``, beside the weights, as a Hugging Face checkpoint carries its
+trainer state), so the next segment resumes exactly: same buffer, same batches. A segment's
+table lists every prompt it trained on, in order, with the phase, where it came from, its
+samples' rewards and informativeness, and whether it was evolved.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field
+
+from eva_core.buffer import BufferSettings, PromptBuffer
+from eva_core.informativeness import Metric
+from eva_core.schema import PROMPT_COLUMNS
+from tasks.backends.evolver import EvolverBackend, WorldEvolver
+from tasks.backends.online_rl import OnlineSolverConfig, train_segment
+from tasks.backends.online_source import OnlinePromptSource, pending_batches
+from tasks.backends.reward import PointwiseRewardBackend
+from tasks.backends.world import WorldReward
+from tasks.stage import MODEL, StageContext, StageOutput, stage
+
+STATE_FILE = "eva_online_state.json"
+LOG_COLUMNS = (*PROMPT_COLUMNS, "step", "phase", "from_buffer", "rewards", "informativeness")
+
+
+class BufferConfig(BaseModel):
+    """The prioritized generative buffer; defaults are the paper's online settings."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    evolve: bool = Field(
+        default=True, description="false: plain online RL on D (the RLOO baseline), no buffer."
+    )
+    size: int = Field(default=3200, ge=1, description="|B| (paper: 3200).")
+    ratio_evol: float = Field(
+        default=0.5, ge=0.0, le=1.0, description="Share of a mix-up batch drawn from B."
+    )
+    top_fraction: float = Field(
+        default=0.5, gt=0.0, le=1.0, description="Share of each batch whose prompts are evolved."
+    )
+    n_new: int = Field(default=4, ge=0, description="Children per parent in warm-up and mix-up.")
+    n_new_bootstrap: int = Field(default=2, ge=0, description="Children per parent in bootstrap.")
+    metric: Metric = Field(default="a_avg", description="Informativeness (online: max - mean).")
+
+    def settings(self) -> BufferSettings:
+        return BufferSettings(**self.model_dump())
+
+
+class OnlineConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    solver: OnlineSolverConfig = Field(default_factory=OnlineSolverConfig)
+    buffer: BufferConfig = Field(default_factory=BufferConfig)
+    budget: float = Field(
+        default=1.0,
+        gt=0,
+        description="Prompts to train on, in multiples of |D| (the paper's 1x, 2x, 3x, 6x).",
+    )
+    steps_per_segment: int = Field(
+        default=50, ge=1, description="Optimizer steps per segment (a cached, resumable stage)."
+    )
+    reward: PointwiseRewardBackend = Field(
+        default_factory=WorldReward,
+        description="Scores samples: the world's verifier, a reward model, or a function.",
+    )
+    evolver: EvolverBackend = Field(default_factory=WorldEvolver)
+    max_chars: int | None = Field(
+        default=8192, ge=1, description="Drop rewrites longer than this many characters."
+    )
+    evolve_lag: int = Field(
+        default=1,
+        ge=0,
+        description="Children of step t's prompts enter the buffer at step t + lag, so a slow "
+        "API evolver overlaps with training; 0 waits for it every step.",
+    )
+
+    def total_steps(self, seeds: int) -> int:
+        return max(1, math.ceil(self.budget * seeds / self.solver.prompts_per_step))
+
+    def segments(self, seeds: int) -> int:
+        return math.ceil(self.total_steps(seeds) / self.steps_per_segment)
+
+
+def _log_table(rows: list[dict[str, Any]]) -> pa.Table:
+    if not rows:
+        return pa.table({c: pa.array([], pa.string()) for c in LOG_COLUMNS})
+    return pa.Table.from_pylist(rows)
+
+
+@stage(
+    "online",
+    inputs={"seeds": PROMPT_COLUMNS, "heldout": ("prompt_id",), "policy": MODEL},
+    outputs=LOG_COLUMNS,
+)
+def online(
+    ctx: StageContext, config: OnlineConfig, seeds: pa.Table, heldout: pa.Table
+) -> StageOutput:
+    assert ctx.iteration is not None and ctx.iteration >= 1, "segments are numbered from 1"
+    policy_dir = ctx.model_dir("policy")
+    state_path = os.path.join(policy_dir, STATE_FILE)
+    records = seeds.select(list(PROMPT_COLUMNS)).to_pylist()
+    state: dict[str, Any] = {}
+    if os.path.exists(state_path):
+        with open(state_path) as f:
+            state = json.load(f)
+        buffer = PromptBuffer.from_state(records, state["buffer"])
+    else:
+        buffer = PromptBuffer(records, config.buffer.settings(), seed=ctx.run.seed)
+    done = int(state.get("trained_steps", 0))
+    steps = min(config.steps_per_segment, config.total_steps(len(records)) - done)
+    if steps <= 0:
+        raise ValueError(f"segment {ctx.iteration}: the budget was used up by earlier segments")
+    evolver = config.evolver.load() if config.buffer.evolve else None
+    source = OnlinePromptSource(
+        buffer,
+        config.solver.prompts_per_step,
+        evolver,
+        pending=pending_batches(state),
+        max_chars=config.max_chars,
+        exclude_ids=frozenset(heldout.column("prompt_id").to_pylist()),
+        categorize=getattr(evolver, "category_of", None),
+        evolve_lag=config.evolve_lag,
+    )
+    out_dir = os.path.join(ctx.scratch, "model")
+    started = time.perf_counter()
+    try:
+        metrics = train_segment(
+            config.solver,
+            policy_dir,
+            source,
+            config.reward.load(),
+            steps,
+            out_dir,
+            ctx.seed,
+            ctx.progress,
+        )
+    finally:
+        source.close()
+    seconds = time.perf_counter() - started
+    trained = done + steps
+    with open(os.path.join(out_dir, STATE_FILE), "w") as f:
+        json.dump({**source.state(), "trained_steps": trained}, f)
+
+    log = source.log
+    rewards = np.array([r for row in log for r in row["rewards"]], dtype=np.float64)
+    info = np.array([row["informativeness"] for row in log], dtype=np.float64)
+    pending = sum(len(b.records) for b in source.pending)
+    last = metrics[-1] if metrics else {}
+    stats = {
+        "steps": steps,
+        "trained_steps": trained,
+        "phase": buffer.phase,
+        "budget": round((buffer.consumed - pending) / len(records), 4),
+        "seeds_left": buffer.seeds_left,
+        "mean_reward": round(float(np.nanmean(rewards)), 4) if rewards.size else None,
+        "mean_informativeness": round(float(np.nanmean(info)), 4) if info.size else None,
+        "buffer": buffer.composition(),
+        **source.stats.as_dict(),
+        "backend_seconds": round(seconds, 3),
+        **{k: round(v, 4) for k, v in last.items() if k in ("loss", "kl", "entropy")},
+    }
+    top = sorted(buffer.entries, key=lambda e: -e.priority)[:20]
+    parents = {r["prompt_id"]: r["prompt"] for r in records}
+    parents.update({row["prompt_id"]: row["prompt"] for row in log})
+    ui = {
+        "buffer": [
+            {
+                "prompt": e.record["prompt"],
+                "priority": round(e.priority, 4),
+                "parent": parents.get(e.record["parent_id"], e.record["parent_id"]),
+                "method": e.record["evolve_method"],
+                "depth": e.record["depth"],
+                "category": e.record["category"],
+            }
+            for e in top
+        ],
+        "trained": [
+            {k: row[k] for k in ("step", "phase", "prompt", "from_buffer", "informativeness")}
+            for row in log[-20:]
+        ],
+    }
+    return StageOutput(_log_table(log), stats=stats, model_dir=out_dir, ui_tables=ui)

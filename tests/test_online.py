@@ -1,0 +1,189 @@
+"""Online eva end to end: TRL's RLOO fed by the buffer, in cached segments that resume exactly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from eva_core.informativeness import informativeness
+from flows.cli import main
+from flows.config import OnlineRunConfig, validate_config
+from tasks.online import STATE_FILE
+from tasks.store import RunStore
+
+pytestmark = pytest.mark.usefixtures("prefect_api")
+
+
+def tiny_online_config(root: str, run: str = "on", **online: Any) -> dict[str, Any]:
+    """12 seed prompts, 4 a step, a buffer of 8: every phase within 12 steps."""
+    settings: dict[str, Any] = {
+        "solver": {
+            "learning_rate": 1e-3,
+            "num_generations": 3,
+            "prompts_per_step": 4,
+            "max_completion_length": 8,
+            "beta": 0.0,
+        },
+        "buffer": {"size": 8},
+        "budget": 3.0,
+        "steps_per_segment": 3,
+    }
+    settings.update(online)
+    return {
+        "run": run,
+        "root": root,
+        "seed": 0,
+        "prompts": {"world_size": 12},
+        "heldout": {"world_size": 12, "world_distribution": "heldout"},
+        "bootstrap": {"sft": {"steps": 30, "batch_size": 32}, "sft_examples": 1000},
+        "evaluate": {"generation": {"max_new_tokens": 10, "temperature": 0.0}},
+        "online": settings,
+    }
+
+
+def _log(store: RunStore, segments: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for s in range(1, segments + 1):
+        rows += store.read_table(store.read_manifest(s, "online")["uri"]).to_pylist()
+    return rows
+
+
+def _state(store: RunStore, segment: int) -> dict[str, Any]:
+    model = store.read_manifest(segment, "online")["model_uri"]
+    with open(os.path.join(model, STATE_FILE)) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def online_run(tmp_path_factory, prefect_api):
+    from flows.online import eva_online
+
+    root = str(tmp_path_factory.mktemp("online"))
+    config = validate_config(tiny_online_config(root), OnlineRunConfig)
+    rows = eva_online(config)
+    return config, rows
+
+
+def test_segments_walk_through_the_paper_phases(online_run) -> None:
+    config, rows = online_run
+    store = RunStore(config.root, config.run)
+    assert config.online.segments(12) == 3 and len(rows) == 4  # theta_0 + 3 segments
+    log = _log(store, 3)
+    assert [r["step"] for r in log] == [s for s in range(9) for _ in range(4)]
+    by_step = {s: [r for r in log if r["step"] == s] for s in range(9)}
+    # Warm-up: step 0 from D only; 2 parents x 4 children fill B (size 8) at once.
+    assert {r["phase"] for r in by_step[0]} == {"warmup"}
+    assert not any(r["from_buffer"] for r in by_step[0])
+    assert sum(r["evolved"] for r in by_step[0]) == 2
+    # Mix-up: half of each batch from B. Children of step t join after step t+1 (lag 1, and
+    # the trainer prefetches one batch), so mix-up starts at step 2.
+    mix = [s for s, rs in by_step.items() if rs[0]["phase"] == "mixup"]
+    assert mix and all(sum(r["from_buffer"] for r in by_step[s]) == 2 for s in mix)
+    # Bootstrap once D (12 prompts) is used up: everything from B.
+    boot = [s for s, rs in by_step.items() if rs[0]["phase"] == "bootstrap"]
+    assert boot and all(all(r["from_buffer"] for r in by_step[s]) for s in boot)
+    seeds_used = [r["prompt_id"] for r in log if not r["from_buffer"]]
+    assert len(seeds_used) == len(set(seeds_used)) == 12  # D once, without replacement
+    assert {r["source"] for r in log if r["from_buffer"]} == {"evolved"}
+    final = _state(store, 3)
+    assert final["buffer"]["phase"] == "bootstrap" and len(final["buffer"]["entries"]) <= 8
+
+
+def test_informativeness_comes_from_the_trainers_rewards_and_children_inherit_it(
+    online_run,
+) -> None:
+    config, _ = online_run
+    store = RunStore(config.root, config.run)
+    log = _log(store, 3)
+    rewards = np.array([r["rewards"] for r in log])
+    assert rewards.shape == (36, 3) and np.all((rewards >= 0) & (rewards <= 1))
+    np.testing.assert_allclose(
+        [r["informativeness"] for r in log], informativeness(rewards, "a_avg")
+    )
+    # A prompt drawn from B carries its parent's lineage, one level deeper.
+    ids = {r["prompt_id"]: r for r in log}
+    children = [r for r in log if r["from_buffer"] and r["parent_id"] in ids]
+    assert children and all(c["depth"] == ids[c["parent_id"]]["depth"] + 1 for c in children)
+    seg = store.read_manifest(1, "online")["stats"]
+    assert seg["children_added"] > 0 and seg["parents"] > 0
+    assert seg["mean_reward"] == pytest.approx(float(rewards[:12].mean()), abs=1e-4)
+
+
+def test_each_segment_changes_the_weights_and_is_evaluated(online_run) -> None:
+    from safetensors.numpy import load_file
+
+    config, rows = online_run
+    store = RunStore(config.root, config.run)
+    theta0 = load_file(os.path.join(store.read_manifest(None, "bootstrap")["model_uri"],
+                                    "model.safetensors"))  # fmt: skip
+    seg1 = load_file(os.path.join(store.read_manifest(1, "online")["model_uri"],
+                                  "model.safetensors"))  # fmt: skip
+    assert any(not np.array_equal(theta0[k], seg1[k]) for k in theta0)
+    assert all(r["heldout_score"] is not None for r in rows)
+    assert [r["budget"] for r in rows[1:]] == [1.0, 2.0, 3.0]
+
+
+def test_rerun_is_cached_and_show_prints_the_segments(online_run, capsys) -> None:
+    from flows.online import eva_online
+
+    config, rows = online_run
+    store = RunStore(config.root, config.run)
+    stamps = {s: store.read_manifest(s, "online")["created_at"] for s in (1, 2, 3)}
+    assert eva_online(config) == rows
+    assert {s: store.read_manifest(s, "online")["created_at"] for s in (1, 2, 3)} == stamps
+    assert main(["show", "--root", config.root, "--run", config.run]) == 0
+    out = capsys.readouterr().out
+    assert "segment" in out and "bootstrap" in out
+
+
+def test_kill_9_mid_segment_resumes_to_the_same_buffer_and_prompts(tmp_path, online_run):
+    config, _ = online_run
+    cfg = tiny_online_config(config.root, run="killed")
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, "-m", "flows.cli", "online", "--config", str(path)]
+    store = RunStore(config.root, "killed")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    deadline = time.time() + 600
+    while store.read_manifest(1, "online") is None and proc.poll() is None:
+        assert time.time() < deadline
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)  # during segment 2 (or its evaluation)
+    proc.wait()
+    first = store.read_manifest(1, "online")["created_at"]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert store.read_manifest(1, "online")["created_at"] == first  # came back Cached
+    whole = RunStore(config.root, config.run)
+    assert _log(store, 3) == _log(whole, 3)
+    assert _state(store, 3) == _state(whole, 3)
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("online.buffer.ratio_evol=1.5", "online.buffer.ratio_evol: Input should be less than"),
+        ("online.buffer.size=0", "online.buffer.size: Input should be greater than or equal"),
+        ("online.buffer.n_new=-1", "online.buffer.n_new: Input should be greater than or equal"),
+        ("online.solver.kind=ppo", "online.solver.kind: Input should be 'rloo' or 'grpo'"),
+        ("online.budget=0", "online.budget: Input should be greater than 0"),
+    ],
+)
+def test_bad_online_input_stops_in_one_line_before_writing(tmp_path, capsys, setting, message):
+    root = tmp_path / "runs"
+    assert main(["online", "--root", str(root), "--set", setting]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"eva: error: {message}") and "\n" not in err
+    assert not root.exists()
