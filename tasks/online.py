@@ -29,7 +29,7 @@ from tasks.backends.online_rl import OnlineSolverConfig, train_segment
 from tasks.backends.online_source import OnlinePromptSource, pending_batches
 from tasks.backends.reward import PointwiseRewardBackend
 from tasks.backends.world import WorldReward
-from tasks.stage import MODEL, StageContext, StageOutput, stage
+from tasks.stage import MODEL, StageContext, StageError, StageOutput, stage
 
 STATE_FILE = "eva_online_state.json"
 LOG_COLUMNS = (*PROMPT_COLUMNS, "step", "phase", "from_buffer", "rewards", "informativeness")
@@ -110,7 +110,11 @@ def online(
     state_path = os.path.join(policy_dir, STATE_FILE)
     records = seeds.select(list(PROMPT_COLUMNS)).to_pylist()
     state: dict[str, Any] = {}
-    if os.path.exists(state_path):
+    if ctx.iteration > 1:  # segment 1 starts a buffer, whatever checkpoint theta_0 is
+        if not os.path.exists(state_path):
+            raise StageError(
+                f"segment {ctx.iteration}: the previous checkpoint has no buffer state"
+            )
         with open(state_path) as f:
             state = json.load(f)
         buffer = PromptBuffer.from_state(records, state["buffer"])

@@ -177,13 +177,38 @@ def test_kill_9_mid_segment_resumes_to_the_same_buffer_and_prompts(tmp_path, onl
         ("online.buffer.ratio_evol=1.5", "online.buffer.ratio_evol: Input should be less than"),
         ("online.buffer.size=0", "online.buffer.size: Input should be greater than or equal"),
         ("online.buffer.n_new=-1", "online.buffer.n_new: Input should be greater than or equal"),
-        ("online.solver.kind=ppo", "online.solver.kind: Input should be 'rloo' or 'grpo'"),
+        ("online.solver.kind=ppo", "online.solver.kind: Input should be 'rloo', 'grpo' or"),
         ("online.budget=0", "online.budget: Input should be greater than 0"),
+        ("online.solver.kind=online_dpo,online.solver.beta=0", "online.solver: online_dpo needs"),
     ],
 )
 def test_bad_online_input_stops_in_one_line_before_writing(tmp_path, capsys, setting, message):
     root = tmp_path / "runs"
-    assert main(["online", "--root", str(root), "--set", setting]) == 2
+    sets = [arg for item in setting.split(",") for arg in ("--set", item)]
+    assert main(["online", "--root", str(root), *sets]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"eva: error: {message}") and "\n" not in err
     assert not root.exists()
+
+
+@pytest.mark.parametrize("kind", ["grpo", "online_dpo"])
+def test_grpo_and_online_dpo_train_on_the_buffer_too(online_run, kind) -> None:
+    """The other TRL online trainers: same prompt source, their own reward layouts (online DPO
+    scores the batch twice, half a batch apart; the source checks the prompt order)."""
+    from safetensors.numpy import load_file
+
+    from flows.online import eva_online
+
+    config, _ = online_run
+    theta0 = RunStore(config.root, config.run).read_manifest(None, "bootstrap")["model_uri"]
+    cfg = tiny_online_config(config.root, run=kind, budget=1.0)
+    cfg["online"]["solver"].update(kind=kind, beta=0.1)
+    cfg["bootstrap"] = {"init_checkpoint": theta0}
+    eva_online(validate_config(cfg, OnlineRunConfig))
+    store = RunStore(config.root, kind)
+    log = _log(store, 1)
+    k = 2 if kind == "online_dpo" else 3
+    assert [len(r["rewards"]) for r in log] == [k] * 12
+    after = store.read_manifest(1, "online")["model_uri"]
+    a, b = (load_file(os.path.join(d, "model.safetensors")) for d in (theta0, after))
+    assert any(not np.array_equal(a[key], b[key]) for key in a)

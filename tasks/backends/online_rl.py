@@ -14,8 +14,9 @@ A segment starts from a checkpoint, trains ``steps`` optimizer steps at a consta
 and saves the checkpoint; the optimizer starts afresh each segment (Adam's moments are
 re-estimated within a few steps; carrying them would tie a checkpoint to one trainer).
 
-Checked with TRL 1.16 on CPU: both trainers accept a callable reward and an ``IterableDataset``
-with ``max_steps``; reward functions get the dataset's extra columns (``prompt_id``) as keyword
+Checked with TRL 1.16 on CPU (tests/test_online.py): all three trainers (RLOO, GRPO and the
+experimental online DPO) accept a callable reward and an ``IterableDataset`` with
+``max_steps``; reward functions get the dataset's extra columns (``prompt_id``) as keyword
 arguments and ``trainer_state``.
 """
 
@@ -31,7 +32,7 @@ from typing import Any, Literal
 import datasets
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
 
 from tasks.backends.online_source import OnlinePromptSource
@@ -45,8 +46,10 @@ class OnlineSolverConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["rloo", "grpo"] = Field(
-        default="rloo", description="rloo (the paper's online solver) or grpo."
+    kind: Literal["rloo", "grpo", "online_dpo"] = Field(
+        default="rloo",
+        description="rloo (the paper's online solver), grpo, or online_dpo (OAIF: the better of "
+        "two samples is chosen; TRL's experimental OnlineDPOTrainer, num_generations is 2).",
     )
     learning_rate: float = Field(default=1e-6, gt=0, description="Constant learning rate.")
     beta: float = Field(default=0.05, ge=0, description="KL penalty towards the start policy.")
@@ -68,32 +71,84 @@ class OnlineSolverConfig(BaseModel):
     vllm_mode: Literal["server", "colocate"] = Field(default="server")
     device: str = Field(default="auto", description='"auto" = cuda when available, else "cpu".')
 
+    @model_validator(mode="after")
+    def _dpo_needs_beta(self) -> OnlineSolverConfig:
+        if self.kind == "online_dpo" and self.beta == 0:
+            raise ValueError("online_dpo needs beta > 0 (its loss is constant at beta 0)")
+        return self
 
-def _trainer_classes(kind: str) -> tuple[type, type]:
-    if kind == "grpo":
-        from trl import GRPOConfig, GRPOTrainer
 
-        return GRPOConfig, GRPOTrainer
-    from trl import RLOOConfig, RLOOTrainer
+def _trainer_args(config: OnlineSolverConfig, common: dict[str, Any]) -> Any:
+    """The TRL config object for ``config.kind`` (online DPO names some knobs differently)."""
+    sampling: dict[str, Any] = dict(
+        temperature=config.temperature, top_p=config.top_p, beta=config.beta
+    )
+    vllm: dict[str, Any] = dict(use_vllm=config.use_vllm, vllm_mode=config.vllm_mode)
+    if config.kind == "online_dpo":
+        from trl.experimental.online_dpo import OnlineDPOConfig
 
-    return RLOOConfig, RLOOTrainer
+        return OnlineDPOConfig(
+            **common,
+            **sampling,
+            **vllm,
+            per_device_train_batch_size=config.prompts_per_step,
+            max_new_tokens=config.max_completion_length,
+            # accelerate dispatches an IterableDataset's batches as tensors by default; the
+            # prompts are text, so each process reads its own (RLOO/GRPO do this themselves).
+            accelerator_config={"dispatch_batches": False},
+        )
+    from trl import GRPOConfig, RLOOConfig
+
+    return (GRPOConfig if config.kind == "grpo" else RLOOConfig)(
+        **common,
+        **sampling,
+        **vllm,
+        per_device_train_batch_size=config.prompts_per_step * config.num_generations,
+        steps_per_generation=1,
+        num_generations=config.num_generations,
+        max_completion_length=config.max_completion_length,
+        shuffle_dataset=False,
+    )
+
+
+def _trainer_class(kind: str) -> type:
+    if kind == "online_dpo":
+        from trl.experimental.online_dpo import OnlineDPOTrainer
+
+        return OnlineDPOTrainer
+    from trl import GRPOTrainer, RLOOTrainer
+
+    return GRPOTrainer if kind == "grpo" else RLOOTrainer
 
 
 class _RewardHook:
-    """TRL reward function: scores with the backend, hands rewards back to the source."""
+    """TRL reward function: scores with the backend, hands rewards back to the source.
 
-    def __init__(self, reward: RewardModel, source: OnlinePromptSource, k: int):
-        self.reward, self.source, self.k = reward, source, k
+    RLOO and GRPO pass each prompt's k completions together (p0 p0 p0 p1 p1 p1 ...); online
+    DPO passes the batch twice (p0 p1 ... p0 p1 ...), its two completions half a batch apart.
+    """
+
+    def __init__(self, reward: RewardModel, source: OnlinePromptSource, k: int, halves: bool):
+        self.reward, self.source, self.k, self.halves = reward, source, k, halves
         self.__name__ = "eva_reward"  # TRL names logged metrics after the function
 
     def __call__(self, prompts: Sequence[str], completions: Sequence[str], **_: Any) -> list[float]:
-        if len(prompts) % self.k:
-            raise RuntimeError(f"{len(prompts)} completions is not a multiple of k={self.k}")
-        grouped_prompts = list(prompts[:: self.k])
-        responses = [list(completions[i : i + self.k]) for i in range(0, len(prompts), self.k)]
-        scores = np.array(self.reward.score(grouped_prompts, responses), dtype=np.float64)
-        self.source.feedback(grouped_prompts, scores)
-        return [float(x) for x in scores.reshape(-1)]
+        n = len(prompts)
+        if n % self.k:
+            raise RuntimeError(f"{n} completions is not a multiple of k={self.k}")
+        if self.halves:
+            order = [j * (n // 2) + i for i in range(n // 2) for j in range(2)]
+        else:
+            order = list(range(n))
+        grouped = [order[i : i + self.k] for i in range(0, n, self.k)]
+        group_prompts = [prompts[g[0]] for g in grouped]
+        responses = [[completions[j] for j in g] for g in grouped]
+        scores = np.array(self.reward.score(group_prompts, responses), dtype=np.float64)
+        self.source.feedback(group_prompts, scores)
+        flat = np.empty(n)
+        for g, row in zip(grouped, scores, strict=True):
+            flat[g] = row
+        return [float(x) for x in flat]
 
 
 def train_segment(
@@ -108,33 +163,22 @@ def train_segment(
 ) -> list[dict[str, float]]:
     """Train ``steps`` optimizer steps from ``policy_dir`` on prompts from ``source``; save the
     model and tokenizer to ``output_dir``; return the trainer's logged rows."""
-    config_cls, trainer_cls = _trainer_classes(config.kind)
     use_cpu = config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
-    k = config.num_generations
+    k = 2 if config.kind == "online_dpo" else config.num_generations
     dataset = datasets.IterableDataset.from_generator(
         _stream, gen_kwargs={"source": _Handle(source)}
     )
     with tempfile.TemporaryDirectory(prefix=f"eva-{config.kind}-") as trainer_dir, _quiet():
-        args = config_cls(
+        common: dict[str, Any] = dict(
             output_dir=trainer_dir,
-            per_device_train_batch_size=config.prompts_per_step * k,
             gradient_accumulation_steps=1,
-            steps_per_generation=1,
-            num_generations=k,
             max_steps=steps,
             learning_rate=config.learning_rate,
             lr_scheduler_type="constant",
             warmup_steps=0,
-            beta=config.beta,
-            temperature=config.temperature,
-            top_p=config.top_p,
-            max_completion_length=config.max_completion_length,
             optim=config.optim,
-            shuffle_dataset=False,
             bf16=config.bf16,
             gradient_checkpointing=config.gradient_checkpointing,
-            use_vllm=config.use_vllm,
-            vllm_mode=config.vllm_mode,
             use_cpu=use_cpu,
             seed=seed,
             data_seed=seed,
@@ -143,12 +187,13 @@ def train_segment(
             save_strategy="no",
             disable_tqdm=True,
         )
+        args = _trainer_args(config, common)
         model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(policy_dir)
         callbacks: list[TrainerCallback] = [_ProgressCallback(progress)]
-        trainer = trainer_cls(
+        trainer = _trainer_class(config.kind)(
             model=model,
-            reward_funcs=_RewardHook(reward, source, k),
+            reward_funcs=_RewardHook(reward, source, k, halves=config.kind == "online_dpo"),
             args=args,
             train_dataset=dataset,
             processing_class=tokenizer,
