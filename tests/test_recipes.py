@@ -8,7 +8,8 @@ import pytest
 
 from flows.config import ConfigError, load_config
 
-RECIPES = sorted((Path(__file__).parent.parent / "configs").rglob("*.yaml"))
+CONFIGS = Path(__file__).parent.parent / "configs"
+RECIPES = sorted(p for p in CONFIGS.rglob("*.yaml") if not p.name.startswith("online"))
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
@@ -19,6 +20,20 @@ def test_recipe_validates(path: Path) -> None:
     assert cfg.sample.fraction == 0.25 and cfg.evolve.num_evolutions == 4
     assert cfg.mix.ratio_evolved == 0.8 and cfg.prompts.limit == 10_000
     assert cfg.annotate.reward.kind == "sequence_classifier"
+
+
+def test_online_recipe_carries_the_papers_online_settings() -> None:
+    from flows.config import OnlineRunConfig
+
+    cfg = load_config(str(CONFIGS / "paper" / "online-rloo.yaml"), None, OnlineRunConfig)
+    buffer, solver = cfg.online.buffer, cfg.online.solver
+    assert (buffer.size, buffer.ratio_evol, buffer.top_fraction) == (3200, 0.5, 0.5)
+    assert (buffer.n_new, buffer.n_new_bootstrap, buffer.metric) == (4, 2, "a_avg")
+    assert solver.kind == "rloo" and solver.use_vllm and solver.vllm_mode == "server"
+    assert cfg.online.budget == 1.0 and cfg.prompts.limit == 10_000
+    assert cfg.online.reward.kind == "sequence_classifier"
+    assert cfg.online.evolver.kind == "distilabel"
+    assert cfg.bootstrap.init_checkpoint == "google/gemma-2-9b-it"
 
 
 @pytest.mark.parametrize(
