@@ -1,22 +1,25 @@
-"""Benchmark: the paper's tables, in miniature, on the built-in world (issue 4, part 1).
+"""Benchmark: the paper's tables, in miniature, on the built-in world.
 
     python -m bench.method [--quick] [--seeds 0 1 2] [--root runs-bench] [--out docs/bench]
 
-Design (fixed before looking at any arm):
+Design (written in docs/benchmarks.md before any arm ran):
 
-* Every arm of a seed starts from the same theta_1: theta_0 (SFT on the world) followed by DPO
-  on seed split 1 (the paper's theta_0 -> theta_1), computed once per seed in a ``base`` run
-  and handed to each arm as ``bootstrap.init_checkpoint``. X_0 and the held-out set depend only
-  on the seed, so every arm sees the same ones.
-* Same budget for every arm: at most ``PAIR_BUDGET`` pairs per iteration (a seeded subset),
-  the same solver, epochs and batch, hence the same number of optimizer steps whenever an arm
-  produces at least that many pairs (the tables report the pairs each arm actually had).
-* Arms: ``fresh`` (DPO on a new seed split each iteration, "+new seed prompts") and ``eva``
-  (Table 2 and, over three iterations, Table 13); ``eva`` under each informativeness metric
-  (Table 4); no evolving vs evolving, greedy vs weighted subset (Table 5).
-* Reported per arm and iteration: held-out score (mean dense reward of greedy answers), the
-  share solved exactly, per-category scores, and the training set's mean difficulty and
-  category mix (Table 7 / Figure 6).
+* Per seed, a ``base`` run draws X_0 (seed prompts), the held-out set (target prompts, disjoint
+  from X_0) and theta_0, and trains theta_1 with the world's solver (the baseline criterion:
+  does one solver step on seed prompts help?). Every offline arm starts from that theta_1
+  (``bootstrap.init_checkpoint``) and sees the same X_0 and held-out set.
+* Same budget: at most ``PAIR_BUDGET`` pairs per iteration (a seeded subset), the same solver
+  schedule, hence the same number of optimizer steps whenever an arm has that many pairs.
+* Arms: ``fresh`` (+new seed prompts), ``eva`` and ``target`` (the upper bound: new prompts
+  from the target distribution) over several iterations (Tables 2 and 13); ``eva`` under each
+  informativeness metric (Table 4); no evolving vs evolving, greedy vs weighted (Table 5);
+  ``eva-previous`` (creator_rollouts=previous); per paper solver (DPO, SimPO, ORPO, SPPO), its
+  own theta_1 from theta_0 and one iteration of fresh and eva (Table 2); online RLOO with and
+  without the buffer from theta_0 on |D| = ``ONLINE_SEEDS`` prompts of X_0, evaluated after
+  every 1x of the prompt budget (Table 1).
+* Reported per arm and iteration: held-out score (mean dense reward of greedy answers), share
+  solved, per-category scores, the paired Δ from the arm's starting model, and the training
+  set's mean difficulty and category mix (Table 7 / Figure 6).
 
 Runs are ordinary eva runs under ``--root``: rerunning the benchmark reuses every finished
 stage, and any arm can be inspected with ``eva show``.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -38,9 +42,19 @@ import numpy as np
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
 from eva_core import world
 from eva_core.informativeness import METRICS, reward_matrix
-from flows.config import ConfigError, apply_overrides, deep_merge, validate_config
+from flows.config import (
+    ConfigError,
+    OnlineRunConfig,
+    apply_overrides,
+    deep_merge,
+    validate_config,
+)
 
-PAIR_BUDGET = 48
+PAIR_BUDGET = 400
+ONLINE_SEEDS = 1000
+# The paper's solvers, each with its own objective settings (beta, gamma, lambda: the solver
+# defaults) and the world's schedule (learning rate, batch, epochs, correct chosen answers).
+SOLVERS = ("dpo", "simpo", "orpo", "sppo")
 
 
 @dataclass(frozen=True)
@@ -49,6 +63,7 @@ class Arm:
     table: str
     iterations: int
     overrides: dict[str, Any] = field(default_factory=dict)
+    start: str = "theta_1"  # the model it starts from: theta_1 or theta_1-<solver>
 
 
 def arms(quick: bool) -> list[Arm]:
@@ -56,6 +71,7 @@ def arms(quick: bool) -> list[Arm]:
     out = [
         Arm("fresh", "T2/T13", long, {"prompt_strategy": "fresh"}),
         Arm("eva", "T2/T13", long, {}),
+        Arm("target", "T2/T13", 1 if quick else long, {"prompt_strategy": "target"}),
     ]
     metrics = ("uniform",) if quick else tuple(m for m in METRICS if m != "a_min")
     out += [Arm(f"metric-{m}", "T4", 1, {"score": {"metric": m}}) for m in metrics]
@@ -64,16 +80,33 @@ def arms(quick: bool) -> list[Arm]:
         greedy = {"sample": {"method": "greedy"}}
         out.append(Arm("subset-greedy", "T5", 1, {"prompt_strategy": "subset", **greedy}))
         out.append(Arm("eva-greedy", "T5", 1, greedy))
+        out.append(Arm("eva-previous", "T13", long, {"creator_rollouts": "previous"}))
+        for s in SOLVERS:
+            solver = {"train": {"solver": solver_settings(s)}}
+            start = f"theta_1-{s}"
+            out.append(Arm(f"fresh-{s}", "T2", 1, {"prompt_strategy": "fresh", **solver}, start))
+            out.append(Arm(f"eva-{s}", "T2", 1, solver, start))
     return out
+
+
+def solver_settings(kind: str) -> dict[str, Any]:
+    """A paper solver with the world's schedule (its objective's own knobs keep their
+    defaults): the same learning rate, batch, epochs and length cap as the world's solver."""
+    return {
+        "kind": kind,
+        "learning_rate": 2e-4,
+        "per_device_train_batch_size": 32,
+        "num_train_epochs": 2,
+        "max_length": 64,
+    }
 
 
 def base_config(root: str, seed: int, quick: bool, overrides: list[str]) -> dict[str, Any]:
     """The settings every arm shares; ``overrides`` (``a.b=value``) apply to all arms alike."""
-    size = 200 if quick else 400
     base = {
         "root": root,
         "seed": seed,
-        "prompts": {"world_size": size},
+        "prompts": {"world_size": 1000 if quick else 2000},
         "heldout": {"world_size": 300 if quick else 500, "world_distribution": "heldout"},
         "pairs": {"max_pairs": PAIR_BUDGET},
     }
@@ -81,8 +114,10 @@ def base_config(root: str, seed: int, quick: bool, overrides: list[str]) -> dict
     return apply_overrides(validate_config(base).model_dump(mode="json"), overrides)
 
 
-def _iteration_row(store: Any, t: int | None) -> dict[str, Any]:
-    ev = store.read_manifest(t, "evaluate")["stats"]
+def _iteration_row(store: Any, t: int | None, segment: int | None = None) -> dict[str, Any]:
+    """Held-out figures of iteration ``t`` (None: theta_0) or of an online ``segment``, and
+    for an offline iteration what it trained on."""
+    ev = store.read_manifest(segment if segment else t, "evaluate")["stats"]
     row = {
         "score": ev["score"],
         "solved": ev["solved"],
@@ -126,44 +161,119 @@ def _pair_quality(store: Any, t: int) -> dict[str, Any]:
     }
 
 
-def run_seed(
-    root: str, seed: int, quick: bool, overrides: list[str], only: list[str] | None
-) -> dict[str, Any]:
+def _offline(base: dict[str, Any], name: str, overrides: dict[str, Any]) -> Any:
+    """Run one offline arm (or base run) to completion; returns its store."""
     from flows.run import eva_run
     from tasks.store import RunStore
 
-    base = base_config(root, seed, quick, overrides)
-    cfg = validate_config(deep_merge(base, {"run": f"s{seed}-base", "iterations": 0}))
+    cfg = validate_config(deep_merge(deep_merge(base, {"run": name}), overrides))
     eva_run(cfg)
-    store = RunStore(cfg.root, cfg.run)
-    result: dict[str, Any] = {"theta_0": _iteration_row(store, None)}
-    theta1 = _iteration_row(store, 0)
-    result["theta_1"] = theta1
-    train = store.read_manifest(0, "train")
-    assert train is not None, "the base run trains theta_1"
-    checkpoint = train["model_uri"]
+    return RunStore(cfg.root, cfg.run)
+
+
+def _model(store: Any, t: int | None) -> str:
+    stage = "bootstrap" if t is None else "train"
+    manifest = store.read_manifest(t, stage)
+    assert manifest is not None, f"{store.base}: no {stage} model"
+    return str(manifest["model_uri"])
+
+
+def run_seed(
+    root: str, seed: int, quick: bool, overrides: list[str], only: list[str] | None
+) -> dict[str, Any]:
+    base = base_config(root, seed, quick, overrides)
+    store = _offline(base, f"s{seed}-base", {"iterations": 0})
+    result: dict[str, Any] = {
+        "theta_0": _iteration_row(store, None),
+        "theta_1": {**_iteration_row(store, 0), "base": "theta_0"},
+    }
+    theta0, starts = _model(store, None), {"theta_1": _model(store, 0)}
     for arm in arms(quick):
         if only and arm.name not in only:
             continue
+        if arm.start not in starts:  # a paper solver's own theta_0 -> theta_1 (Table 2)
+            solver = arm.overrides["train"]
+            s = _offline(base, f"s{seed}-base-{arm.start}", {
+                "iterations": 0, "bootstrap": {"init_checkpoint": theta0}, "train": solver,
+            })  # fmt: skip
+            starts[arm.start] = _model(s, 0)
+            result[arm.start] = {**_iteration_row(s, 0), "base": "theta_0"}
         started = time.perf_counter()
-        arm_cfg = deep_merge(
-            base,
-            {
-                "run": f"s{seed}-{arm.name}",
-                "iterations": arm.iterations,
-                "iteration0_dpo": False,
-                "bootstrap": {"init_checkpoint": checkpoint},
-            },
-        )
-        cfg = validate_config(deep_merge(arm_cfg, arm.overrides))
-        eva_run(cfg)
-        store = RunStore(cfg.root, cfg.run)
+        store = _offline(base, f"s{seed}-{arm.name}", {
+            "iterations": arm.iterations,
+            "iteration0_dpo": False,
+            "bootstrap": {"init_checkpoint": starts[arm.start]},
+            **arm.overrides,
+        })  # fmt: skip
         result[arm.name] = {
             "table": arm.table,
+            "base": arm.start,
             "seconds": round(time.perf_counter() - started, 1),
             "iterations": [_iteration_row(store, t) for t in range(1, arm.iterations + 1)],
         }
+    if not only or any(a.startswith("online") for a in only):
+        result.update(run_online(root, seed, quick, theta0, base))
     return result
+
+
+def online_config(root: str, seed: int, evolve: bool, budget: float, base: dict[str, Any]) -> Any:
+    """Online RLOO from theta_0 on the first ``ONLINE_SEEDS`` prompts of X_0, evaluated on the
+    offline arms' held-out set; one segment per 1x of the prompt budget."""
+    from tasks.store import RunStore
+
+    setup = RunStore(base["root"], f"s{seed}-base")
+    solver = OnlineRunConfig().online.solver
+    per_x = math.ceil(ONLINE_SEEDS / solver.prompts_per_step)
+    return validate_config(
+        {
+            "run": f"s{seed}-online-{'eva' if evolve else 'rloo'}",
+            "root": root,
+            "seed": seed,
+            "prompts": {"path": _uri(setup, "prompts"), "limit": ONLINE_SEEDS},
+            "heldout": {"path": _uri(setup, "heldout")},
+            "bootstrap": {"init_checkpoint": _model(setup, None)},
+            "online": {
+                "budget": budget,
+                "steps_per_segment": per_x,
+                "buffer": {"evolve": evolve},
+            },
+        },
+        OnlineRunConfig,
+    )
+
+
+def run_online(
+    root: str, seed: int, quick: bool, theta0: str, base: dict[str, Any]
+) -> dict[str, Any]:
+    from flows.online import eva_online
+    from tasks.store import RunStore
+
+    out: dict[str, Any] = {}
+    for evolve, budget in ((False, 1.0 if quick else 6.0), (True, 1.0 if quick else 3.0)):
+        cfg = online_config(root, seed, evolve, budget, base)
+        started = time.perf_counter()
+        rows = eva_online(cfg)
+        store = RunStore(cfg.root, cfg.run)
+        out["online-eva" if evolve else "online-rloo"] = {
+            "table": "T1",
+            "base": "theta_0",
+            "seconds": round(time.perf_counter() - started, 1),
+            "iterations": [
+                {**_iteration_row(store, None, segment=s), **_online_cells(row)}
+                for s, row in enumerate(rows[1:], start=1)
+            ],
+        }
+    return out
+
+
+def _uri(store: Any, artifact: str) -> str:
+    manifest = store.read_manifest(None, artifact)
+    assert manifest is not None, f"{store.base}: no {artifact}"
+    return str(manifest["uri"])
+
+
+def _online_cells(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: row[k] for k in ("budget", "phase", "buffer", "mean_reward", "children")}
 
 
 def main(argv: list[str] | None = None) -> None:

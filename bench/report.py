@@ -28,15 +28,20 @@ def _md_row(cells: list[str]) -> str:
 
 def _rows(results: Results, arm: str, t: int | None) -> list[dict[str, Any]]:
     """One row per seed for ``arm`` at iteration ``t`` (None: a base model), each carrying
-    ``delta``: its score minus the same seed's theta_1 (arms share theta_1, so the paired
-    difference removes most of the seed-to-seed spread). Empty when the arm was not run."""
+    ``delta``: its score minus the same seed's starting model (``base``: theta_1 for the offline
+    arms, theta_0 for theta_1 itself and the online arms), a paired difference that removes
+    most of the seed-to-seed spread. Empty when the arm was not run (or not that long)."""
     out = []
     for per_seed in results.values():
         if arm not in per_seed:
             return []
         entry = per_seed[arm]
+        if t is not None and len(entry["iterations"]) < t:
+            return []
         row = entry if t is None else entry["iterations"][t - 1]
-        out.append({**row, "delta": row["score"] - per_seed["theta_1"]["score"]})
+        base = entry.get("base")
+        start = per_seed[base]["score"] if base else row["score"]
+        out.append({**row, "delta": row["score"] - start})
     return out
 
 
@@ -55,11 +60,11 @@ def _line(label: str, rows: list[dict[str, Any]], cats: list[str]) -> list[str]:
     return cells
 
 
-def _table(title: str, lines: list[list[str]], cats: list[str]) -> str:
+def _table(title: str, lines: list[list[str]], cats: list[str], vs: str = "start") -> str:
     head = [
         "arm",
         "held-out score",
-        "Δ vs theta_1",
+        f"Δ vs {vs}",
         "solved",
         *[f"score {c}" for c in cats],
         "pairs",
@@ -94,12 +99,15 @@ def write_method_report(
 ) -> str:
     first = next(iter(results.values()))
     cats = sorted(k.removeprefix("cat_") for k in first["theta_0"] if k.startswith("cat_"))
-    arms = [a for a in first if a not in ("theta_0", "theta_1")]
-    base = [
-        _line("theta_0", _rows(results, "theta_0", None), cats),
-        _line("theta_1 (DPO, seed split 1)", _rows(results, "theta_1", None), cats),
-    ]
+    arms = [a for a in first if not a.startswith("theta_")]
 
+    def line(label: str, arm: str, t: int | None = 1) -> list[str]:
+        return _line(label, _rows(results, arm, t), cats)
+
+    base = [
+        line("theta_0", "theta_0", None),
+        line("theta_1 (world solver: DPO+NLL)", "theta_1", None),
+    ]
     parts = [
         f"## Method benchmark ({'quick' if quick else 'full'})",
         "",
@@ -108,24 +116,28 @@ def write_method_report(
         f"{len(results)} seed(s): {', '.join(results)}; {seconds / 60:.1f} min; "
         f"{_machine()}. Score = mean dense reward of greedy answers on the "
         "held-out set; ± is the standard deviation over seeds; Δ is the paired difference "
-        "from the same seed's theta_1.",
+        "from the same seed's starting model (theta_0 for theta_1 and the online arms, the "
+        "arm's theta_1 otherwise).",
         "",
     ]
     t2 = [
         *base,
-        _line("+new seed prompts (fresh)", _rows(results, "fresh", 1), cats),
-        _line("+eva", _rows(results, "eva", 1), cats),
+        line("+new seed prompts (fresh)", "fresh"),
+        line("+eva", "eva"),
+        line("+target prompts (upper bound)", "target"),
     ]
+    for s in ("dpo", "simpo", "orpo", "sppo"):
+        t2 += [
+            line(f"theta_1 ({s})", f"theta_1-{s}", None),
+            line(f"{s}: +new seed prompts", f"fresh-{s}"),
+            line(f"{s}: +eva", f"eva-{s}"),
+        ]
     parts.append(_table("Table 2 analogue: one iteration from theta_1", t2, cats))
-    t4 = [
-        _line(a.removeprefix("metric-"), _rows(results, a, 1), cats)
-        for a in arms
-        if a.startswith("metric-")
-    ]
-    t4.append(_line("a_min (default)", _rows(results, "eva", 1), cats))
-    parts.append(_table("Table 4 analogue: informativeness metric", t4, cats))
+    t4 = [line(a.removeprefix("metric-"), a) for a in arms if a.startswith("metric-")]
+    t4.append(line("a_min (default)", "eva"))
+    parts.append(_table("Table 4 analogue: informativeness metric", t4, cats, "theta_1"))
     t5 = [
-        _line(label, _rows(results, a, 1), cats)
+        line(label, a)
         for a, label in (
             ("subset-greedy", "no evolving, greedy"),
             ("subset-weighted", "no evolving, weighted"),
@@ -134,16 +146,22 @@ def write_method_report(
         )
         if a in arms
     ]
-    parts.append(_table("Table 5 analogue: evolving and sampling", t5, cats))
+    parts.append(_table("Table 5 analogue: evolving and sampling", t5, cats, "theta_1"))
     iterations = len(first["eva"]["iterations"]) if "eva" in first else 0
     both = "fresh" in first and iterations > 0
     if both:
         t13 = [*base]
         for t in range(1, iterations + 1):
-            t13.append(_line(f"fresh, iteration {t}", _rows(results, "fresh", t), cats))
-            t13.append(_line(f"eva, iteration {t}", _rows(results, "eva", t), cats))
-        parts.append(_table(f"Table 13 analogue: {iterations} iterations", t13, cats))
-    parts.append(_taught_table(results, arms))
+            for arm in ("fresh", "eva", "eva-previous", "target"):
+                t13.append(line(f"{arm}, iteration {t}", arm, t))
+        parts.append(_table(f"Table 13 analogue: {iterations} iterations", t13, cats, "theta_1"))
+    if "online-rloo" in first:
+        t1 = [line("theta_0", "theta_0", None)]
+        for arm, label in (("online-rloo", "RLOO"), ("online-eva", "RLOO-eva")):
+            for t in range(1, len(first[arm]["iterations"]) + 1):
+                t1.append(line(f"{label} ({t}x)", arm, t))
+        parts.append(_table("Table 1 analogue: online, by prompt budget", t1, cats, "theta_0"))
+    parts.append(_taught_table(results, [a for a in ("fresh", "eva", "target") if a in arms]))
     if both:
         parts.append(_plots(results, out_dir, name, iterations))
     md = "\n".join(parts)
@@ -161,14 +179,13 @@ def _plots(results: Results, out_dir: str, name: str, iterations: int) -> str:
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     ts = list(range(1, iterations + 1))
-    for arm in ("fresh", "eva"):
-        d = np.array(
-            [
-                [r["iterations"][t - 1]["difficulty"] for t in ts]
-                for r in (per_seed[arm] for per_seed in results.values())
-            ]
-        )
-        ax1.errorbar(ts, d.mean(0), yerr=d.std(0), marker="o", label=arm, capsize=3)
+    for arm in ("fresh", "eva", "target"):
+        if arm not in next(iter(results.values())):
+            continue
+        runs = [per_seed[arm]["iterations"] for per_seed in results.values()]
+        arm_ts = list(range(1, min(len(r) for r in runs) + 1))
+        d = np.array([[r[t - 1]["difficulty"] for t in arm_ts] for r in runs])
+        ax1.errorbar(arm_ts, d.mean(0), yerr=d.std(0), marker="o", label=arm, capsize=3)
     ax1.set(xlabel="iteration", ylabel="mean difficulty of X_t", title="Training-set difficulty")
     ax1.set_xticks(ts)
     ax1.legend()

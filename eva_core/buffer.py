@@ -97,6 +97,7 @@ class PromptBuffer:
     consumed: int = 0  # prompts handed to the trainer, from D and B together
     arrivals: int = 0  # children ever added (orders eviction)
     evicted: int = 0
+    refilled: int = 0  # prompts taken from a new pass over D because B was empty
     entries: list[Entry] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -162,9 +163,14 @@ class PromptBuffer:
         if len(from_b) + len(from_d) < batch_size and self.entries:
             # D ran out inside this batch: the rest comes from B (bootstrap starts next step).
             from_b += self._take_buffer(batch_size - len(from_b) - len(from_d))
+        if (short := batch_size - len(from_b) - len(from_d)) > 0:
+            # B cannot fill the batch either (children arrive a step late, or the evolver keeps
+            # failing): seed prompts drawn again at random fill it, counted so a run can tell.
+            rng = np.random.default_rng([self.seed, self.step, 2])
+            picks = rng.choice(len(self.seeds), size=short, replace=short > len(self.seeds))
+            from_d += [self.seeds[int(i)] for i in picks]
+            self.refilled += short
         records = from_b + from_d
-        if not records:
-            raise RuntimeError("both D and B are empty: nothing left to train on")
         batch = Batch(records, [True] * len(from_b) + [False] * len(from_d), self.phase)
         self.step += 1
         self.consumed += len(records)
@@ -236,6 +242,7 @@ class PromptBuffer:
             "consumed": self.consumed,
             "arrivals": self.arrivals,
             "evicted": self.evicted,
+            "refilled": self.refilled,
             "entries": [asdict(e) for e in self.entries],
         }
 

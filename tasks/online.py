@@ -166,6 +166,7 @@ def online(
         "phase": buffer.phase,
         "budget": round((buffer.consumed - pending) / len(records), 4),
         "seeds_left": buffer.seeds_left,
+        "refilled": buffer.refilled,
         "mean_reward": round(float(np.nanmean(rewards)), 4) if rewards.size else None,
         "mean_informativeness": round(float(np.nanmean(info)), 4) if info.size else None,
         "buffer": buffer.composition(),

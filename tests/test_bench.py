@@ -22,19 +22,25 @@ def test_quick_arms_produce_well_formed_tables(tmp_path, monkeypatch) -> None:
         return cfg
 
     monkeypatch.setattr(method, "base_config", tiny_base)
+    monkeypatch.setattr(method, "ONLINE_SEEDS", 12)
     results = {"0": method.run_seed(str(tmp_path / "runs"), 0, True, [], None)}
     assert set(results["0"]) == {
         "theta_0",
         "theta_1",
         "fresh",
         "eva",
+        "target",
         "metric-uniform",
         "subset-weighted",
+        "online-rloo",
+        "online-eva",
     }
+    online = results["0"]["online-eva"]["iterations"]
+    assert len(online) == 1 and online[0]["budget"] >= 1.0
     eva = results["0"]["eva"]["iterations"]
     assert len(eva) == 2 and all(r["pairs"] <= 4 for r in eva)
     md = write_method_report(results, str(tmp_path), "m", seconds=1.0, quick=True, command="c")
-    for title in ("Table 2", "Table 4", "Table 5", "Table 13", "Table 7"):
+    for title in ("Table 1", "Table 2", "Table 4", "Table 5", "Table 13", "Table 7"):
         assert f"### {title}" in md
     rows = [line for line in md.splitlines() if line.startswith("| +eva")]
     assert len(rows) == 1

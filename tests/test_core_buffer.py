@@ -112,6 +112,16 @@ def test_weighted_draw_prefers_high_priority_and_never_picks_zero_while_positive
     assert 0.85 < first / 400 < 0.95
 
 
+def test_an_empty_buffer_after_the_seeds_run_out_refills_from_d_at_random():
+    # D smaller than a batch, children not in yet: the batch is completed from D again.
+    buf = PromptBuffer(seeds(3), BufferSettings(size=10), seed=0)
+    first = buf.draw(4)
+    assert len(first.records) == 4 and buf.refilled == 1 and buf.seeds_left == 0
+    assert len({r["prompt"] for r in first.records}) == 3  # all of D, then one again
+    second = buf.draw(4)
+    assert second.phase == "bootstrap" and buf.refilled == 5
+
+
 def test_duplicate_children_are_skipped():
     buf = PromptBuffer(seeds(2), BufferSettings(size=10), seed=0)
     buf.add_children([rec("a"), rec("a"), rec("b")], [1.0, 1.0, 1.0])
