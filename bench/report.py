@@ -12,7 +12,8 @@ import numpy as np
 Results = dict[str, dict[str, Any]]  # seed -> arm -> result
 
 
-def _stat(values: list[float]) -> str:
+def mean_std(values: list[float]) -> str:
+    """'mean ± sample std' over seeds (just the mean for one seed)."""
     a = np.asarray(values, dtype=float)
     return f"{a.mean():.3f} ± {a.std(ddof=1):.3f}" if len(a) > 1 else f"{a.mean():.3f}"
 
@@ -49,12 +50,12 @@ def _line(label: str, rows: list[dict[str, Any]], cats: list[str]) -> list[str]:
     """A table row over seeds; empty when the arm was not run."""
     if not rows:
         return []
-    cells = [label, _stat([r["score"] for r in rows]), _stat([r["delta"] for r in rows])]
-    cells.append(_stat([r["solved"] for r in rows]))
-    cells += [_stat([r.get(f"cat_{c}", np.nan) for r in rows]) for c in cats]
+    cells = [label, mean_std([r["score"] for r in rows]), mean_std([r["delta"] for r in rows])]
+    cells.append(mean_std([r["solved"] for r in rows]))
+    cells += [mean_std([r.get(f"cat_{c}", np.nan) for r in rows]) for c in cats]
     if "difficulty" in rows[0]:
-        cells.append(_stat([r["pairs"] for r in rows]))
-        cells.append(_stat([r["difficulty"] for r in rows]))
+        cells.append(mean_std([r["pairs"] for r in rows]))
+        cells.append(mean_std([r["difficulty"] for r in rows]))
     else:
         cells += ["-", "-"]
     return cells
@@ -87,7 +88,7 @@ def _taught_table(results: Results, arms: list[str]) -> str:
             if not rows or "chosen_exact" not in rows[0]:
                 continue
             cells = [f"{arm}, iteration {0 if arm == 'theta_1' else t + 1}"]
-            cells += [_stat([r[k] for r in rows]) for k in _TAUGHT]
+            cells += [mean_std([r[k] for r in rows]) for k in _TAUGHT]
             lines.append(cells)
     head = ["arm", "pairs", "mean sample reward on X_t", "chosen exact", "optimizer steps",
             "final loss", "final margin"]  # fmt: skip
