@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import time
+import warnings
 
 import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
+from eva_core.informativeness import reward_matrix
 from tasks.backends.reward import RewardBackend
 from tasks.backends.world import WorldReward
 from tasks.generate import ROLLOUT_COLUMNS
-from tasks.stage import StageContext, StageOutput, stage
+from tasks.stage import StageContext, StageError, StageOutput, check_failures, stage
 
 ANNOTATED_COLUMNS = (*ROLLOUT_COLUMNS, "rewards")
 
@@ -22,6 +24,18 @@ class AnnotateConfig(BaseModel):
         default_factory=WorldReward,
         description="world (verifier), sequence_classifier (Skywork/ArmoRM-style RM), "
         "vllm_pooling, callable (package.module:function), pairwise (LLM judge win rate).",
+    )
+    max_unscored_share: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="Fail the stage when more than this share of prompts got no finite reward "
+        "at all (a reward model or judge that is down); fewer are counted in the stats.",
+    )
+    fail_on_no_signal: bool = Field(
+        default=False,
+        description="Fail when every scored prompt's rewards are all equal (no preference "
+        "signal, nothing to learn); by default this is reported and the run goes on.",
     )
 
 
@@ -38,8 +52,24 @@ def annotate(ctx: StageContext, config: AnnotateConfig, rollouts: pa.Table) -> S
     flat = np.array([r for rs in rewards for r in rs], dtype=np.float64)
     out = rollouts.append_column("rewards", pa.array(rewards, pa.list_(pa.float64())))
     finite = flat[np.isfinite(flat)]
+    matrix = reward_matrix(out.column("rewards"))
+    scored = np.isfinite(matrix).any(axis=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows: counted as unscored
+        tied = scored & (np.nanmax(matrix, axis=1) == np.nanmin(matrix, axis=1))
+    n = len(matrix)
+    check_failures(
+        ctx.artifact, int(n - scored.sum()), n, "all rewards NaN (unscored)",
+        config.max_unscored_share, "annotate.max_unscored_share",
+    )  # fmt: skip
+    if config.fail_on_no_signal and n and tied.sum() == scored.sum():
+        raise StageError(
+            f"{ctx.artifact}: every scored prompt's rewards are equal ({int(tied.sum())} of {n}):"
+            " no preference signal (annotate.fail_on_no_signal)"
+        )
     stats = {
         "responses": int(flat.size), "unscored": int(flat.size - finite.size),
+        "unscored_prompts": int(n - scored.sum()), "tied_prompts": int(tied.sum()),
         "mean_reward": round(float(finite.mean()), 4) if finite.size else None,
         "backend_seconds": round(seconds, 3),
         # Backend-specific counts (failures, too-long conversations, unreadable verdicts).

@@ -13,15 +13,22 @@ import time
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-from eva_core.evolution import evolved_records
+from eva_core.evolution import clean_rewrite, evolved_records
 from eva_core.schema import PROMPT_COLUMNS
 from tasks.backends.evolver import EvolverBackend, WorldEvolver
-from tasks.stage import StageContext, StageOutput, stage
+from tasks.stage import StageContext, StageOutput, check_failures, stage
 
 
 class EvolveConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     num_evolutions: int = Field(default=4, ge=1, description="New prompts per parent (paper: 4).")
+    max_failed_share: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="Fail the stage when an LLM evolver returned nothing usable for more than "
+        "this share of parents (an endpoint that is down or refuses); fewer are counted.",
+    )
     max_chars: int | None = Field(
         default=8192, ge=1, description="Drop rewrites longer than this many characters."
     )
@@ -43,6 +50,13 @@ def evolve(
         parents, subset.column("category").to_pylist(), config.num_evolutions, ctx.seed
     )
     seconds = time.perf_counter() - started
+    failed = sum(not any(clean_rewrite(text) for text, _ in rewrites) for rewrites in raw)
+    endpoint = getattr(getattr(config.evolver, "llm", None), "base_url", None)
+    if endpoint is not None:  # the world's operators cannot fail; an LLM behind a URL can
+        check_failures(
+            ctx.artifact, failed, len(parents), "the evolver returned no usable rewrite",
+            config.max_failed_share, "evolve.max_failed_share", endpoint,
+        )  # fmt: skip
     assert ctx.iteration is not None, "evolve runs inside an iteration"
     table, stats = evolved_records(
         subset,
@@ -66,6 +80,7 @@ def evolve(
     backend = evolver.stats() if hasattr(evolver, "stats") else None
     out_stats = {
         **stats.as_dict(),
+        "parents_without_rewrite": failed,
         "backend_seconds": round(seconds, 3),
         **({"backend": backend} if backend is not None else {}),
     }

@@ -29,7 +29,7 @@ from tasks.backends.online_rl import OnlineSolverConfig, train_segment
 from tasks.backends.online_source import OnlinePromptSource, pending_batches
 from tasks.backends.reward import PointwiseRewardBackend
 from tasks.backends.world import WorldReward
-from tasks.stage import MODEL, StageContext, StageError, StageOutput, stage
+from tasks.stage import MODEL, StageContext, StageError, StageOutput, check_failures, stage
 
 STATE_FILE = "eva_online_state.json"
 LOG_COLUMNS = (*PROMPT_COLUMNS, "step", "phase", "from_buffer", "rewards", "informativeness")
@@ -76,6 +76,13 @@ class OnlineConfig(BaseModel):
     evolver: EvolverBackend = Field(default_factory=WorldEvolver)
     max_chars: int | None = Field(
         default=8192, ge=1, description="Drop rewrites longer than this many characters."
+    )
+    max_failed_share: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        description="Fail the segment when an LLM evolver returned nothing usable for more "
+        "than this share of the parents it was given (an endpoint that is down).",
     )
     evolve_lag: int = Field(
         default=1,
@@ -151,6 +158,13 @@ def online(
     finally:
         source.close()
     seconds = time.perf_counter() - started
+    endpoint = getattr(getattr(config.evolver, "llm", None), "base_url", None)
+    if endpoint is not None:
+        check_failures(
+            ctx.artifact, source.stats.failed_parents, source.stats.parents,
+            "the evolver returned no usable rewrite", config.max_failed_share,
+            "online.max_failed_share", endpoint,
+        )  # fmt: skip
     trained = done + steps
     with open(os.path.join(out_dir, STATE_FILE), "w") as f:
         json.dump({**source.state(), "trained_steps": trained}, f)

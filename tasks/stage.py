@@ -286,6 +286,30 @@ def stage(
     return lambda fn: Stage(name, fn, inputs, outputs, extra_key)
 
 
+def check_failures(
+    artifact: str,
+    failed: int,
+    total: int,
+    what: str,
+    limit: float,
+    setting: str,
+    endpoint: str | None = None,
+) -> None:
+    """Fail the stage (no manifest, so a rerun retries it) when more than ``limit`` of its
+    ``total`` items failed; fewer failures are the caller's to count in its stats.
+
+    A backend that is down must not pass for a stage that found nothing to do: an evolver that
+    kept 0 of 200 prompts because its endpoint refused every request would otherwise be cached
+    as a finished stage and never retried.
+    """
+    if total and failed / total > limit:
+        at = f" at {endpoint}" if endpoint else ""
+        raise StageError(
+            f"{artifact}: {what} for {failed} of {total}{at}, more than {setting} = {limit:g} "
+            "allows; fix the backend and run again (this stage left no artifact)"
+        )
+
+
 def stage_seed(run_seed: int, iteration: int | None, artifact: str) -> int:
     """A per-stage seed, so re-running one stage reproduces it without replaying the others."""
     return int(_sha(f"{run_seed}/{iteration}/{artifact}")[:8], 16)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from pydantic import ValidationError
@@ -131,11 +129,13 @@ def test_chat_template_always_requires_a_template(model_dir: str):
         TransformersGeneration(chat_template="always").load(model_dir)
 
 
-def test_generation_is_clipped_to_the_position_table(model_dir: str, tmp_path: Path):
-    gen = _load(model_dir, temperature=0.0, max_new_tokens=500)
-    out = gen.generate(["1+2="], n=1, seed=0)  # 4 + 500 > 64 positions: shortened, not a crash
-    assert out[0][0] == "3"
-    with pytest.raises(ValueError, match="no room"):
-        gen.generate(["1" * 64], n=1, seed=0)
+def test_a_prompt_that_cannot_fit_is_named_instead_of_shortening_its_batch(model_dir: str):
+    # Every prompt gets the configured max_new_tokens or the call fails up front, naming the
+    # row: a long prompt used to shorten every answer in its batch (issue 10).
+    gen = _load(model_dir, temperature=0.0, max_new_tokens=10)
+    with pytest.raises(ValueError, match=r"prompt row 1 has 60 tokens; with max_new_tokens 10"):
+        gen.generate(["1+2=", "1" * 59 + "=", "3+4="], n=1, seed=0)
+    long_and_short = gen.generate(["1" * 50 + "=", "1+2="], n=1, seed=0)
+    assert long_and_short[1] == gen.generate(["1+2="], n=1, seed=0)[0]
     with pytest.raises(ValueError, match="no tokens"):
         gen.generate([""], n=1, seed=0)

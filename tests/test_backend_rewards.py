@@ -209,3 +209,35 @@ def test_vllm_gives_the_raw_logits_that_transformers_gives(tmp_path: Path):
     flat_expected = [x for row in expected for x in row]
     assert [x for row in got for x in row] == pytest.approx(flat_expected, abs=1e-3)
     assert any(not 0.0 <= x <= 1.0 for x in flat_expected)  # a sigmoid would have squashed these
+
+
+# --- the annotate stage: an unscorable or signal-free batch is said where it happens ----------
+
+
+def _annotate(tmp_path: Path, reward: dict[str, Any], responses: list[list[str]], **cfg: Any):
+    import pyarrow as pa
+
+    from eva_core.schema import seed_records
+    from tasks.annotate import AnnotateConfig, annotate
+    from tasks.stage import RunContext, StageContext
+
+    run = RunContext(root=str(tmp_path), run="t", seed=0)
+    ctx = StageContext(run, 1, "annotate", 0, {}, str(tmp_path), run.store(), lambda _: None)
+    prompts = ["1+2=", "3+4=", "5+6=", "7+1="][: len(responses)]
+    rollouts = seed_records(prompts).append_column(
+        "responses", pa.array(responses, pa.list_(pa.string()))
+    )
+    return annotate.fn(ctx, AnnotateConfig.model_validate({"reward": reward, **cfg}), rollouts)
+
+
+def test_annotate_fails_when_most_prompts_are_unscored_and_counts_the_rest(tmp_path: Path):
+    from tasks.stage import StageError
+
+    nothing = {"kind": "callable", "function": "tests.support.rewards:unscorable"}
+    with pytest.raises(StageError, match=r"all rewards NaN \(unscored\) for 4 of 4"):
+        _annotate(tmp_path, nothing, [["?", "?"]] * 4)  # "?" cannot be scored
+    # One prompt in four unscored is counted, and the run goes on.
+    out = _annotate(tmp_path, nothing, [["?", "?"], ["7", "7"], ["?", "1"], ["8", "1"]])
+    assert out.stats["unscored_prompts"] == 1 and out.stats["tied_prompts"] == 3
+    with pytest.raises(StageError, match="no preference signal"):
+        _annotate(tmp_path, {"kind": "world"}, [["3", "3"], ["7", "7"]], fail_on_no_signal=True)

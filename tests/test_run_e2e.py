@@ -329,3 +329,47 @@ def test_split_and_evolve_skip_held_out_prompts(tmp_path) -> None:
     out = evolve.fn(ctx(1, "evolve"), EvolveConfig(), subset=parents, heldout=blocked)
     assert out.table.column("prompt").to_pylist() == children[3:]
     assert out.stats["dropped"]["heldout"] == 3
+
+
+def test_a_dead_evolver_fails_the_run_and_is_retried_once_it_answers(tmp_path, capsys) -> None:
+    """An evolver endpoint where nothing listens used to keep 0 of N prompts, exit 0 and be
+    cached as done; now evolve fails without a manifest, naming the endpoint, and the same
+    command succeeds once the endpoint answers."""
+    import socket
+
+    import numpy as np
+
+    from eva_core import world
+    from tests.support.openai_server import OpenAICompatibleServer
+    from tests.test_backend_evolve_paper import _GIVEN
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    cfg = tiny_run_config(str(tmp_path), run="dead")
+    cfg["evolve"] = {
+        "evolver": {
+            "kind": "paper",
+            "llm": {"base_url": url, "model": "tiny", "timeout_s": 2, "max_retries": 0},
+            "scorer": "length",
+        }
+    }
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    store = RunStore(str(tmp_path), "dead")
+    assert main(["run", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("eva: error: evolve: the evolver returned no usable rewrite for")
+    assert url in err and "evolve.max_failed_share" in err
+    assert store.read_manifest(1, "sample") is not None
+    assert store.read_manifest(1, "evolve") is None
+
+    def deepen(prompt: str, index: int, request: dict) -> str:
+        given = _GIVEN.search(prompt).group(1).strip()  # type: ignore[union-attr]
+        return world.evolve(given, "deepen_digits", np.random.default_rng(index)) or given
+
+    with OpenAICompatibleServer(deepen, port=port):
+        assert main(["run", "--config", str(path)]) == 0
+    evolved = store.read_manifest(1, "evolve")
+    assert evolved["stats"]["kept"] > 0 and evolved["stats"]["parents_without_rewrite"] == 0

@@ -125,6 +125,22 @@ class TransformersGeneration(BaseModel):
         return TransformersGenerator(model, tokenizer, self)
 
 
+def check_fits(model_config: Any, prompt_tokens: Sequence[int], max_new_tokens: int) -> None:
+    """Raise, naming the first prompt (by row), when a prompt plus ``max_new_tokens`` exceeds
+    the model's position table, instead of truncating answers or crashing mid-batch."""
+    limit = getattr(model_config, "max_position_embeddings", None)
+    if limit is None:
+        return
+    over = [i for i, n in enumerate(prompt_tokens) if n + max_new_tokens > limit]
+    if over:
+        i = over[0]
+        raise ValueError(
+            f"prompt row {i} has {prompt_tokens[i]} tokens; with max_new_tokens "
+            f"{max_new_tokens} it exceeds the model's {limit} positions ({len(over)} prompts "
+            "do): shorten the prompts or lower max_new_tokens"
+        )
+
+
 class TransformersGenerator:
     """A loaded policy that satisfies the ``Generator`` protocol."""
 
@@ -178,19 +194,15 @@ class TransformersGenerator:
         # Longest first, so batches hold similar lengths (little padding) and a batch that does
         # not fit in memory fails at the start rather than at the end of a long run.
         order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
-        max_positions = getattr(self.model.config, "max_position_embeddings", None)
+        check_fits(self.model.config, [len(ids) for ids in encoded], cfg.max_new_tokens)
         results: list[list[str]] = [[] for _ in prompts]
         device = self.model.device
         for start in range(0, len(order), cfg.batch_size):
+            # Every prompt gets the full max_new_tokens: positions come from the attention mask,
+            # so a long batch-mate does not shorten anyone's answer.
             chunk = order[start : start + cfg.batch_size]
             width = max(len(encoded[i]) for i in chunk)
             max_new = cfg.max_new_tokens
-            if max_positions is not None:
-                # Absolute-position models (GPT-2) crash past their table: shorten instead. The
-                # cap follows the batch's longest prompt; sorting keeps batch-mates similar.
-                max_new = min(max_new, max_positions - width)
-                if max_new < 1:
-                    raise ValueError(f"a {width}-token prompt leaves no room in {max_positions}")
             input_ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
             attention = torch.zeros((len(chunk), width), dtype=torch.long)
             for row, i in enumerate(chunk):  # left padding: generation appends on the right

@@ -30,12 +30,12 @@ import numpy as np
 import pyarrow as pa
 
 from eva_core.buffer import Batch, PromptBuffer
-from eva_core.evolution import EvolveStats, evolved_records
+from eva_core.evolution import EvolveStats, clean_rewrite, evolved_records
 from eva_core.schema import PROMPT_SCHEMA
 from tasks.backends.protocols import Evolver
 
-# A child's records and starting priorities, with the evolution's stats and seconds.
-_Evolved = tuple[list[dict[str, Any]], list[float], EvolveStats, float]
+# Children's records and starting priorities, the evolution's stats, seconds and failed parents.
+_Evolved = tuple[list[dict[str, Any]], list[float], EvolveStats, float, int]
 
 
 @dataclass
@@ -46,6 +46,7 @@ class SourceStats:
     trained_prompts: int = 0
     from_buffer: int = 0
     parents: int = 0
+    failed_parents: int = 0  # parents the evolver returned nothing usable for
     children_added: int = 0
     evicted: int = 0
     evolve_seconds: float = 0.0  # time the evolver worked (in the worker thread)
@@ -154,6 +155,7 @@ class OnlinePromptSource:
         raw = self.evolver.evolve(
             [p["prompt"] for p in parents], [p.get("category") for p in parents], n, seed
         )
+        failed = sum(not any(clean_rewrite(text) for text, _ in rewrites) for rewrites in raw)
         table = pa.Table.from_pylist(parents, schema=PROMPT_SCHEMA)
         children, stats = evolved_records(
             table, raw, step, self.max_chars, self.categorize, exclude_ids=self.exclude_ids
@@ -161,14 +163,15 @@ class OnlinePromptSource:
         by_parent = dict(zip((p["prompt_id"] for p in parents), priorities, strict=True))
         records = children.to_pylist()
         seconds = time.perf_counter() - started
-        return records, [by_parent[r["parent_id"]] for r in records], stats, seconds
+        return records, [by_parent[r["parent_id"]] for r in records], stats, seconds, failed
 
     def _join(self, upto: int) -> None:
         """Add the children of every evolution submitted at a step <= ``upto``, in order."""
         while self._evolutions and self._evolutions[0][0] <= upto:
             _, future = self._evolutions.popleft()
             waited = time.perf_counter()
-            records, priorities, stats, seconds = future.result()
+            records, priorities, stats, seconds, failed = future.result()
+            self.stats.failed_parents += failed
             self.stats.evolve_wait_seconds += time.perf_counter() - waited
             self.stats.evolve_seconds += seconds
             self.stats.evicted += self.buffer.add_children(records, priorities)
