@@ -45,6 +45,7 @@ from eva_core.informativeness import METRICS, reward_matrix
 from flows.config import (
     ConfigError,
     OnlineRunConfig,
+    RunConfig,
     apply_overrides,
     deep_merge,
     validate_config,
@@ -103,13 +104,18 @@ def solver_settings(kind: str) -> dict[str, Any]:
 
 def base_config(root: str, seed: int, quick: bool, overrides: list[str]) -> dict[str, Any]:
     """The settings every arm shares; ``overrides`` (``a.b=value``) apply to all arms alike."""
-    base = {
-        "root": root,
-        "seed": seed,
-        "prompts": {"world_size": 1000 if quick else 2000},
-        "heldout": {"world_size": 300 if quick else 500, "world_distribution": "heldout"},
-        "pairs": {"max_pairs": PAIR_BUDGET},
-    }
+    # Field by field onto the world's config: a partial section would otherwise start from
+    # that section's paper defaults and drop the world's settings (pairs.min_chosen_reward).
+    base = deep_merge(
+        RunConfig().model_dump(mode="json"),
+        {
+            "root": root,
+            "seed": seed,
+            "prompts": {"world_size": 1000 if quick else 2000},
+            "heldout": {"world_size": 300 if quick else 500},
+            "pairs": {"max_pairs": PAIR_BUDGET},
+        },
+    )
     # Overrides change single fields of the config that would run (see flows.config).
     return apply_overrides(validate_config(base).model_dump(mode="json"), overrides)
 
@@ -225,19 +231,22 @@ def online_config(root: str, seed: int, evolve: bool, budget: float, base: dict[
     solver = OnlineRunConfig().online.solver
     per_x = math.ceil(ONLINE_SEEDS / solver.prompts_per_step)
     return validate_config(
-        {
-            "run": f"s{seed}-online-{'eva' if evolve else 'rloo'}",
-            "root": root,
-            "seed": seed,
-            "prompts": {"path": _uri(setup, "prompts"), "limit": ONLINE_SEEDS},
-            "heldout": {"path": _uri(setup, "heldout")},
-            "bootstrap": {"init_checkpoint": _model(setup, None)},
-            "online": {
-                "budget": budget,
-                "steps_per_segment": per_x,
-                "buffer": {"evolve": evolve},
+        deep_merge(
+            OnlineRunConfig().model_dump(mode="json"),
+            {
+                "run": f"s{seed}-online-{'eva' if evolve else 'rloo'}",
+                "root": root,
+                "seed": seed,
+                "prompts": {"path": _uri(setup, "prompts"), "limit": ONLINE_SEEDS},
+                "heldout": {"path": _uri(setup, "heldout")},
+                "bootstrap": {"init_checkpoint": _model(setup, None)},
+                "online": {
+                    "budget": budget,
+                    "steps_per_segment": per_x,
+                    "buffer": {"evolve": evolve},
+                },
             },
-        },
+        ),
         OnlineRunConfig,
     )
 
