@@ -263,7 +263,8 @@ def run_costs(root: str, quick: bool, base: dict[str, Any] | None = None) -> dic
     results["rollout_demo"] = rollout_efficiency(demo, 1, gen["task"])
 
     # The same theta_0 for every other run: bootstrap is setup, not part of an iteration.
-    theta0 = _manifest(RunStore(root, "demo"), None, "bootstrap")["model_uri"]
+    demo_store = RunStore(root, "demo")
+    theta0 = demo_store.absolute(_manifest(demo_store, None, "bootstrap")["model_uri"])
     shared = deep_merge(base, {"bootstrap": {"init_checkpoint": theta0}})
     if not quick:
         size = demo.prompts.world_size * SCALE

@@ -181,7 +181,7 @@ def _model(store: Any, t: int | None) -> str:
     stage = "bootstrap" if t is None else "train"
     manifest = store.read_manifest(t, stage)
     assert manifest is not None, f"{store.base}: no {stage} model"
-    return str(manifest["model_uri"])
+    return str(store.absolute(manifest["model_uri"]))
 
 
 def run_seed(
@@ -278,7 +278,7 @@ def run_online(
 def _uri(store: Any, artifact: str) -> str:
     manifest = store.read_manifest(None, artifact)
     assert manifest is not None, f"{store.base}: no {artifact}"
-    return str(manifest["uri"])
+    return str(store.absolute(manifest["uri"]))
 
 
 def _online_cells(row: dict[str, Any]) -> dict[str, Any]:

@@ -69,7 +69,9 @@ def seed_records(
     ids: list[str] = []
     seen: dict[str, int] = {}
     for row, text in enumerate(prompts):
-        if not isinstance(text, str) or not text.strip():
+        if text is not None and not isinstance(text, str):
+            raise ValueError(f"row {row}: prompt is not text (got {type(text).__name__} {text!r})")
+        if text is None or not text.strip():
             raise ValueError(f"row {row}: prompt is empty")
         pid = prompt_id(text)
         if pid in seen:

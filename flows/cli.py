@@ -128,11 +128,14 @@ def _cmd_online(args: argparse.Namespace) -> int:
 
 
 def stored_config(root: str, run: str) -> Any:
-    """The config a run was last launched with (an offline or an online run's)."""
+    """The config a run was last launched with (an offline or an online run's), at the root
+    given here: a run copied elsewhere is shown and rerun where it now is, never at the root it
+    was first launched under."""
     from flows.config import ConfigError, OnlineRunConfig, RunConfig, validate_config
     from tasks.store import RunStore
 
-    store = RunStore(os.path.abspath(root) if "://" not in root else root, run)
+    root = os.path.abspath(root) if "://" not in root else root
+    store = RunStore(root, run)
     try:
         with store.fs.open(f"{store.base}/config.json") as f:
             data = json.load(f)
@@ -140,6 +143,7 @@ def stored_config(root: str, run: str) -> Any:
         raise ConfigError(
             f"--run {run}: no run at {store.base} (start it with `eva run`)"
         ) from None
+    data["root"] = root
     return validate_config(data, OnlineRunConfig if "online" in data else RunConfig)
 
 
@@ -161,6 +165,9 @@ def _cmd_stage(args: argparse.Namespace) -> int:
         last, entry = config.iterations, eva_run
     if args.iteration is not None and args.iteration > last:
         raise SystemExit(f"eva: error: --iteration {args.iteration}: run has {last}")
+    where = "setup" if args.iteration is None else f"iteration {args.iteration}"
+    if args.name not in _stages_at(config, args.iteration):
+        raise SystemExit(f"eva: error: {args.name} does not run in {where} of {args.run}")
 
     plan = Plan(
         target_iteration=args.iteration,
@@ -171,6 +178,27 @@ def _cmd_stage(args: argparse.Namespace) -> int:
     rows = entry(config, plan)
     print(summary_table(rows))
     return 0
+
+
+def _stages_at(config: Any, iteration: int | None) -> set[str]:
+    """The stages a run's flow calls at ``iteration`` (None: setup)."""
+    if iteration is None:
+        return {"prompts", "heldout", "bootstrap", "evaluate"}
+    if _is_online(config):
+        return {"online", "evaluate"}
+    solver = {"generate", "annotate", "pairs", "train", "evaluate"}
+    if iteration == 0:
+        return solver if config.iteration0_dpo else set()
+    if config.prompt_strategy in ("fresh", "target"):
+        return solver | {"prompts"}
+    creator = {"score", "sample"}
+    if config.creator_rollouts == "fresh" or (iteration == 1 and not config.iteration0_dpo):
+        creator |= {"creator_generate", "creator_annotate"}
+    if config.prompt_strategy == "eva":
+        creator |= {"evolve", "mix"}
+    if config.complexity is not None:
+        creator.add("complexity")
+    return solver | creator
 
 
 def _cmd_show(args: argparse.Namespace) -> int:

@@ -222,10 +222,19 @@ def read_config_file(path: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
     if path in _seen:
         raise ConfigError(f"{path}: extends itself (through {' -> '.join(_seen)})")
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f) or {}
     except FileNotFoundError:
         raise ConfigError(f"--config: no file at {path}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"--config: {path} is a directory, not a YAML/JSON file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{path}:{where}: {problem}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     base = data.pop("extends", None)

@@ -1,13 +1,24 @@
 """Checks on user inputs that must pass before a run writes anything.
 
 Config fields are validated by pydantic when the config is built; what remains are the
-contents of files the config points at (a prompt file's columns and rows).
+contents of files the config points at (a prompt file's columns and rows) and whether the run
+root can be written at all. Each failure is one line naming the field or file.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+import threading
+from typing import Any
+
+import fsspec
+
 from flows.config import ConfigError, OnlineRunConfig, RunConfig
 from tasks.prompts import read_prompt_file
+
+ROOT_TIMEOUT_S = 20.0
 
 
 def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
@@ -20,3 +31,54 @@ def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
             raise ConfigError(f"{field}.path: no file at {prompts.path!r}") from None
         except ValueError as exc:
             raise ConfigError(f"{field}.path: {exc}") from None
+    check_root(config.root, config.storage_options)
+
+
+def check_root(root: str, storage_options: dict[str, Any]) -> None:
+    """The run root can be written (a local folder) or reached (a remote URL), checked without
+    leaving anything behind and without waiting on an endpoint that does not answer."""
+    if "://" not in root:
+        _check_local_root(root)
+        return
+    outcome: list[BaseException | None] = []
+
+    options = dict(storage_options)
+    if root.startswith(("s3://", "s3a://")):
+        # One quick attempt for the probe only: botocore's default retries and back-off made a
+        # dead endpoint take 40 s to report (the run itself keeps the user's settings).
+        quick = {"connect_timeout": 5, "read_timeout": 10, "retries": {"max_attempts": 1}}
+        options["config_kwargs"] = {**quick, **options.get("config_kwargs", {})}
+        options["skip_instance_cache"] = True
+
+    def probe() -> None:
+        try:
+            fs, path = fsspec.core.url_to_fs(root, **options)
+            fs.exists(path)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=probe, daemon=True)  # a hung endpoint must not hang us
+    thread.start()
+    thread.join(ROOT_TIMEOUT_S)
+    endpoint = storage_options.get("endpoint_url") or (
+        storage_options.get("client_kwargs") or {}
+    ).get("endpoint_url")
+    where = f"{root}" + (f" (endpoint {endpoint})" if endpoint else "")
+    if not outcome:
+        raise ConfigError(f"root: no answer from {where} within {ROOT_TIMEOUT_S:g} s")
+    if (exc := outcome[0]) is not None:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"root: cannot reach {where}: {first}")
+
+
+def _check_local_root(root: str) -> None:
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise ConfigError(f"root: {root} is a file, not a folder")
+    existing = root
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    try:  # a real write, removed at once: os.access cannot see read-only mounts or /proc
+        shutil.rmtree(tempfile.mkdtemp(prefix=".eva-write-check-", dir=existing))
+    except OSError as exc:
+        raise ConfigError(f"root: cannot write under {root} ({exc.strerror})") from None

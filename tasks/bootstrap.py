@@ -76,11 +76,10 @@ def _checkpoint_key(config: BootstrapConfig) -> dict[str, str]:
 def bootstrap(ctx: StageContext, config: BootstrapConfig, heldout: pa.Table) -> StageOutput:
     if config.init_checkpoint:
         table = pa.table({"step": pa.array([], pa.int64()), "loss": pa.array([], pa.float64())})
-        return StageOutput(
-            table,
-            stats={"checkpoint": config.init_checkpoint},
-            external_model=config.init_checkpoint,
-        )
+        ref = config.init_checkpoint
+        if not is_hub_id(ref) and "://" not in ref:
+            ref = os.path.abspath(ref)  # manifests resolve relative paths inside the run
+        return StageOutput(table, stats={"checkpoint": ref}, external_model=ref)
     started = time.perf_counter()
     tokenizer = build_char_tokenizer(world.ALPHABET)
     model = build_tiny_model(config.model, tokenizer, seed=ctx.seed)

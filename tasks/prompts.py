@@ -8,6 +8,8 @@ prompts from its broader target distribution, never overlapping the seed set.
 
 from __future__ import annotations
 
+import io
+import json
 import os
 from typing import Any, Literal
 
@@ -44,28 +46,47 @@ class PromptsConfig(BaseModel):
     storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options.")
 
 
+def _read_table(path: str, ext: str, storage_options: dict[str, Any]) -> pa.Table:
+    with fsspec.open(path, "rb", **storage_options) as f:
+        if ext == ".parquet":
+            return pq.read_table(f)
+        if ext == ".csv":
+            return pacsv.read_csv(f)
+        data = f.read()
+    text = data.decode("utf-8")  # a non-UTF-8 file fails here, and is named by the caller
+    if ext == ".json" and text.lstrip().startswith("["):
+        # A JSON array of objects, or of plain strings (each a prompt).
+        rows = json.loads(text)
+        if rows and all(isinstance(r, str) for r in rows):
+            rows = [{"prompt": r} for r in rows]
+        return pa.Table.from_pylist(rows)
+    return pajson.read_json(io.BytesIO(data))
+
+
 def read_prompt_file(config: PromptsConfig) -> pa.Table:
     """Read and validate a user prompt file into prompt records; errors name the row or field."""
     assert config.path is not None
     ext = os.path.splitext(config.path.split("?")[0])[1].lower()
-    with fsspec.open(config.path, "rb", **config.storage_options) as f:
-        if ext == ".parquet":
-            table = pq.read_table(f)
-        elif ext in (".jsonl", ".json", ".ndjson"):
-            table = pajson.read_json(f)
-        elif ext == ".csv":
-            table = pacsv.read_csv(f)
-        else:
-            raise ValueError(
-                f"prompts.path: unsupported file type {ext!r} (jsonl, json, csv, parquet)"
-            )
+    if ext not in (".parquet", ".jsonl", ".json", ".ndjson", ".csv"):
+        raise ValueError(f"unsupported file type {ext!r} (jsonl, json, csv, parquet)")
+    try:
+        table = _read_table(config.path, ext, config.storage_options)
+    except IsADirectoryError:
+        raise ValueError(f"{config.path} is a directory, not a prompt file") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{config.path}: not UTF-8 text (byte {exc.start})") from None
+    except (pa.ArrowInvalid, json.JSONDecodeError, UnicodeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{config.path}: cannot be read as {ext[1:]}: {first}") from None
     if config.prompt_column not in table.column_names:
         raise ValueError(
             f"{config.path}: no column {config.prompt_column!r} (columns: "
-            f"{', '.join(table.column_names)}); set prompts.prompt_column"
+            f"{', '.join(table.column_names) or 'none'}); set prompts.prompt_column"
         )
     if config.limit:
         table = table.slice(0, config.limit)
+    if table.num_rows == 0:
+        raise ValueError(f"{config.path}: no prompts (0 rows)")
     texts = table.column(config.prompt_column).to_pylist()
     texts = [t[0] if isinstance(t, list) and t else t for t in texts]
     categories = None

@@ -72,6 +72,22 @@ class RunStore:
     def strip(self, uri: str) -> str:
         return self.fs._strip_protocol(uri)
 
+    def relative(self, path: str) -> str:
+        """What a manifest records for ``path``: relative to the run folder, so a run copied
+        to another root (another disk, S3, a colleague's machine) still finds its files."""
+        prefix = self.base + "/"
+        return path[len(prefix) :] if path.startswith(prefix) else self.uri(path)
+
+    def resolve(self, uri: str) -> str:
+        """The filesystem path of a recorded uri (relative ones lie inside this run)."""
+        if "://" in uri or uri.startswith("/"):
+            return self.strip(uri)
+        return f"{self.base}/{uri}"
+
+    def absolute(self, uri: str) -> str:
+        """A recorded uri as a full URI, for use outside this run (another run's input)."""
+        return self.uri(self.resolve(uri))
+
     # -- manifests ---------------------------------------------------------------------------
     def read_manifest(self, iteration: int | None, stage: str) -> dict[str, Any] | None:
         path = self.path(iteration, f"{stage}.manifest.json")
@@ -84,14 +100,14 @@ class RunStore:
     def is_complete(self, manifest: dict[str, Any]) -> bool:
         """The manifest's parquet (and checkpoint) are present at the recorded size."""
         try:
-            if self.fs.size(self.strip(manifest["uri"])) != manifest["bytes"]:
+            if self.fs.size(self.resolve(manifest["uri"])) != manifest["bytes"]:
                 return False
             model = manifest.get("model_uri")
             if model is None or is_hub_id(model):
                 return True
-            if "://" not in model:  # a user's local checkpoint, wherever the run root is
+            if model.startswith("/"):  # a user's local checkpoint, wherever the run root is
                 return os.path.isfile(os.path.join(model, "config.json"))
-            return self.fs.exists(self.strip(model) + "/config.json")
+            return self.fs.exists(self.resolve(model) + "/config.json")
         except FileNotFoundError:
             return False
 
@@ -109,16 +125,17 @@ class RunStore:
     def write_table(
         self, iteration: int | None, stage: str, table: pa.Table
     ) -> tuple[str, str, int]:
-        """Write ``table`` atomically; return (uri, sha256 of the bytes, size in bytes)."""
+        """Write ``table`` atomically; return (its uri relative to the run, sha256 of the bytes,
+        size in bytes)."""
         buf = io.BytesIO()
         pq.write_table(table, buf, compression="zstd")
         data = buf.getvalue()
         path = self.path(iteration, f"{stage}.parquet")
         self._atomic_write(path, data)
-        return self.uri(path), hashlib.sha256(data).hexdigest(), len(data)
+        return self.relative(path), hashlib.sha256(data).hexdigest(), len(data)
 
     def read_table(self, uri: str) -> pa.Table:
-        with self.fs.open(self.strip(uri), "rb") as f:
+        with self.fs.open(self.resolve(uri), "rb") as f:
             return pq.read_table(f)
 
     def write_json(self, path: str, obj: Any) -> None:
@@ -137,7 +154,8 @@ class RunStore:
 
     # -- checkpoints -------------------------------------------------------------------------
     def publish_model(self, iteration: int | None, local_dir: str) -> tuple[str, str]:
-        """Move a finished local checkpoint to ``{iter}/model``; return (uri, content hash)."""
+        """Copy a finished local checkpoint to ``{iter}/model``; return (its uri relative to
+        the run, content hash)."""
         digest = hash_directory(local_dir)
         dest = self.path(iteration, "model")
         if self.is_local:
@@ -150,7 +168,7 @@ class RunStore:
             if self.fs.exists(dest):
                 self.fs.rm(dest, recursive=True)
             self.fs.put(local_dir.rstrip("/") + "/", dest, recursive=True)
-        return self.uri(dest), digest
+        return self.relative(dest), digest
 
     def local_model(self, model_uri: str, content_hash: str) -> str:
         """A local directory holding the checkpoint (downloaded once if it is remote).
@@ -158,12 +176,14 @@ class RunStore:
         The download cache is keyed on the checkpoint's content hash, so a retrained
         checkpoint at the same URI is never served stale.
         """
-        if "://" not in model_uri or model_uri.startswith("file://"):
+        if model_uri.startswith(("/", "file://")):
             return model_uri.removeprefix("file://")
+        if self.is_local and "://" not in model_uri:
+            return self.resolve(model_uri)
         cache = os.path.join(tempfile.gettempdir(), "eva-models", content_hash[:16])
         if not os.path.exists(os.path.join(cache, "config.json")):
             staging = f"{cache}.tmp-{uuid.uuid4().hex[:8]}"
-            self.fs.get(self.strip(model_uri).rstrip("/") + "/", staging, recursive=True)
+            self.fs.get(self.resolve(model_uri).rstrip("/") + "/", staging, recursive=True)
             if os.path.exists(cache):
                 shutil.rmtree(cache)
             os.replace(staging, cache)

@@ -58,7 +58,7 @@ def _log(store: RunStore, segments: int) -> list[dict[str, Any]]:
 
 
 def _state(store: RunStore, segment: int) -> dict[str, Any]:
-    model = store.read_manifest(segment, "online")["model_uri"]
+    model = store.resolve(store.read_manifest(segment, "online")["model_uri"])
     with open(os.path.join(model, STATE_FILE)) as f:
         return json.load(f)
 
@@ -123,10 +123,12 @@ def test_each_segment_changes_the_weights_and_is_evaluated(online_run) -> None:
 
     config, rows = online_run
     store = RunStore(config.root, config.run)
-    theta0 = load_file(os.path.join(store.read_manifest(None, "bootstrap")["model_uri"],
-                                    "model.safetensors"))  # fmt: skip
-    seg1 = load_file(os.path.join(store.read_manifest(1, "online")["model_uri"],
-                                  "model.safetensors"))  # fmt: skip
+
+    def weights(t: int | None, stage: str) -> dict:
+        model = store.resolve(store.read_manifest(t, stage)["model_uri"])
+        return load_file(os.path.join(model, "model.safetensors"))
+
+    theta0, seg1 = weights(None, "bootstrap"), weights(1, "online")
     assert any(not np.array_equal(theta0[k], seg1[k]) for k in theta0)
     assert all(r["heldout_score"] is not None for r in rows)
     assert [r["budget"] for r in rows[1:]] == [1.0, 2.0, 3.0]
@@ -200,7 +202,8 @@ def test_grpo_and_online_dpo_train_on_the_buffer_too(online_run, kind) -> None:
     from flows.online import eva_online
 
     config, _ = online_run
-    theta0 = RunStore(config.root, config.run).read_manifest(None, "bootstrap")["model_uri"]
+    setup = RunStore(config.root, config.run)
+    theta0 = setup.absolute(setup.read_manifest(None, "bootstrap")["model_uri"])
     cfg = tiny_online_config(config.root, run=kind, budget=1.0)
     cfg["online"]["solver"].update(kind=kind, beta=0.1)
     cfg["bootstrap"] = {"init_checkpoint": theta0}
@@ -209,6 +212,6 @@ def test_grpo_and_online_dpo_train_on_the_buffer_too(online_run, kind) -> None:
     log = _log(store, 1)
     k = 2 if kind == "online_dpo" else 3
     assert [len(r["rewards"]) for r in log] == [k] * 12
-    after = store.read_manifest(1, "online")["model_uri"]
+    after = store.resolve(store.read_manifest(1, "online")["model_uri"])
     a, b = (load_file(os.path.join(d, "model.safetensors")) for d in (theta0, after))
     assert any(not np.array_equal(a[key], b[key]) for key in a)

@@ -132,6 +132,35 @@ def test_stage_rerun_touches_only_that_stage_then_downstream(finished_run, capsy
     assert changed == {(1, s) for s in ("evolve", "mix", *SOLVER)}
 
 
+def test_a_copied_run_is_shown_and_rerun_where_it_is_without_touching_the_original(
+    finished_run, tmp_path, capsys
+) -> None:
+    import shutil
+
+    config, rows = finished_run
+    original = RunStore(config.root, config.run)
+    copy_root = str(tmp_path / "elsewhere")
+    shutil.copytree(original.base, os.path.join(copy_root, "base"))
+    assert original.read_manifest(1, "evolve")["uri"] == "iter_1/evolve.parquet"  # relative
+    assert original.read_manifest(1, "train")["model_uri"] == "iter_1/model"
+    before = original.read_manifest(1, "evolve")["created_at"]
+    time.sleep(1.1)
+    assert _rerun_evolve(copy_root) == 0
+    copy = RunStore(copy_root, "base")
+    assert copy.read_manifest(1, "evolve")["created_at"] != before
+    assert original.read_manifest(1, "evolve")["created_at"] == before
+    capsys.readouterr()
+    assert main(["show", "--run", "base", "--root", copy_root]) == 0
+    assert f"{rows[-1]['heldout_score']:.3f}" in capsys.readouterr().out
+
+
+def test_a_stage_that_does_not_run_there_is_refused(finished_run, capsys) -> None:
+    config, _ = finished_run
+    args = ["stage", "evolve", "--run", "base", "--root", config.root, "--iteration", "setup"]
+    with pytest.raises(SystemExit, match="evolve does not run in setup of base"):
+        main(args)
+
+
 def _cli(config_path: str, run: str) -> list[str]:
     return [sys.executable, "-m", "flows.cli", "run", "--config", config_path, "--run", run]
 
