@@ -33,7 +33,9 @@ def eva_run(config: RunConfig, plan: Plan | None = None) -> list[dict[str, Any]]
         storage_options=config.storage_options,
         plan=plan or Plan(),
     )
-    run.store().write_json(f"{run.store().base}/config.json", config.model_dump(mode="json"))
+    store = run.store()
+    store.sweep()  # what a killed launch left: staging copies, stage scratch
+    store.write_json(f"{store.base}/config.json", config.model_dump(mode="json"))
 
     prompts = load_prompts(run, None, config.prompts)  # X_0
     heldout = load_heldout(run, None, config.heldout, seed_set=prompts)

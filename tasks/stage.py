@@ -233,7 +233,9 @@ class Stage:
 
         store.invalidate(iteration, artifact)
         progress = _ProgressArtifact(_artifact_key(run.run, iteration, artifact, "progress"))
-        with tempfile.TemporaryDirectory(prefix=f"eva-{artifact}-") as scratch:
+        # Scratch lives in the run's own scratch area, which the next launch sweeps: a killed
+        # stage leaves nothing in the system's temporary folder.
+        with tempfile.TemporaryDirectory(prefix=f"{artifact}-", dir=store.scratch_dir()) as scratch:
             ctx = StageContext(
                 run,
                 iteration,

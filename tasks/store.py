@@ -88,6 +88,30 @@ class RunStore:
         """A recorded uri as a full URI, for use outside this run (another run's input)."""
         return self.uri(self.resolve(uri))
 
+    def scratch_dir(self) -> str:
+        """A local folder for this run's stage scratch: inside the run for a local root, under
+        the system's temporary folder (one per run) for a remote one."""
+        if self.is_local:
+            path = f"{self.base}/.scratch"
+        else:
+            digest = hashlib.sha256(self.uri(self.base).encode()).hexdigest()[:16]
+            path = os.path.join(tempfile.gettempdir(), "eva-scratch", digest)
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def sweep(self) -> list[str]:
+        """Remove what a killed process left behind: staging copies (``*.tmp-*``) of
+        manifests, tables and checkpoints, and stale stage scratch. Call at launch, when no
+        stage of this run is running; returns what was removed."""
+        removed = [p for p in self.fs.glob(f"{self.base}/*/*.tmp-*") if "/.scratch/" not in p]
+        for path in removed:
+            self.fs.rm(path, recursive=True)
+        scratch = self.scratch_dir()
+        for name in sorted(os.listdir(scratch)):
+            shutil.rmtree(os.path.join(scratch, name), ignore_errors=True)
+            removed.append(os.path.join(scratch, name))
+        return removed
+
     # -- manifests ---------------------------------------------------------------------------
     def read_manifest(self, iteration: int | None, stage: str) -> dict[str, Any] | None:
         path = self.path(iteration, f"{stage}.manifest.json")

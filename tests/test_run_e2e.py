@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import glob
 import json
 import os
 import signal
@@ -154,6 +155,42 @@ def test_a_copied_run_is_shown_and_rerun_where_it_is_without_touching_the_origin
     assert f"{rows[-1]['heldout_score']:.3f}" in capsys.readouterr().out
 
 
+def test_a_forced_bootstrap_that_reproduces_theta_0_reruns_nothing_downstream(
+    finished_run,
+) -> None:
+    from flows.run import eva_run
+
+    config, rows = finished_run
+    store = RunStore(config.root, config.run)
+    before = _manifests(store, config.iterations)
+    boot = store.read_manifest(None, "bootstrap")
+    time.sleep(1.1)  # created_at has one-second resolution
+    args = ["stage", "bootstrap", "--run", "base", "--root", config.root, "--iteration", "setup"]
+    assert main([*args, "--force"]) == 0
+    again = store.read_manifest(None, "bootstrap")
+    assert again["created_at"] != boot["created_at"]  # it did run again
+    assert again["content_hash"] == boot["content_hash"]  # no wall-clock time in the table
+    assert eva_run(config) == rows
+    after = _manifests(store, config.iterations)
+    downstream = [k for k in after if k != (None, "bootstrap")]
+    assert [after[k]["created_at"] for k in downstream] == [
+        before[k]["created_at"] for k in downstream
+    ]
+
+
+def test_sweep_removes_staging_copies_and_scratch_only(tmp_path) -> None:
+    store = RunStore(str(tmp_path), "r")
+    for name in ("iter_0/model.tmp-1a2b", "iter_0/train.manifest.json.tmp-3c4d"):
+        os.makedirs(os.path.dirname(os.path.join(store.base, name)), exist_ok=True)
+        open(os.path.join(store.base, name), "w").close()
+    os.makedirs(os.path.join(store.base, "iter_0", "model"))
+    os.makedirs(os.path.join(store.scratch_dir(), "train-xyz", "model"))
+    removed = store.sweep()
+    assert len(removed) == 3
+    assert sorted(os.listdir(os.path.join(store.base, "iter_0"))) == ["model"]
+    assert os.listdir(store.scratch_dir()) == []
+
+
 def test_a_stage_that_does_not_run_there_is_refused(finished_run, capsys) -> None:
     config, _ = finished_run
     args = ["stage", "evolve", "--run", "base", "--root", config.root, "--iteration", "setup"]
@@ -194,6 +231,9 @@ def test_kill_9_mid_run_resumes_to_identical_artifacts(tmp_path, finished_run) -
     assert result.returncode == 0, result.stderr[-2000:]
     for key, stamp in created.items():  # nothing that had finished ran again
         assert store.read_manifest(*key)["created_at"] == stamp, key
+    # What the kill left (staging copies, stage scratch) was swept by the relaunch.
+    assert not glob.glob(os.path.join(store.base, "*", "*.tmp-*"))
+    assert os.listdir(os.path.join(store.base, ".scratch")) == []
     base = RunStore(base_config.root, "base")
     for t, stage in [(1, "mix"), (0, "pairs"), (1, "pairs")]:
         assert (

@@ -168,7 +168,10 @@ def train_segment(
     dataset = datasets.IterableDataset.from_generator(
         _stream, gen_kwargs={"source": _Handle(source)}
     )
-    with tempfile.TemporaryDirectory(prefix=f"eva-{config.kind}-") as trainer_dir, _quiet():
+    parent = os.path.dirname(os.path.abspath(output_dir))  # the stage's own scratch
+    os.makedirs(parent, exist_ok=True)
+    scratch = tempfile.TemporaryDirectory(prefix=f"eva-{config.kind}-", dir=parent)
+    with scratch as trainer_dir, _quiet():
         common: dict[str, Any] = dict(
             output_dir=trainer_dir,
             gradient_accumulation_steps=1,

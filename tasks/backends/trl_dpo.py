@@ -290,7 +290,11 @@ class TRLSolver:
         trainer's log rows that carry a loss (``step``, ``loss``, ``rewards/*``, ...)."""
         # The trainer's own output_dir only receives what save_strategy="no" still writes (nothing
         # today); a temporary directory keeps the caller's working directory clean regardless.
-        with tempfile.TemporaryDirectory(prefix=f"eva-{self.config.kind}-") as trainer_dir:
+        parent = os.path.dirname(os.path.abspath(output_dir))  # the stage's own scratch
+        os.makedirs(parent, exist_ok=True)
+        with tempfile.TemporaryDirectory(
+            prefix=f"eva-{self.config.kind}-", dir=parent
+        ) as trainer_dir:
             callbacks = [_ProgressCallback(progress)]
             trainer = build_trainer(
                 self.config, policy_dir, prompts, chosen, rejected, trainer_dir, seed, callbacks
