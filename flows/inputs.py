@@ -26,12 +26,36 @@ def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
         if prompts.path is None:
             continue
         try:
-            read_prompt_file(prompts)
+            table = read_prompt_file(prompts)
         except FileNotFoundError:
             raise ConfigError(f"{field}.path: no file at {prompts.path!r}") from None
         except ValueError as exc:
             raise ConfigError(f"{field}.path: {exc}") from None
+        _check_context(config, field, table.column("prompt").to_pylist())
     check_root(config.root, config.storage_options)
+
+
+def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: list[str]) -> None:
+    """Every prompt of a file fits the starting checkpoint's context with the configured
+    answer length, when both are known here (a local checkpoint, transformers generation)."""
+    checkpoint = config.bootstrap.init_checkpoint
+    if isinstance(config, RunConfig):
+        backend: Any = config.generate.backend
+    else:
+        backend = config.evaluate.generation
+    if checkpoint is None or not os.path.isdir(checkpoint) or backend.kind != "transformers":
+        return
+    from transformers import AutoConfig, AutoTokenizer
+
+    from tasks.backends.hf_generate import check_fits
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    lengths = [len(tokenizer(p)["input_ids"]) for p in prompts]
+    try:
+        check_fits(AutoConfig.from_pretrained(checkpoint), lengths, backend.max_new_tokens)
+    except ValueError as exc:
+        path = getattr(config, field).path
+        raise ConfigError(f"{field}.path: {path}: {exc}") from None
 
 
 def check_root(root: str, storage_options: dict[str, Any]) -> None:

@@ -66,13 +66,14 @@ def _read_table(path: str, ext: str, storage_options: dict[str, Any]) -> pa.Tabl
 def read_prompt_file(config: PromptsConfig) -> pa.Table:
     """Read and validate a user prompt file into prompt records; errors name the row or field."""
     assert config.path is not None
+    fs, fs_path = fsspec.core.url_to_fs(config.path, **config.storage_options)
+    if fs.isdir(fs_path):
+        raise ValueError(f"{config.path} is a directory, not a prompt file")
     ext = os.path.splitext(config.path.split("?")[0])[1].lower()
     if ext not in (".parquet", ".jsonl", ".json", ".ndjson", ".csv"):
         raise ValueError(f"unsupported file type {ext!r} (jsonl, json, csv, parquet)")
     try:
         table = _read_table(config.path, ext, config.storage_options)
-    except IsADirectoryError:
-        raise ValueError(f"{config.path} is a directory, not a prompt file") from None
     except UnicodeDecodeError as exc:
         raise ValueError(f"{config.path}: not UTF-8 text (byte {exc.start})") from None
     except (pa.ArrowInvalid, json.JSONDecodeError, UnicodeError) as exc:

@@ -273,6 +273,65 @@ def test_bad_input_one_line_error_and_nothing_written(tmp_path, capsys, args, me
     assert not root.exists()
 
 
+def _bad_files(tmp_path, policy_dir: str) -> dict[str, str]:
+    """Files a new user might point eva at by mistake, by placeholder name."""
+    files = {
+        "HEADERONLY": ("h.csv", b"prompt,category\n"),
+        "INTPROMPTS": ("i.jsonl", b'{"prompt": 5}\n'),
+        "LATIN1": ("l.jsonl", '{"prompt": "caf\u00e9"}\n'.encode("latin-1")),
+        "BROKENJSON": ("b.jsonl", b'{"prompt": \n'),
+        "YAMLERROR": ("y.yaml", b"seed: [1,\n"),
+        "YAMLLATIN": ("ly.yaml", "run: caf\u00e9\n".encode("latin-1")),
+        "LONGPROMPT": ("long.jsonl", json.dumps({"prompt": "1" * 60}).encode() + b"\n"),
+    }
+    out = {"DIRECTORY": str(tmp_path), "POLICY": policy_dir}
+    for key, (name, data) in files.items():
+        (tmp_path / name).write_bytes(data)
+        out[key] = str(tmp_path / name)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "prompts.path=HEADERONLY"], "h.csv: no prompts (0 rows)"),
+        (["--set", "prompts.path=DIRECTORY"], "is a directory, not a prompt file"),
+        (["--set", "prompts.path=INTPROMPTS"], "row 0: prompt is not text (got int 5)"),
+        (["--set", "prompts.path=LATIN1"], "l.jsonl: not UTF-8 text"),
+        (["--set", "prompts.path=BROKENJSON"], "b.jsonl: cannot be read as jsonl"),
+        (["--config", "DIRECTORY"], "is a directory, not a YAML/JSON file"),
+        (["--config", "YAMLERROR"], "y.yaml: line 2, column 1:"),
+        (["--config", "YAMLLATIN"], "ly.yaml: not UTF-8 text"),
+        (["--root", "/proc/eva"], "root: cannot write under /proc/eva"),  # the last --root wins
+        (
+            ["--set", "prompts.path=LONGPROMPT", "--set", "bootstrap.init_checkpoint=POLICY"],
+            "prompt row 0 has 60 tokens; with max_new_tokens 10 it exceeds the model's 64",
+        ),
+    ],
+)
+def test_more_bad_input_is_one_line_and_writes_nothing(
+    tmp_path, capsys, policy_dir, args, message
+) -> None:
+    files = _bad_files(tmp_path, policy_dir)
+    args = [next((a.replace(k, v) for k, v in files.items() if k in a), a) for a in args]
+    root = tmp_path / "runs"
+    assert main(["run", "--root", str(root), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("eva: error: ") and message in err and "\n" not in err, err
+    assert not root.exists()
+
+
+def test_prompt_files_as_json_arrays_are_read(tmp_path) -> None:
+    from tasks.prompts import PromptsConfig, read_prompt_file
+
+    (tmp_path / "s.json").write_text(json.dumps(["1+2=", "r:ab="]))
+    (tmp_path / "o.json").write_text(json.dumps([{"prompt": "1+2=", "category": "add"}]))
+    strings = read_prompt_file(PromptsConfig(path=str(tmp_path / "s.json")))
+    objects = read_prompt_file(PromptsConfig(path=str(tmp_path / "o.json")))
+    assert strings.column("prompt").to_pylist() == ["1+2=", "r:ab="]
+    assert objects.column("category").to_pylist() == ["add"]
+
+
 def test_show_prints_summary_and_stage_rows(finished_run, capsys) -> None:
     config, _ = finished_run
     assert main(["show", "--run", "base", "--root", config.root]) == 0
