@@ -167,12 +167,22 @@ def _pair_quality(store: Any, t: int) -> dict[str, Any]:
     }
 
 
+def arm_config(base: dict[str, Any], name: str, overrides: dict[str, Any]) -> Any:
+    """The validated config of one arm (or base run): ``overrides`` merged field by field onto
+    ``base``, except a solver, which replaces the base's (another objective's fields differ)."""
+    merged = deep_merge(base, {"run": name})
+    solver = overrides.get("train", {}).get("solver")
+    if solver is not None:
+        merged = deep_merge(merged, {"train": {"solver": None}})
+    return validate_config(deep_merge(merged, overrides))
+
+
 def _offline(base: dict[str, Any], name: str, overrides: dict[str, Any]) -> Any:
     """Run one offline arm (or base run) to completion; returns its store."""
     from flows.run import eva_run
     from tasks.store import RunStore
 
-    cfg = validate_config(deep_merge(deep_merge(base, {"run": name}), overrides))
+    cfg = arm_config(base, name, overrides)
     eva_run(cfg)
     return RunStore(cfg.root, cfg.run)
 

@@ -35,7 +35,9 @@ def eva_online(config: OnlineRunConfig, plan: Plan | None = None) -> list[dict[s
         storage_options=config.storage_options,
         plan=plan or Plan(),
     )
-    run.store().write_json(f"{run.store().base}/config.json", config.model_dump(mode="json"))
+    store = run.store()
+    store.sweep()  # what a killed launch left: staging copies, stage scratch
+    store.write_json(f"{store.base}/config.json", config.model_dump(mode="json"))
 
     seeds = load_prompts(run, None, config.prompts)  # D
     heldout = load_heldout(run, None, config.heldout, seed_set=seeds)

@@ -56,6 +56,29 @@ def test_quick_arms_produce_well_formed_tables(tmp_path, monkeypatch) -> None:
     assert (tmp_path / "m-curriculum.png").stat().st_size > 1000
 
 
+def test_every_full_arm_has_a_valid_config(tmp_path) -> None:
+    """The full benchmark's arms, built as run_seed builds them (no run): a bad merge would
+    otherwise surface after half an hour of earlier arms."""
+    base = method.base_config(str(tmp_path), 0, False, [])
+    names = set()
+    for arm in method.arms(quick=False):
+        overrides = {"iterations": arm.iterations, "iteration0_dpo": False, **arm.overrides}
+        cfg = method.arm_config(base, arm.name, overrides)
+        names.add(arm.name)
+        if arm.start != "theta_1":
+            solver = arm.overrides["train"]["solver"]
+            assert cfg.train.solver.kind == solver["kind"] == arm.start.removeprefix("theta_1-")
+            assert cfg.train.solver.learning_rate == 2e-4
+            assert cfg.pairs.min_chosen_reward == 1.0 and cfg.pairs.max_pairs == 400
+            base_run = method.arm_config(
+                base, "b", {"iterations": 0, "train": arm.overrides["train"]}
+            )
+            assert base_run.train.solver.kind == cfg.train.solver.kind
+        else:
+            assert cfg.train.solver.kind == "dpo_nll" and cfg.pairs.min_chosen_reward == 1.0
+    assert {"fresh", "eva", "target", "eva-previous", "eva-sppo", "fresh-orpo"} <= names
+
+
 def test_costs_quick_measures_a_run_its_cached_rerun_and_rollouts(tmp_path) -> None:
     base = tiny_run_config("unused", iterations=2)
     base.pop("root")
