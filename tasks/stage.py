@@ -17,7 +17,10 @@ Prefect's key would have to hash inputs it cannot see (file contents behind URIs
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import importlib.util
+import inspect
 import json
 import logging
 import re
@@ -185,6 +188,7 @@ class Stage:
             "inputs": {k: refs[k].content_hash for k in sorted(refs)},
             "extra": self.extra_key(config) if self.extra_key else {},
             "code": _code_hash(self.fn.__module__),
+            "user_code": _user_code(config),
         }
         return _sha(json.dumps(payload, sort_keys=True, default=str))
 
@@ -327,16 +331,71 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+_PROJECT = ("eva_core", "tasks", "flows")
+
+
 @cache
 def _code_hash(module: str) -> str:
-    """Hash of the stage's own module plus the shared method code and backends it runs on."""
-    here = Path(__file__).resolve().parent
-    files = [Path(__import__(module, fromlist=["_"]).__file__ or "")]
-    files += sorted((here.parent / "eva_core").glob("*.py")) + sorted(
-        (here / "backends").glob("*.py")
-    )
-    files.append(Path(__file__))
-    return _sha("".join(f.read_text() for f in files if f.is_file()))
+    """Hash of the code a stage runs: its module and every project module it imports,
+    directly or not (at top level or inside a function). Editing one backend reruns the
+    stages that can call it, not the bootstrap SFT."""
+    return _sha("".join(_module_file(m).read_text() for m in sorted(_closure(module))))
+
+
+@cache
+def _closure(module: str) -> frozenset[str]:
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        tree = ast.parse(_module_file(name).read_text())
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # "from pkg import mod" may name a module as well as an attribute
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            todo += [t for t in targets if t.split(".")[0] in _PROJECT and _is_module(t)]
+    return frozenset(seen)
+
+
+def _is_module(name: str) -> bool:
+    try:  # "pkg.mod.Name" (an attribute, not a module) raises rather than returning None
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, AttributeError, ValueError):
+        return False
+
+
+def _module_file(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.origin, name
+    return Path(spec.origin)
+
+
+def _user_code(config: BaseModel) -> dict[str, str]:
+    """Hashes of user code a config names (``package.module:function`` rewards), so editing
+    that code reruns the stages that call it."""
+    from tasks.backends.callable_reward import CallableReward, resolve_function
+
+    out: dict[str, str] = {}
+
+    def visit(value: Any) -> None:
+        if isinstance(value, CallableReward):
+            source = inspect.getsourcefile(resolve_function(value.function))
+            out[value.function] = _sha(Path(source).read_text()) if source else "?"
+        elif isinstance(value, BaseModel):
+            for name in type(value).model_fields:
+                visit(getattr(value, name))
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+
+    visit(config)
+    return out
 
 
 @cache

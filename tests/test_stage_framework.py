@@ -168,3 +168,31 @@ def test_init_checkpoint_local_or_hub_id(tmp_path) -> None:
     local = _checkpoint_key(BootstrapConfig(init_checkpoint=str(tmp_path)))
     (tmp_path / "config.json").write_text('{"changed": 1}')
     assert _checkpoint_key(BootstrapConfig(init_checkpoint=str(tmp_path))) != local
+
+
+def test_each_stage_is_keyed_on_the_code_it_can_run() -> None:
+    """Editing a solver backend reruns training, not the bootstrap SFT or the creator."""
+    from tasks.stage import _closure
+
+    boot, train, evolve = (_closure(f"tasks.{m}") for m in ("bootstrap", "train", "evolve"))
+    assert "tasks.backends.trl_dpo" in train
+    assert "tasks.backends.trl_dpo" not in boot and "tasks.backends.trl_dpo" not in evolve
+    assert "tasks.backends.tiny_lm" in boot and "eva_core.world" in boot
+    assert "tasks.backends.paper_evolve" in evolve  # selectable by config, so keyed
+
+
+def test_editing_a_user_reward_function_changes_the_annotate_key(tmp_path, monkeypatch) -> None:
+    from tasks.annotate import AnnotateConfig, annotate
+    from tasks.stage import RunContext
+
+    module = tmp_path / "my_reward.py"
+    module.write_text("def score(prompt, response):\n    return 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = AnnotateConfig.model_validate(
+        {"reward": {"kind": "callable", "function": "my_reward:score"}}
+    )
+    run = RunContext(root=str(tmp_path), run="r", seed=0)
+    key = annotate.cache_key(run, 1, config, "annotate", {})
+    assert annotate.cache_key(run, 1, config, "annotate", {}) == key
+    module.write_text("def score(prompt, response):\n    return 0.5\n")
+    assert annotate.cache_key(run, 1, config, "annotate", {}) != key
