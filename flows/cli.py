@@ -77,7 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve the eva-run deployment to a Prefect API")
     serve.add_argument("--file", default=os.path.join("infra", "prefect.yaml"))
 
-    sub.add_parser("config", help="print the default run config as YAML")
+    cfg = sub.add_parser(
+        "config", help="print the config that would run (defaults, --config, --set) as YAML"
+    )
+    cfg.add_argument("--config", help="YAML/JSON run config to resolve")
+    cfg.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    cfg.add_argument("--online", action="store_true", help="an eva online config")
 
     bench = sub.add_parser(
         "bench", help="the paper's tables in miniature and the pipeline's costs (docs/bench)"
@@ -246,12 +251,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_config(_: argparse.Namespace) -> int:
+def _cmd_config(args: argparse.Namespace) -> int:
+    """What a recipe and its overrides amount to, before any GPU hour is spent on them."""
     import yaml
 
-    from flows.config import RunConfig
+    from flows.config import OnlineRunConfig, RunConfig, load_config
 
-    print(yaml.safe_dump(RunConfig().model_dump(mode="json"), sort_keys=False))
+    model = OnlineRunConfig if args.online else RunConfig
+    config = load_config(args.config, list(args.set), model)
+    print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     return 0
 
 

@@ -68,6 +68,7 @@ def tiny_run_config(root: str, run: str = "t", **overrides: Any) -> dict[str, An
         "evaluate": {"generation": {**gen, "temperature": 0.0}},
         "train": {
             "solver": {
+                "kind": "dpo",
                 "learning_rate": 1e-3,
                 "per_device_train_batch_size": 8,
                 "num_train_epochs": 1,

@@ -110,8 +110,9 @@ def test_defaults_are_the_papers_and_kinds_dispatch():
     for kind, cls in ALL.items():
         assert type(adapter.validate_python({"kind": kind})) is cls
         assert adapter.validate_python(cls().model_dump()) == cls()
-    # Configs written before `kind` existed are DPO.
-    assert adapter.validate_python({"learning_rate": 1e-3}) == DPOSolverConfig(learning_rate=1e-3)
+    # kind is required: a section without it does not silently become DPO.
+    with pytest.raises(ValidationError, match="Unable to extract tag using discriminator 'kind'"):
+        adapter.validate_python({"learning_rate": 1e-3})
     assert TrainConfig.model_validate({"solver": {"kind": "orpo"}}).solver == ORPOSolverConfig()
     with pytest.raises(ValidationError, match="does not match any of the expected tags"):
         adapter.validate_python({"kind": "ppo"})

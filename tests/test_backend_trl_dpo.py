@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tasks.backends.protocols import Solver
-from tasks.backends.trl_dpo import DPOSolverConfig, build_dpo_trainer
+from tasks.backends.trl_dpo import DPOSolverConfig, build_trainer
 
 PROMPTS = [f"{a}+{b}=" for a in range(6) for b in range(6)]
 X, Y = "abc", "ghij"  # every pair prefers X over Y
@@ -94,14 +94,14 @@ def test_same_seed_gives_identical_weights(policy_dir: str, tmp_path: Path):
     assert not all(torch.equal(a[k], c[k]) for k in a)
 
 
-# compute_loss is called outside DPOSolver.train's warning filter here.
+# compute_loss is called outside TRLSolver.train's warning filter here.
 @pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing:FutureWarning")
 def test_trainer_loss_matches_dpo_computed_by_hand(policy_dir: str, tmp_path: Path):
     pairs = [("1+2=", "3", "12"), ("4+4=", "8", "44"), ("10+3=", "31", "7"), ("5+0=", "5", "ab")]
     prompts, chosen, rejected = (list(col) for col in zip(*pairs, strict=True))
     beta = 0.3
     config = DPOSolverConfig(beta=beta, per_device_train_batch_size=len(pairs))
-    trainer = build_dpo_trainer(config, policy_dir, prompts, chosen, rejected, str(tmp_path), 0)
+    trainer = build_trainer(config, policy_dir, prompts, chosen, rejected, str(tmp_path), 0)
     # Move the policy away from the reference so the loss is not trivially log 2.
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():

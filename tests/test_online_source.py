@@ -20,7 +20,8 @@ from tasks.backends.paper_evolve import PaperTemplateEvolver
 from tests.support.openai_server import OpenAICompatibleServer
 from tests.test_backend_evolve_paper import rewrite
 
-DELAY = 0.4  # seconds the server takes per request, and a training step takes
+DELAY = 0.4  # seconds the server takes per request
+STEP = 3 * DELAY  # a training step: longer than an evolution, with room for a loaded machine
 
 
 def slow_rewrite(prompt: str, index: int, request: dict[str, Any]) -> str:
@@ -37,7 +38,7 @@ def run(server: OpenAICompatibleServer, lag: int, steps: int = 4) -> OnlinePromp
     stream = source.records()
     for step in range(steps):
         batch = [r["prompt"] for r in islice(stream, 4)]
-        time.sleep(DELAY)  # the training step
+        time.sleep(STEP)  # the training step
         rewards = np.tile([1.0, 0.0], (4, 1)) * (np.arange(4)[:, None] + 1 + step) / 10
         source.feedback(batch, rewards)
     source.close()

@@ -84,3 +84,18 @@ def test_set_changes_one_field_of_the_config_that_would_run(tmp_path: Path) -> N
     assert cfg.generate.backend.kind == "openai" and cfg.generate.backend.model == "m"
     with pytest.raises(ConfigError, match="not a section"):
         load_config(None, ["seed.x=1"])
+
+
+def test_eva_config_prints_what_a_recipe_and_its_overrides_resolve_to(capsys) -> None:
+    import yaml
+
+    from flows.cli import main
+
+    recipe = str(Path(__file__).parent.parent / "configs" / "paper" / "simpo.yaml")
+    assert main(["config", "--config", recipe, "--set", "train.solver.gamma=2.5"]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert shown["train"]["solver"]["kind"] == "simpo"
+    assert shown["train"]["solver"]["gamma"] == 2.5 and shown["iterations"] == 3
+    assert main(["config", "--online", "--set", "online.budget=2"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["online"]["budget"] == 2.0
+    assert main(["config", "--set", "sample.fraction=3"]) == 2

@@ -1,15 +1,14 @@
 """``SolverBackend``: the solver config a stage accepts, one of the TRL objectives by ``kind``.
 
-A config without ``kind`` is DPO, so run configs written before the other objectives existed
-(``{"solver": {"learning_rate": ...}}``) still load. That needs a callable discriminator:
-``Field(discriminator="kind")`` rejects a dict that lacks the tag.
+``kind`` is required: a solver section without it would otherwise silently become another
+objective than the one the run was using.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import Discriminator, Tag
+from pydantic import Field
 
 from tasks.backends.trl_dpo import DPOSolverConfig
 from tasks.backends.trl_solvers import (
@@ -19,18 +18,7 @@ from tasks.backends.trl_solvers import (
     SPPOSolverConfig,
 )
 
-
-def _kind(value: Any) -> str:
-    if isinstance(value, dict):
-        return str(value.get("kind", "dpo"))
-    return str(getattr(value, "kind", "dpo"))
-
-
 SolverBackend = Annotated[
-    Annotated[DPOSolverConfig, Tag("dpo")]
-    | Annotated[SimPOSolverConfig, Tag("simpo")]
-    | Annotated[ORPOSolverConfig, Tag("orpo")]
-    | Annotated[SPPOSolverConfig, Tag("sppo")]
-    | Annotated[DPONLLSolverConfig, Tag("dpo_nll")],
-    Discriminator(_kind),
+    DPOSolverConfig | SimPOSolverConfig | ORPOSolverConfig | SPPOSolverConfig | DPONLLSolverConfig,
+    Field(discriminator="kind"),
 ]

@@ -255,13 +255,6 @@ def build_trainer(
     return trainer
 
 
-def build_dpo_trainer(config: DPOSolverConfig, *args: Any, **kwargs: Any) -> DPOTrainer:
-    """``build_trainer`` typed for DPO (kept for callers written before the other objectives)."""
-    trainer = build_trainer(config, *args, **kwargs)
-    assert isinstance(trainer, DPOTrainer)
-    return trainer
-
-
 def _numeric_row(entry: dict[str, Any]) -> dict[str, float]:
     row = {"step": float(entry["step"])}
     for key, value in entry.items():
@@ -312,6 +305,3 @@ class TRLSolver:
                 os.remove(os.path.join(output_dir, "training_args.bin"))
         progress(1.0)
         return rows
-
-
-DPOSolver = TRLSolver  # the name this class had when DPO was the only objective
