@@ -209,18 +209,21 @@ def test_kill_9_mid_run_resumes_to_identical_artifacts(tmp_path, finished_run) -
     path.write_text(yaml.safe_dump(cfg))
     store = RunStore(base_config.root, "killed")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        _cli(str(path), "killed"),
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    log = tmp_path / "first-launch.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            _cli(str(path), "killed"),
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     # Kill as soon as iteration 1's score is done: mid-creator step.
     deadline = time.time() + 600
     while store.read_manifest(1, "score") is None and proc.poll() is None:
         assert time.time() < deadline
         time.sleep(0.2)
+    assert proc.poll() is None, f"the first launch ended early:\n{log.read_text()[-3000:]}"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     done_before = {k for k, m in _manifests(store, 1).items() if m}

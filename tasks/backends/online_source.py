@@ -120,7 +120,6 @@ class OnlinePromptSource:
                 f"{list(prompts)[:3]} vs {expected[:3]}"
             )
         step = self.buffer.step - len(self.pending) - 1  # the draw index of this batch
-        self._join(step)
         rows, info = self.buffer.parents(batch, rewards)
         for i, record in enumerate(batch.records):
             self.log.append({
@@ -142,7 +141,9 @@ class OnlinePromptSource:
             future = self._pool.submit(self._evolve, parents, priorities, n, step)
             self._evolutions.append((step, future))
             self.stats.parents += len(parents)
-        self._join(step - self.evolve_lag + 1)
+        # Children of the evolution submitted evolve_lag steps ago join now; with lag 0 this
+        # waits for the one just submitted.
+        self._join(step - self.evolve_lag)
 
     # --- evolution -----------------------------------------------------------------------
 
