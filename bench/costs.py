@@ -3,7 +3,9 @@
     python -m bench.costs [--quick] [--root runs-bench/costs] [--out docs/bench]
 
 Everything is measured in one process, after Prefect's temporary server is up (its start-up
-is timed on its own), on the embedded demo run and on the same run with 10x the prompts:
+is timed on its own), on the world run at 1,000 prompts with a 300-step theta_0 (what is
+measured is the pipeline, not the model: the demo's 3,000-step SFT would only add a constant)
+and on the same run with 10x the prompts:
 
 * time per stage of each eva iteration: the stage's Prefect task run (what the UI shows), the
   part inside the stage function, and the part inside the backend (``backend_seconds``: load,
@@ -37,7 +39,13 @@ from flows.config import RunConfig, deep_merge, validate_config
 from tasks.stage import STAGE_ORDER
 from tasks.store import RunStore, iteration_dir
 
-DEMO = RunConfig()
+# The world's own config (deep-merged: a partial section would start from paper defaults).
+DEMO = validate_config(
+    deep_merge(
+        RunConfig().model_dump(mode="json"),
+        {"prompts": {"world_size": 1000}, "bootstrap": {"sft": {"steps": 300}}},
+    )
+)
 SCALE = 10
 
 
@@ -253,7 +261,7 @@ def run_costs(root: str, quick: bool, base: dict[str, Any] | None = None) -> dic
     from flows.run import eva_run
 
     shutil.rmtree(root, ignore_errors=True)  # timings of a fresh run, never of a cached one
-    base = {**(base or {"iterations": DEMO.iterations}), "root": root}
+    base = {**(base or DEMO.model_dump(mode="json")), "root": root}
     results: dict[str, Any] = {"prefect_startup": _prefect_startup()}
 
     demo = validate_config({**base, "run": "demo"})
