@@ -9,35 +9,20 @@ the same buffer and the same trained prompts as an uninterrupted run.
 from typing import Any
 
 from prefect import flow
-from prefect.artifacts import create_markdown_artifact
 
 from flows.config import OnlineRunConfig
-from flows.inputs import check_inputs
-from flows.summary import online_summary, summary_markdown
+from flows.launch import open_run, publish_summary
+from flows.summary import online_summary
 from tasks.bootstrap import bootstrap
 from tasks.evaluate import evaluate
 from tasks.online import online
 from tasks.prompts import load_heldout, load_prompts
-from tasks.stage import Plan, RunContext
+from tasks.stage import Plan
 
 
 @flow(name="eva-online", flow_run_name="{config.run}")
 def eva_online(config: OnlineRunConfig, plan: Plan | None = None) -> list[dict[str, Any]]:
-    check_inputs(config)
-    if config.torch_threads:
-        import torch
-
-        torch.set_num_threads(config.torch_threads)
-    run = RunContext(
-        root=config.root,
-        run=config.run,
-        seed=config.seed,
-        storage_options=config.storage_options,
-        plan=plan or Plan(),
-    )
-    store = run.store()
-    store.sweep()  # what a killed launch left: staging copies, stage scratch
-    store.write_json(f"{store.base}/config.json", config.model_dump(mode="json"))
+    run = open_run(config, plan)
 
     seeds = load_prompts(run, None, config.prompts)  # D
     heldout = load_heldout(run, None, config.heldout, seed_set=seeds)
@@ -49,9 +34,5 @@ def eva_online(config: OnlineRunConfig, plan: Plan | None = None) -> list[dict[s
         evaluate(run, segment, config.evaluate, heldout=heldout, policy=policy)
 
     rows = online_summary(run.store(), config.online.segments(seeds.rows))
-    create_markdown_artifact(
-        summary_markdown(config.run, rows, title="eva online run"),
-        key=f"{config.run.lower().replace('_', '-').replace('.', '-')}-summary",
-        description="eva online run summary",
-    )
+    publish_summary(config.run, rows, "eva online run")
     return rows

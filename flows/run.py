@@ -7,35 +7,20 @@ Every stage is keyed on its config and its inputs' content, so launching the sam
 from typing import Any
 
 from prefect import flow
-from prefect.artifacts import create_markdown_artifact
 
 from flows.config import RunConfig
-from flows.inputs import check_inputs
 from flows.iteration import dpo_iteration, eva_iteration
-from flows.summary import iteration_summary, summary_markdown
+from flows.launch import open_run, publish_summary
+from flows.summary import iteration_summary
 from tasks.bootstrap import bootstrap
 from tasks.evaluate import evaluate
 from tasks.prompts import load_heldout, load_prompts, load_split
-from tasks.stage import Plan, RunContext
+from tasks.stage import Plan
 
 
 @flow(name="eva-run", flow_run_name="{config.run}")
 def eva_run(config: RunConfig, plan: Plan | None = None) -> list[dict[str, Any]]:
-    check_inputs(config)  # again here: a run started from the UI never passed through the CLI
-    if config.torch_threads:
-        import torch
-
-        torch.set_num_threads(config.torch_threads)
-    run = RunContext(
-        root=config.root,
-        run=config.run,
-        seed=config.seed,
-        storage_options=config.storage_options,
-        plan=plan or Plan(),
-    )
-    store = run.store()
-    store.sweep()  # what a killed launch left: staging copies, stage scratch
-    store.write_json(f"{store.base}/config.json", config.model_dump(mode="json"))
+    run = open_run(config, plan)
 
     prompts = load_prompts(run, None, config.prompts)  # X_0
     heldout = load_heldout(run, None, config.heldout, seed_set=prompts)
@@ -62,9 +47,5 @@ def eva_run(config: RunConfig, plan: Plan | None = None) -> list[dict[str, Any]]
         prompts, policy = step.prompts, step.policy
 
     rows = iteration_summary(run.store(), config)
-    create_markdown_artifact(
-        summary_markdown(config.run, rows),
-        key=f"{config.run.lower().replace('_', '-').replace('.', '-')}-summary",
-        description="eva run summary",
-    )
+    publish_summary(config.run, rows, "eva run")
     return rows

@@ -1,0 +1,40 @@
+"""What every eva flow does first and last: check inputs, open the run, publish its summary."""
+
+from typing import Any
+
+from prefect.artifacts import create_markdown_artifact
+
+from flows.config import OnlineRunConfig, RunConfig
+from flows.inputs import check_inputs
+from flows.summary import summary_markdown
+from tasks.stage import Plan, RunContext
+
+
+def open_run(config: RunConfig | OnlineRunConfig, plan: Plan | None) -> RunContext:
+    """Check inputs (again: a run started from the UI never passed through the CLI), set the
+    torch threads, sweep what a killed launch left, and record the config being run."""
+    check_inputs(config)
+    if config.torch_threads:
+        import torch
+
+        torch.set_num_threads(config.torch_threads)
+    run = RunContext(
+        root=config.root,
+        run=config.run,
+        seed=config.seed,
+        storage_options=config.storage_options,
+        plan=plan or Plan(),
+    )
+    store = run.store()
+    store.sweep()  # staging copies and stage scratch of a killed launch
+    store.write_json(f"{store.base}/config.json", config.model_dump(mode="json"))
+    return run
+
+
+def publish_summary(run: str, rows: list[dict[str, Any]], title: str) -> None:
+    """The run's summary table as a markdown artifact under a stable key."""
+    create_markdown_artifact(
+        summary_markdown(run, rows, title=title),
+        key=f"{run.lower().replace('_', '-').replace('.', '-')}-summary",
+        description=f"{title} summary",
+    )
