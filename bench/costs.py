@@ -35,14 +35,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
-from flows.config import RunConfig, deep_merge, validate_config
+from flows.config import RunConfig, deep_merge, load_config, validate_config
 from tasks.stage import STAGE_ORDER
 from tasks.store import RunStore, iteration_dir
 
 # The world's own config (deep-merged: a partial section would start from paper defaults).
 DEMO = validate_config(
     deep_merge(
-        RunConfig().model_dump(mode="json"),
+        load_config(None).model_dump(mode="json"),
         {"prompts": {"world_size": 1000}, "bootstrap": {"sft": {"steps": 300}}},
     )
 )

@@ -140,7 +140,7 @@ def test_train_stage_rewrites_chosen_and_reports_counts(tmp_path: Path):
     with OpenAICompatibleServer(respond=lambda p, i, r: "abd" if p.endswith("abc") else "") as srv:
         config = TrainConfig(
             solver=DPOSolverConfig(
-                learning_rate=1e-3, num_train_epochs=1, per_device_train_batch_size=4
+                learning_rate=1e-3, num_train_epochs=1, effective_batch_size=4
             ),
             rewrite_chosen=_config(srv),
         )

@@ -121,7 +121,7 @@ def test_plan_targets_one_stage(tmp_path) -> None:
         score(plan_run, 1, ScoreConfig(metric="var"), annotated=annotated)
 
 
-def test_s3_root_through_a_local_s3_server(tmp_path) -> None:
+def test_s3_root_through_a_local_s3_server(tmp_path, capsys) -> None:
     moto = pytest.importorskip("moto.server")
     server = moto.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
@@ -149,6 +149,19 @@ def test_s3_root_through_a_local_s3_server(tmp_path) -> None:
         assert state.name == "Cached"
         with store.fs.open("eva-bucket/runs/r/iter_1/score.manifest.json") as f:
             assert json.load(f)["content_hash"] == ref.content_hash
+        # `eva show` opens the run with the endpoint given on the command line, then uses the
+        # run's stored options (here: the credentials) for everything else.
+        from flows import cli
+        from flows.config import RunConfig
+
+        stored = RunConfig(root="s3://eva-bucket/runs", run="r", storage_options=opts)
+        with store.fs.open("eva-bucket/runs/r/config.json", "w") as f:
+            f.write(stored.model_dump_json())
+        argv = ["show", "--run", "r", "--root", "s3://eva-bucket/runs", "--iteration", "1"]
+        assert cli.main([*argv, "--stage", "score", "--storage-options", json.dumps(opts)]) == 0
+        printed = capsys.readouterr().out
+        assert '"rows": 8' in printed and '"uri": "iter_1/score.parquet"' in printed
+        assert cli.stored_config("s3://eva-bucket/runs", "r", opts).storage_options == opts
     finally:
         server.stop()
 
