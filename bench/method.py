@@ -45,7 +45,6 @@ from eva_core.informativeness import METRICS, reward_matrix
 from flows.config import (
     ConfigError,
     OnlineRunConfig,
-    RunConfig,
     apply_overrides,
     deep_merge,
     load_config,

@@ -38,7 +38,7 @@ def _iteration(text: str) -> int | None:
 
 
 STORAGE_HELP = (
-    "fsspec options (JSON) to open --root, e.g. '{\"endpoint_url\": \"http://127.0.0.1:9000\"}' "
+    'fsspec options (JSON) to open --root, e.g. \'{"endpoint_url": "http://127.0.0.1:9000"}\' '
     "for S3/MinIO; once the run's config is read, its own storage_options fill in the rest"
 )
 

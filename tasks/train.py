@@ -56,7 +56,8 @@ class TrainConfig(BaseModel):
         # Checked here, at the edge, so a recipe that cannot make its batch fails before any GPU
         # hour is spent; the trainer derives the same layout again from its WORLD_SIZE.
         solver = self.solver
-        batch_layout(solver.effective_batch_size, solver.per_device_train_batch_size, self.processes)
+        per_device = solver.per_device_train_batch_size
+        batch_layout(solver.effective_batch_size, per_device, self.processes)
         return self
 
 

@@ -139,9 +139,7 @@ def test_train_stage_rewrites_chosen_and_reports_counts(tmp_path: Path):
     pairs = pa.table({"prompt": prompts, "chosen": chosen, "rejected": ["ghij"] * 8})
     with OpenAICompatibleServer(respond=lambda p, i, r: "abd" if p.endswith("abc") else "") as srv:
         config = TrainConfig(
-            solver=DPOSolverConfig(
-                learning_rate=1e-3, num_train_epochs=1, effective_batch_size=4
-            ),
+            solver=DPOSolverConfig(learning_rate=1e-3, num_train_epochs=1, effective_batch_size=4),
             rewrite_chosen=_config(srv),
         )
         out = train.fn(ctx, config, pairs=pairs)

@@ -72,7 +72,8 @@ def test_the_world_config_is_a_file_and_defaults_elsewhere_are_the_papers(tmp_pa
     assert (own.kind, own.learning_rate, own.effective_batch_size, own.beta) == (
         "dpo", 5e-7, 8, 0.05
     )  # fmt: skip
-    (tmp_path / "ext.yaml").write_text(f"extends: {CONFIGS / 'world.yaml'}\ntrain: {{launcher: accelerate}}\n")
+    world = CONFIGS / "world.yaml"
+    (tmp_path / "ext.yaml").write_text(f"extends: {world}\ntrain: {{launcher: accelerate}}\n")
     assert load_config(str(tmp_path / "ext.yaml")).train.solver == solver
     assert load_config(None, ["train.launcher=accelerate"]).train.solver == solver
     online = load_config(None, None, OnlineRunConfig)
