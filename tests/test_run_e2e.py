@@ -63,6 +63,13 @@ def test_run_produces_every_artifact_and_summary(finished_run) -> None:
     assert [r["iteration"] for r in rows] == ["theta_0", 0, 1]
     assert rows[2]["prompts"] == 24 and rows[2]["evolved_kept"] == round(0.8 * 24)
     assert all(0.0 <= r["heldout_score"] <= 1.0 for r in rows)
+    # The win rate against theta_0's held-out answers, recomputed by hand from both tables.
+    ref = store.read_table(store.read_manifest(None, "evaluate")["uri"]).to_pylist()
+    cur = store.read_table(store.read_manifest(1, "evaluate")["uri"]).to_pylist()
+    theirs = {r["prompt_id"]: r["reward"] for r in ref}
+    wins = [(r["reward"] > theirs[r["prompt_id"]]) + 0.5 * (r["reward"] == theirs[r["prompt_id"]])
+            for r in cur]  # fmt: skip
+    assert rows[2]["win_vs_theta_0"] == round(sum(wins) / len(wins), 4)
     # X_1's complexity (the world's difficulty) is charted; it matches the prompts it scored.
     scored = store.read_table(store.read_manifest(1, "complexity")["uri"])
     assert scored.column("prompt_id").to_pylist() == mix_ids(store)
