@@ -36,7 +36,7 @@ from typing import Any
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
 from flows.config import RunConfig, deep_merge, load_config, validate_config
-from tasks.stage import STAGE_ORDER
+from flows.order import OFFLINE_ORDER
 from tasks.store import RunStore, iteration_dir
 
 # The world's own config (deep-merged: a partial section would start from paper defaults).
@@ -102,7 +102,7 @@ def timed_run(cfg: RunConfig) -> dict[str, Any]:
     manifests = {
         (t, artifact): m
         for t in (None, *range(cfg.iterations + 1))
-        for artifact in STAGE_ORDER
+        for artifact in OFFLINE_ORDER
         if (m := store.read_manifest(t, artifact)) is not None
     }
     iterations = []

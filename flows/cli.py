@@ -17,7 +17,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tasks.stage import STAGE_ORDER
+from flows.order import ALL_ARTIFACTS, OFFLINE_ORDER, ONLINE_ORDER
 
 if TYPE_CHECKING:
     from flows.config import OnlineRunConfig, RunConfig
@@ -79,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--iterations", type=int, help="eva iterations (config field iterations)")
 
     st = sub.add_parser("stage", help="rerun one stage of an existing run")
-    st.add_argument("name", choices=STAGE_ORDER)
+    st.add_argument("name", choices=ALL_ARTIFACTS)
     st.add_argument("--run", required=True)
     st.add_argument("--root", default="runs")
     st.add_argument("--iteration", type=_iteration, required=True, help="a number, or 'setup'")
@@ -91,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--run", required=True)
     show.add_argument("--root", default="runs")
     show.add_argument("--iteration", type=_iteration)
-    show.add_argument("--stage", choices=STAGE_ORDER)
+    show.add_argument("--stage", choices=ALL_ARTIFACTS)
     show.add_argument("--rows", type=int, default=10)
     show.add_argument("--storage-options", type=_json_object, help=STORAGE_HELP)
 
@@ -203,6 +203,7 @@ def _cmd_stage(args: argparse.Namespace) -> int:
         target=args.name,
         force=args.force,
         downstream=args.downstream,
+        order=ONLINE_ORDER if _is_online(config) else OFFLINE_ORDER,
     )
     rows = entry(config, plan)
     print(summary_table(rows))

@@ -10,10 +10,15 @@ from flows.summary import summary_markdown
 from tasks.stage import Plan, RunContext
 
 
-def open_run(config: RunConfig | OnlineRunConfig, plan: Plan | None) -> RunContext:
+def open_run(
+    config: RunConfig | OnlineRunConfig, plan: Plan | None, order: tuple[str, ...]
+) -> RunContext:
     """Check inputs (again: a run started from the UI never passed through the CLI), set the
-    torch threads, sweep what a killed launch left, and record the config being run."""
+    torch threads, sweep what a killed launch left, and record the config being run. ``order``
+    is the flow's artifact order, which the plan of ``eva stage`` needs."""
     check_inputs(config)
+    # The flow's own order, whatever the caller built the plan with.
+    plan = Plan.model_validate({**(plan.model_dump() if plan else {}), "order": order})
     if config.torch_threads:
         import torch
 
@@ -23,7 +28,7 @@ def open_run(config: RunConfig | OnlineRunConfig, plan: Plan | None) -> RunConte
         run=config.run,
         seed=config.seed,
         storage_options=config.storage_options,
-        plan=plan or Plan(),
+        plan=plan,
     )
     store = run.store()
     store.sweep()  # staging copies and stage scratch of a killed launch

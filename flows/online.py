@@ -17,12 +17,13 @@ from tasks.bootstrap import bootstrap
 from tasks.evaluate import evaluate
 from tasks.online import online
 from tasks.prompts import load_heldout, load_prompts
+from flows.order import ONLINE_ORDER
 from tasks.stage import Plan
 
 
 @flow(name="eva-online", flow_run_name="{config.run}")
 def eva_online(config: OnlineRunConfig, plan: Plan | None = None) -> list[dict[str, Any]]:
-    run = open_run(config, plan)
+    run = open_run(config, plan, ONLINE_ORDER)
 
     seeds = load_prompts(run, None, config.prompts)  # D
     heldout = load_heldout(run, None, config.heldout, seed_set=seeds)

@@ -15,12 +15,13 @@ from flows.summary import iteration_summary
 from tasks.bootstrap import bootstrap
 from tasks.evaluate import evaluate
 from tasks.prompts import load_heldout, load_prompts, load_split
+from flows.order import OFFLINE_ORDER
 from tasks.stage import Plan
 
 
 @flow(name="eva-run", flow_run_name="{config.run}")
 def eva_run(config: RunConfig, plan: Plan | None = None) -> list[dict[str, Any]]:
-    run = open_run(config, plan)
+    run = open_run(config, plan, OFFLINE_ORDER)
 
     prompts = load_prompts(run, None, config.prompts)  # X_0
     heldout = load_heldout(run, None, config.heldout, seed_set=prompts)

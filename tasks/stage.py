@@ -37,17 +37,11 @@ import pyarrow as pa
 from prefect import task
 from prefect.cache_policies import NONE
 from prefect.states import Completed
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eva_core.schema import missing_columns
 from tasks.store import Ref, RunStore, checkpoint_hash, iteration_dir
 
-# Execution order of artifacts within an iteration (setup uses the first three and evaluate).
-STAGE_ORDER: tuple[str, ...] = (
-    "prompts", "heldout", "bootstrap",
-    "creator_generate", "creator_annotate", "score", "sample", "evolve", "mix",
-    "complexity", "generate", "annotate", "pairs", "train", "online", "evaluate",
-)  # fmt: skip
 MODEL = None  # an input that is consumed as a checkpoint, not read as a table
 _PACKAGES = ("eva", "prefect", "torch", "transformers", "trl", "pyarrow", "numpy")
 
@@ -62,7 +56,9 @@ class Plan(BaseModel):
     ``eva stage NAME --iteration T`` sets ``target``: everything before it must already be
     cached, the target runs (again, with ``force``), and everything after it is skipped unless
     ``downstream``, in which case it runs too, forced when ``force`` is set (in Algorithm 1's
-    linear order, what follows a stage is exactly what depends on it).
+    linear order, what follows a stage is exactly what depends on it). ``order`` is the order in
+    which the flow calls its artifacts within an iteration: the flow declares it (the framework
+    knows no stage names), so a new stage is added where the flow calls it.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -70,16 +66,28 @@ class Plan(BaseModel):
     target: str | None = None
     force: bool = True
     downstream: bool = False
+    order: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _target_in_order(self) -> Plan:
+        if self.target is not None and self.target not in self.order:
+            raise ValueError(f"target {self.target!r} is not one of the flow's {self.order}")
+        return self
+
+    def _position(self, artifact: str) -> int:
+        if artifact not in self.order:
+            raise StageError(f"{artifact}: not in the flow's declared stage order {self.order}")
+        return self.order.index(artifact)
 
     def decide(
         self, iteration: int | None, artifact: str
     ) -> Literal["auto", "force", "cached", "skip"]:
         if self.target is None:
             return "auto"
-        here = (-1 if iteration is None else iteration, STAGE_ORDER.index(artifact))
+        here = (-1 if iteration is None else iteration, self._position(artifact))
         mark = (
             -1 if self.target_iteration is None else self.target_iteration,
-            STAGE_ORDER.index(self.target),
+            self._position(self.target),
         )
         if here < mark:
             return "cached"

@@ -7,6 +7,7 @@ import os
 
 import pyarrow as pa
 import pytest
+from pydantic import ValidationError
 
 from eva_core.schema import seed_records
 from tasks.mix import MixConfig, mix
@@ -97,7 +98,10 @@ def test_plan_targets_one_stage(tmp_path) -> None:
     annotated = _input(store, 1, "creator_annotate", _annotated())
     scores = score(run, 1, ScoreConfig(), annotated=annotated)
     subset = sample(run, 1, SampleConfig(fraction=0.5), scores=scores)
-    plan_run = _run(tmp_path, plan=Plan(target_iteration=1, target="sample"))
+    # The order is the flow's (the framework knows no stage names): a flow that called its
+    # stages as score, sample, mix.
+    order = ("score", "sample", "mix")
+    plan_run = _run(tmp_path, plan=Plan(target_iteration=1, target="sample", order=order))
     assert (
         score.task(
             plan_run, 1, ScoreConfig(), "score", {"annotated": annotated}, return_state=True
@@ -119,6 +123,11 @@ def test_plan_targets_one_stage(tmp_path) -> None:
     # An upstream stage that is not cached cannot be silently recomputed.
     with pytest.raises(StageError, match="score of iter_1 has no finished artifact"):
         score(plan_run, 1, ScoreConfig(metric="var"), annotated=annotated)
+    # A target the flow does not call, or a stage outside the flow's order, is refused.
+    with pytest.raises(ValidationError, match="target 'evolve' is not one of the flow's"):
+        Plan(target="evolve", order=order)
+    with pytest.raises(StageError, match="pairs: not in the flow's declared stage order"):
+        plan_run.plan.decide(1, "pairs")
 
 
 def test_s3_root_through_a_local_s3_server(tmp_path, capsys) -> None:
