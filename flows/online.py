@@ -12,12 +12,12 @@ from prefect import flow
 
 from flows.config import OnlineRunConfig
 from flows.launch import open_run, publish_summary
+from flows.order import ONLINE_ORDER
 from flows.summary import online_summary
 from tasks.bootstrap import bootstrap
 from tasks.evaluate import evaluate
 from tasks.online import online
 from tasks.prompts import load_heldout, load_prompts
-from flows.order import ONLINE_ORDER
 from tasks.stage import Plan
 
 

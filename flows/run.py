@@ -11,11 +11,11 @@ from prefect import flow
 from flows.config import RunConfig
 from flows.iteration import dpo_iteration, eva_iteration
 from flows.launch import open_run, publish_summary
+from flows.order import OFFLINE_ORDER
 from flows.summary import iteration_summary
 from tasks.bootstrap import bootstrap
 from tasks.evaluate import evaluate
 from tasks.prompts import load_heldout, load_prompts, load_split
-from flows.order import OFFLINE_ORDER
 from tasks.stage import Plan
 
 
