@@ -75,7 +75,7 @@ class RunConfig(BaseModel):
         default=1,
         ge=1,
         description="torch CPU threads (None: torch's default). One thread suits the world's "
-        "0.1M-parameter model: with two, any other busy process on a 2-core machine slows "
+        "0.45M-parameter model: with two, any other busy process on a 2-core machine slows "
         "each step by up to 20x.",
     )
     iterations: int = Field(default=2, ge=0, description="eva iterations T after iteration 0.")
