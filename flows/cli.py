@@ -301,6 +301,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from flows.config import ConfigError
+    from tasks.backends.llm_client import LLMConfigError
     from tasks.stage import StageError
 
     handlers = {
@@ -314,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         return handlers[args.command](args)
-    except (ConfigError, StageError) as exc:
+    except (ConfigError, StageError, LLMConfigError) as exc:  # the last: an unset API key
         print(f"eva: error: {exc}", file=sys.stderr)
         return 2
 

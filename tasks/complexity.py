@@ -1,10 +1,10 @@
 """Stage ``complexity``: how hard and how well-posed each prompt of a prompt set is.
 
 The paper (Table 7) shows that evolved prompts grow in complexity and keep their quality by
-asking an LLM judge to rate both from 1 to 10; ``LLMJudge`` is such a judge over any
-OpenAI-compatible endpoint. The built-in world needs no LLM: ``WorldJudge`` reports its exact
-difficulty (digits + 2 per extra operand, or string length) and no quality. The same judge
-ranks rewrites in the paper evolver's best-of-N tree.
+asking an LLM judge to rate both from 1 to 10; ``LLMComplexityJudge`` is such a judge over any
+OpenAI-compatible endpoint (through ``tasks.backends.llm_client``). The built-in world needs no
+LLM: ``WorldJudge`` reports its exact difficulty (digits + 2 per extra operand, or string
+length) and no quality. The same judge ranks rewrites in the paper evolver's best-of-N tree.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core import world
-from tasks.backends.distilabel_evolve import OpenAICompatibleLLM, complete
+from tasks.backends.llm_client import LLMClient, NamedLLMConfig
 from tasks.stage import StageContext, StageOutput, stage
 
 COMPLEXITY_COLUMNS = ("prompt_id", "prompt", "complexity", "quality")
@@ -85,30 +85,38 @@ class WorldDifficulty:
         return out
 
 
-class LLMJudge(BaseModel):
+class LLMComplexityJudge(BaseModel):
     """Ask an LLM to rate complexity and quality 1-10 (the paper's Table 7 judge)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     kind: Literal["llm"] = "llm"
-    llm: OpenAICompatibleLLM
-    temperature: float = Field(
-        default=0.0, ge=0.0, description="Overrides llm.temperature: a judge should not sample."
+    llm: NamedLLMConfig = Field(
+        description="Endpoint, model (required), key, concurrency, timeout and retries."
     )
+    temperature: float = Field(default=0.0, ge=0.0, description="0: a judge should not sample.")
+    max_tokens: int = Field(default=1024, ge=1, description="Answer length cap in tokens.")
 
     def load(self) -> ComplexityJudge:
-        return ComplexityJudge(self.llm.model_copy(update={"temperature": self.temperature}))
+        return ComplexityJudge(self)
 
 
 class ComplexityJudge:
-    def __init__(self, llm: OpenAICompatibleLLM):
-        self._llm: Any = llm.load()
+    """Failed requests are unscored (NaN), not fatal; a 401/403/404 stops the stage."""
+
+    def __init__(self, config: LLMComplexityJudge):
+        self.config = config
+        self.client = LLMClient(config.llm)  # a missing API key raises here
 
     @property
     def counts(self) -> dict[str, int]:
-        return dict(self._llm.counts)
+        return self.client.stats()
 
     def score(self, prompts: Sequence[str]) -> list[tuple[float, float]]:
-        answers = complete(self._llm, [JUDGE_TEMPLATE.format(prompt=p) for p in prompts])
+        cfg = self.config
+        requests = [JUDGE_TEMPLATE.format(prompt=p) for p in prompts]
+        answers = self.client.answers(
+            requests, temperature=cfg.temperature, max_tokens=cfg.max_tokens
+        )
         return [parse_judgement(a) for a in answers]
 
     def rank_scores(self, prompts: Sequence[str]) -> list[float]:
@@ -117,7 +125,7 @@ class ComplexityJudge:
         return [c + q for c, q in self.score(prompts)]
 
 
-Judge = Annotated[WorldJudge | LLMJudge, Field(discriminator="kind")]
+Judge = Annotated[WorldJudge | LLMComplexityJudge, Field(discriminator="kind")]
 
 
 class ComplexityConfig(BaseModel):

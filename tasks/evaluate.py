@@ -46,6 +46,8 @@ def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> St
     # Closed before the reward model loads: a served policy gives its GPU back first.
     with close_after(config.generation.load(model_dir)) as generator:
         responses = [rs[0] for rs in generator.generate(prompts, 1, ctx.seed, ctx.progress)]
+        counts = getattr(generator, "stats", None)  # HTTP backends count their requests
+        requests = counts() if callable(counts) else None
     rewards = np.array(
         [rs[0] for rs in config.reward.load().score(prompts, [[r] for r in responses])]
     )
@@ -68,5 +70,6 @@ def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> St
         "solved": round(float(np.mean(rewards == 1.0)), 4),
         "per_category": {c: round(float(np.nanmean(v)), 4) for c, v in sorted(by_cat.items())},
         "backend_seconds": round(seconds, 3),
+        **({"requests": requests} if requests is not None else {}),
     }
     return StageOutput(out, stats=stats, ui_tables={"responses": out.slice(0, 20).to_pylist()})

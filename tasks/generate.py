@@ -39,6 +39,8 @@ def generate(ctx: StageContext, config: GenerateConfig, prompts: pa.Table) -> St
     started = time.perf_counter()
     with close_after(config.backend.load(model_dir)) as generator:
         responses = generator.generate(texts, config.n, ctx.seed, ctx.progress)
+        counts = getattr(generator, "stats", None)  # HTTP backends count their requests
+        requests = counts() if callable(counts) else None
     seconds = time.perf_counter() - started
     out = prompts.append_column("responses", pa.array(responses, pa.list_(pa.string())))
     chars = sum(len(r) for rs in responses for r in rs)
@@ -47,5 +49,6 @@ def generate(ctx: StageContext, config: GenerateConfig, prompts: pa.Table) -> St
         "prompts": len(texts), "responses": len(texts) * config.n,
         "backend_seconds": round(seconds, 3), "response_chars": chars,
         "mean_distinct_responses": round(distinct, 3),
+        **({"requests": requests} if requests is not None else {}),
     }  # fmt: skip
     return StageOutput(out, stats=stats)

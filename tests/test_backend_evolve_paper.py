@@ -145,7 +145,9 @@ def test_config_union_and_validation():
     parsed = TypeAdapter(EvolverBackend).validate_python(
         {"kind": "distilabel", "task": "self_instruct", "llm": {"model": "m"}}
     )
-    assert parsed.kind == "distilabel" and parsed.llm.temperature == 0.88
+    assert parsed.kind == "distilabel" and parsed.temperature == 0.88
+    with pytest.raises(ValidationError, match="temperature"):
+        PaperTemplateEvolver.model_validate({"llm": {"model": "m", "temperature": 0.5}})
 
 
 def test_evolve_stage_runs_an_llm_evolver_and_reports_its_requests(tmp_path: Path):
@@ -162,5 +164,8 @@ def test_evolve_stage_runs_an_llm_evolver_and_reports_its_requests(tmp_path: Pat
         out = evolve.fn(ctx, config, subset=seed_records(PROMPTS), heldout=seed_records(["x"]))
     assert out.table.num_rows == 8 and set(out.table.column("depth").to_pylist()) == {1}
     assert out.stats["kept"] == 8 and out.stats["cleaned"] == 8
-    assert out.stats["backend"] == {"requests": 8, "generated": 8, "scored": 0}
+    assert out.stats["backend"] == {
+        "requests": 8, "retries": 0, "failures": 0, "prompt_tokens": 8, "completion_tokens": 8,
+        "generated": 8, "scored": 0,
+    }  # fmt: skip
     assert all(m.startswith("paper:") for m in out.table.column("evolve_method").to_pylist())

@@ -43,7 +43,10 @@ class StageLike(BaseModel):
         ),
         ({"kind": "vllm_pooling", "model": "/ckpt"}, VLLMPoolingReward),
         ({"kind": "callable", "function": "eva_core.world:reward"}, CallableReward),
-        ({"kind": "pairwise", "judge": {"base_url": "http://h/v1", "model": "m"}}, PairwiseReward),
+        (
+            {"kind": "pairwise", "judge": {"llm": {"base_url": "http://h/v1", "model": "m"}}},
+            PairwiseReward,
+        ),
     ],
 )
 def test_dicts_validate_into_the_backend_their_kind_names(data: dict[str, Any], cls: type):

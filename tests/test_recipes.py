@@ -21,6 +21,13 @@ def test_recipe_validates(path: Path) -> None:
     assert cfg.sample.fraction == 0.25 and cfg.evolve.num_evolutions == 4
     assert cfg.mix.ratio_evolved == 0.8 and cfg.prompts.limit == 10_000
     assert cfg.annotate.reward.kind == "sequence_classifier"
+    # The API evolver names its key's variable; the served policy's client needs none.
+    evolver = cfg.evolve.evolver
+    assert evolver.kind == "distilabel" and evolver.temperature == 0.88
+    assert evolver.llm.api_key_env == "OPENAI_API_KEY" and evolver.llm.model == "gpt-4o-mini"
+    backend = cfg.generate.backend
+    assert backend.kind == "served" and backend.client.llm.concurrency == 64
+    assert backend.client.llm.api_key_env is None
 
 
 def test_online_recipe_carries_the_papers_online_settings() -> None:
@@ -32,6 +39,7 @@ def test_online_recipe_carries_the_papers_online_settings() -> None:
     assert cfg.online.budget == 1.0 and cfg.prompts.limit == 10_000
     assert cfg.online.reward.kind == "sequence_classifier"
     assert cfg.online.evolver.kind == "distilabel"
+    assert cfg.online.evolver.llm.api_key_env == "OPENAI_API_KEY"
     assert cfg.bootstrap.init_checkpoint == "google/gemma-2-9b-it"
 
 
@@ -109,8 +117,8 @@ def test_set_changes_one_field_of_the_config_that_would_run(tmp_path: Path) -> N
     cfg = load_config(str(tmp_path / "r.yaml"), ["train.solver.beta=0.2"])
     assert (cfg.train.solver.beta, cfg.train.solver.learning_rate) == (0.2, 5e-7)
     # A new backend kind starts from that kind's own defaults.
-    cfg = load_config(None, ["generate.backend.kind=openai", "generate.backend.model=m"])
-    assert cfg.generate.backend.kind == "openai" and cfg.generate.backend.model == "m"
+    cfg = load_config(None, ["generate.backend.kind=openai", "generate.backend.llm.model=m"])
+    assert cfg.generate.backend.kind == "openai" and cfg.generate.backend.llm.model == "m"
     with pytest.raises(ConfigError, match="not a section"):
         load_config(None, ["seed.x=1"])
 

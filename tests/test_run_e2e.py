@@ -469,10 +469,13 @@ def test_split_and_evolve_skip_held_out_prompts(tmp_path) -> None:
     assert out.stats["dropped"]["heldout"] == 3
 
 
-def test_a_dead_evolver_fails_the_run_and_is_retried_once_it_answers(tmp_path, capsys) -> None:
+def test_a_dead_evolver_fails_the_run_and_is_retried_once_it_answers(
+    tmp_path, capsys, monkeypatch
+) -> None:
     """An evolver endpoint where nothing listens used to keep 0 of N prompts, exit 0 and be
     cached as done; now evolve fails without a manifest, naming the endpoint, and the same
-    command succeeds once the endpoint answers."""
+    command succeeds once the endpoint answers. An unset API key variable stops it in one line
+    before any request."""
     import socket
 
     import numpy as np
@@ -501,6 +504,15 @@ def test_a_dead_evolver_fails_the_run_and_is_retried_once_it_answers(tmp_path, c
     assert err.startswith("eva: error: evolve: the evolver returned no usable rewrite for")
     assert url in err and "evolve.max_failed_share" in err
     assert store.read_manifest(1, "sample") is not None
+    assert store.read_manifest(1, "evolve") is None
+
+    monkeypatch.delenv("EVA_TEST_UNSET_KEY", raising=False)
+    keyed = tmp_path / "keyed.yaml"
+    cfg["evolve"]["evolver"]["llm"]["api_key_env"] = "EVA_TEST_UNSET_KEY"
+    keyed.write_text(yaml.safe_dump(cfg))
+    assert main(["run", "--config", str(keyed)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("eva: error: llm.api_key_env: environment variable EVA_TEST_UNSET_KEY")
     assert store.read_manifest(1, "evolve") is None
 
     def deepen(prompt: str, index: int, request: dict) -> str:

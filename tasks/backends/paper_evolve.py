@@ -13,6 +13,9 @@ rewrites, a scorer ranks them (the LLM complexity judge of ``tasks.complexity`` 
 prompt length), the best ``keep_best`` survive, and this repeats ``depth`` times. Strategy
 draws come from one generator per prompt seeded with ``(seed, prompt index)``, so they repeat
 exactly for a seed whatever the batch or the server answered.
+
+Requests go through ``tasks.backends.llm_client``: a failed request is an empty rewrite (which
+post-processing counts), a 401/403/404 stops the stage.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.evolution import clean_rewrite, is_refusal
-from tasks.backends.distilabel_evolve import OpenAICompatibleLLM, complete
+from tasks.backends.llm_client import LLMClient, NamedLLMConfig
 
 Scorer = Callable[[Sequence[str]], list[float]]
 
@@ -90,7 +93,18 @@ class PaperTemplateEvolver(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     kind: Literal["paper"] = "paper"
-    llm: OpenAICompatibleLLM
+    llm: NamedLLMConfig = Field(
+        description="Endpoint, model (required), key, concurrency, timeout and retries; the "
+        "LLM judge scorer uses it too."
+    )
+    temperature: float = Field(default=0.88, ge=0.0, description="Official eva evolve: 0.88.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(default=1024, ge=1, description="Rewrite length cap in tokens.")
+    seed_requests: bool = Field(
+        default=False,
+        description="Send a `seed` per request, from the run seed and the message, so sampling "
+        "repeats exactly on servers that honour it (vLLM, OpenAI).",
+    )
     strategies: tuple[str, ...] = Field(default=STRATEGIES, description="Strategies to draw.")
     strategies_per_seed: int | None = Field(
         default=None, ge=1, description="Rewrites per kept node (N); None = num_evolutions."
@@ -114,7 +128,8 @@ class PaperRewriter:
     def __init__(self, config: PaperTemplateEvolver, scorer: Scorer | None = None):
         self.config, self.scorer = config, scorer
         self.counts: dict[str, int] = {}
-        self._judge: Any = None  # the LLM judge of the current evolve call, made when needed
+        self.client = LLMClient(config.llm)  # a missing API key raises here
+        self._judge: Any = None  # the LLM complexity judge, made when first needed
 
     def stats(self) -> dict[str, int]:
         return dict(self.counts)
@@ -129,7 +144,14 @@ class PaperRewriter:
         cfg = self.config
         per_node = cfg.strategies_per_seed or num_evolutions
         keep = min(cfg.keep_best or num_evolutions, num_evolutions)
-        llm, self._judge = cfg.llm.load(seed), None
+        before = self.client.stats()
+        judged = self._judge.counts if self._judge is not None else {}
+        sampling = {
+            "temperature": cfg.temperature,
+            "top_p": cfg.top_p,
+            "max_tokens": cfg.max_tokens,
+        }
+        request_seed = seed if cfg.seed_requests else None
         rngs = [np.random.default_rng([seed, i]) for i in range(len(prompts))]
         # Beam per prompt: (raw answer, cleaned text, strategy path); the root has no path.
         beams: list[list[tuple[str, str, str]]] = [[(p, p, "")] for p in prompts]
@@ -147,7 +169,7 @@ class PaperRewriter:
                         other = None if offset is None else prompts[(i + offset) % len(prompts)]
                         request = render(s, text, other)
                         jobs.append((i, request, f"{path}>{s}" if path else s))
-            answers = complete(llm, [req for _, req, _ in jobs])
+            answers = self.client.answers([r for _, r, _ in jobs], request_seed, **sampling)
             generated += len(jobs)
             children: list[list[tuple[str, str, str]]] = [[] for _ in prompts]
             for (i, _, path), raw in zip(jobs, answers, strict=True):
@@ -167,9 +189,11 @@ class PaperRewriter:
                 ]
                 if kids:  # a prompt whose whole beam failed keeps its failures to be counted
                     beams[i] = kids[:keep]
-        judged = self._judge.counts if self._judge is not None else {}
-        self.counts = {**llm.counts, "generated": generated, "scored": scored}
-        self.counts |= {f"judge_{k}": v for k, v in judged.items()}
+        self.counts = {**self.client.stats_since(before), "generated": generated}
+        self.counts["scored"] = scored
+        if self._judge is not None:
+            after = self._judge.counts.items()
+            self.counts |= {f"judge_{k}": v - judged.get(k, 0) for k, v in after}
         return [[(raw, f"paper:{path}") for raw, _, path in beam if path] for beam in beams]
 
     def _draw(self, rng: np.random.Generator, n: int, batch: int) -> list[tuple[str, int | None]]:
@@ -190,9 +214,10 @@ class PaperRewriter:
             scorer = length_scorer
         elif scorer is None:
             if self._judge is None:
-                from tasks.complexity import LLMJudge  # lazy: the stage module imports Prefect
+                # lazy: the stage module imports Prefect
+                from tasks.complexity import LLMComplexityJudge
 
-                self._judge = LLMJudge(llm=self.config.llm).load()
+                self._judge = LLMComplexityJudge(llm=self.config.llm).load()
             scorer = self._judge.rank_scores
         values = np.asarray(scorer(texts), dtype=float)
         return [float(v) if np.isfinite(v) else -np.inf for v in values]
