@@ -1,11 +1,18 @@
 """The eva paper's rewriting strategies (appendix F) as an evolver, with a best-of-N tree.
 
-The paper lists its strategies by name: in-depth ones that make a prompt harder while keeping
-its task (constraints, deepening, concretizing, reasoning, expansion) and in-breadth ones that
-move to a new, rarer prompt (persona, shift-in, shift-out, mix, abstract). The paper could not
-be downloaded where this was written, so the templates below are reconstructed from those names
-in the style of WizardLM's EvolInstruct templates (same "#The Given Prompt#" / "#Rewritten
-Prompt#" scaffolding, which eva's post-processing strips); they are not a verbatim copy.
+Appendix F gives ten strategies and two instruction frames; the text here restates them in this
+project's words, keeping the same strategies, the same instructions and the same constraints:
+- in-depth (constraints, deepening, concretizing, reasoning, expansion), framed as a *Prompt
+  Rewriter* making the prompt a bit harder for strong models while it stays reasonable and
+  answerable by humans, keeps any table or code, sounds like a real user, and stays about as
+  long as the original or a little longer;
+- in-breadth (persona, shift-in, shift-out, mix, abstract), framed as a *Prompt Creator* making a
+  brand-new prompt for diversity, of similar length and complexity, reasonable and solvable by
+  humans, sounding like a real user. ``mix`` combines the prompt's idea with elements of another
+  domain (one prompt in, as in the paper; no second prompt).
+Both frames end in "#Given Prompt#:" and "#Rewritten Prompt#:" / "#Created Prompt#:", which
+eva's post-processing strips if a model echoes them. The strategy behind every child is recorded
+in its ``evolve_method`` (``paper:<strategy>``, ``paper:<s1>><s2>`` for a two-level path).
 
 Each rewrite applies one strategy to the parent (a tree, not EvolInstruct's chain). With
 ``strategies_per_seed`` > ``keep_best`` it becomes a beam search: every kept node gets that many
@@ -31,56 +38,77 @@ from tasks.backends.llm_client import LLMClient, NamedLLMConfig
 
 Scorer = Callable[[Sequence[str]], list[float]]
 
-_HEAD = (
-    "I want you to act as a Prompt Rewriter.\n"
-    "Your objective is to rewrite #The Given Prompt# into a new prompt with the method below, "
-    "so that even strong AI assistants (e.g. ChatGPT, GPT-4) find it harder to answer well.\n"
-    "The new prompt must be reasonable, self-contained, and understood and answerable by "
-    "humans. Keep any code, table or input data of #The Given Prompt# that it still needs. "
-    "Do not answer the prompt. Add at most 10 to 30 words unless the method says otherwise.\n"
-    "Method ({kind}): {method}\n"
-    "'#The Given Prompt#' and '#Rewritten Prompt#' must not appear in your answer.\n"
+IN_DEPTH_FRAME = (
+    "Act as an expert Prompt Rewriter.\n"
+    "Your goal is to rewrite the given prompt into a more complex version that large language "
+    "models find a bit harder to handle.\n"
+    "The rewritten prompt must stay reasonable and must be understood and answerable by humans. "
+    "Keep every non-text part of #Given Prompt#, such as a table or code, if it has one. Do not "
+    "make the rewritten prompt verbose: it should be about as long as #Given Prompt#, or a little "
+    "longer.\n"
+    "It must read like a real person's prompt, not like machine-generated text.\n"
+    "Make the prompt more complex with this method:\n{method}\n"
+    "Change it meaningfully across its whole structure, so that it reads clearly differently "
+    "from the original, and make sure it poses a more CHALLENGING task. "
+    "Answer with the rewritten prompt only.\n"
+    "#Given Prompt#:\n{prompt}\n#Rewritten Prompt#:"
 )
-_TAIL = "#The Given Prompt#:\n{prompt}\n#Rewritten Prompt#:\n"
-_MIX_TAIL = "#The Given Prompt#:\n{prompt}\n#The Second Prompt#:\n{other}\n#Rewritten Prompt#:\n"
+IN_BREADTH_FRAME = (
+    "Act as an expert Prompt Creator.\n"
+    "Your goal is to create a brand-new prompt from the given one, to make the prompts language "
+    "models train on more diverse and general, so they practise varied challenges and "
+    "perspectives.\n"
+    "The created prompt should have about the same LENGTH and complexity as #Given Prompt#. "
+    "It must be reasonable, interpretable and solvable by humans, and read like a real person's "
+    "prompt, not like machine-generated text.\n"
+    "Create it with this method:\n{method}\n"
+    "Change it meaningfully across its whole structure, so that it reads clearly differently "
+    "from the original. Answer with the created prompt only.\n"
+    "#Given Prompt#:\n{prompt}\n#Created Prompt#:"
+)
 
 IN_DEPTH = {
-    "constraints": "Add one more constraint or requirement the answer must satisfy.",
-    "deepening": "If the prompt asks about an issue, increase the depth and breadth of the "
-    "inquiry: ask about causes, consequences, trade-offs or edge cases.",
-    "concretizing": "Replace general concepts with more specific ones: a concrete setting, "
-    "named entities, numbers or an example input.",
-    "reasoning": "If the prompt can be solved with a few simple thinking steps, rewrite it to "
-    "explicitly require multi-step reasoning that builds on intermediate results.",
-    "expansion": "Expand the prompt with a closely related sub-task or follow-up question, so "
-    "that a complete answer must cover both (this method may add up to 50 words).",
+    "constraints": "Add one or more significant constraints or requirements to #Given Prompt#, "
+    "ones that really change how a model must answer (extra rules, context or limits that call "
+    "for creative adjustments).",
+    "deepening": "If #Given Prompt# asks about certain issues, widen and deepen the inquiry so "
+    "that it needs a more detailed, multi-layered or comprehensive answer, for instance by "
+    "splitting it into sub-problems or asking to connect unrelated concepts.",
+    "concretizing": "Replace general concepts in #Given Prompt# with more specific, detailed "
+    "ones, so the problem is better defined and less ambiguous (say, 'a wearable fitness "
+    "tracker with GPS' instead of 'a device').",
+    "reasoning": "Add one or more reasoning steps to #Given Prompt#: rewrite it to demand "
+    "explicit multi-step reasoning or justified intermediate steps; a simple query, for "
+    "instance, should come to need a step-by-step breakdown of the logic or calculation.",
+    "expansion": "Expand #Given Prompt# with further perspectives, domains or layers of "
+    "complexity; a prompt about one scenario, for instance, can add related scenarios or ask "
+    "to compare different situations.",
 }
 IN_BREADTH = {
-    "persona": "Rewrite the prompt as asked by a specific, realistic persona (a profession, "
-    "a situation, a goal) whose needs change what a good answer must contain.",
-    "shift-in": "Shift in: narrow the prompt to a rarer, more specialised sub-topic within the "
-    "same domain, keeping its form.",
-    "shift-out": "Shift out: carry the prompt's task and form over to a different but related "
-    "domain, where it is less commonly asked.",
-    "mix": "Combine #The Given Prompt# with #The Second Prompt# into one coherent new prompt "
-    "that needs the skills of both.",
-    "abstract": "Raise the prompt to a more abstract, conceptual level: ask for the general "
-    "principle, pattern or method behind it, with the original as one instance.",
+    "persona": "Reframe #Given Prompt# as if a user with an entirely different persona, "
+    "background or expertise wrote it, adjusting tone, style and phrasing to match, so that it "
+    "reads as authored by someone new.",
+    "shift-in": "Move the high-level idea of #Given Prompt# to a different subdomain or context "
+    "within the same domain, one that still challenges a model to reason or bring knowledge of "
+    "that domain.",
+    "shift-out": "Move the high-level idea of #Given Prompt# to an entirely different topic in a "
+    "different setting, one that calls for similar reasoning or understanding of context in a "
+    "new way.",
+    "mix": "Combine the high-level concept of #Given Prompt# with elements of a different "
+    "domain, bringing in new scenarios or contexts for diversity while staying relevant to the "
+    "original idea.",
+    "abstract": "Turn #Given Prompt# into a more abstract, general version that drops specific "
+    "details but keeps its intent, so that it calls for broader reasoning from principles.",
 }
 STRATEGIES: tuple[str, ...] = (*IN_DEPTH, *IN_BREADTH)
 
 
-def render(strategy: str, prompt: str, other: str | None = None) -> str:
-    """The rewriting request for ``strategy`` applied to ``prompt`` (``other``: mix partner)."""
-    kind, method = (
-        ("in-depth", IN_DEPTH[strategy])
-        if strategy in IN_DEPTH
-        else ("in-breadth", IN_BREADTH[strategy])
-    )
-    head = _HEAD.format(kind=kind, method=method)
-    if strategy == "mix":
-        return head + _MIX_TAIL.format(prompt=prompt, other=other)
-    return head + _TAIL.format(prompt=prompt)
+def render(strategy: str, prompt: str) -> str:
+    """The paper's request for ``strategy`` applied to ``prompt``: the in-depth frame for an
+    in-depth strategy, the in-breadth frame for an in-breadth one."""
+    if strategy in IN_DEPTH:
+        return IN_DEPTH_FRAME.format(method=IN_DEPTH[strategy], prompt=prompt)
+    return IN_BREADTH_FRAME.format(method=IN_BREADTH[strategy], prompt=prompt)
 
 
 def length_scorer(prompts: Sequence[str]) -> list[float]:
@@ -161,14 +189,12 @@ class PaperRewriter:
             for i, beam in enumerate(beams):
                 # Draw for every beam slot, even a failed one, so draws do not depend on answers.
                 for slot in range(keep if beam[0][2] else 1):
-                    picks = self._draw(rngs[i], per_node, len(prompts))
+                    picks = self._draw(rngs[i], per_node)
                     if slot >= len(beam) or not _usable(beam[slot][1]):
                         continue
                     _, text, path = beam[slot]
-                    for s, offset in picks:
-                        other = None if offset is None else prompts[(i + offset) % len(prompts)]
-                        request = render(s, text, other)
-                        jobs.append((i, request, f"{path}>{s}" if path else s))
+                    for s in picks:
+                        jobs.append((i, render(s, text), f"{path}>{s}" if path else s))
             answers = self.client.answers([r for _, r, _ in jobs], request_seed, **sampling)
             generated += len(jobs)
             children: list[list[tuple[str, str, str]]] = [[] for _ in prompts]
@@ -196,15 +222,14 @@ class PaperRewriter:
             self.counts |= {f"judge_{k}": v - judged.get(k, 0) for k, v in after}
         return [[(raw, f"paper:{path}") for raw, _, path in beam if path] for beam in beams]
 
-    def _draw(self, rng: np.random.Generator, n: int, batch: int) -> list[tuple[str, int | None]]:
-        """``n`` strategies, distinct until every allowed one has been used once, each with its
-        mix partner (another prompt of the batch; mix needs a batch of two or more)."""
-        pool = [s for s in self.config.strategies if batch > 1 or s != "mix"] or ["constraints"]
+    def _draw(self, rng: np.random.Generator, n: int) -> list[str]:
+        """``n`` strategies drawn uniformly, distinct until every allowed one has been used once
+        (so four children of one parent never repeat a strategy while others are unused)."""
+        pool = self.config.strategies
         names: list[str] = []
         while len(names) < n:
             names += [pool[j] for j in rng.permutation(len(pool))]
-        # The partner is an offset from the prompt, drawn before any answer is known.
-        return [(s, int(rng.integers(1, batch)) if s == "mix" else None) for s in names[:n]]
+        return names[:n]
 
     def _score(self, texts: list[str]) -> list[float]:
         if not texts:
