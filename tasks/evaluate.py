@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.backends.generation import GenerationBackend
 from tasks.backends.hf_generate import TransformersGeneration
-from tasks.backends.protocols import close_after
+from tasks.backends.protocols import close_after, stats_of
 from tasks.backends.reward import PointwiseRewardBackend
 from tasks.backends.world import WorldReward
 from tasks.stage import MODEL, StageContext, StageOutput, stage
@@ -46,8 +46,7 @@ def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> St
     # Closed before the reward model loads: a served policy gives its GPU back first.
     with close_after(config.generation.load(model_dir)) as generator:
         responses = [rs[0] for rs in generator.generate(prompts, 1, ctx.seed, ctx.progress)]
-        counts = getattr(generator, "stats", None)  # HTTP backends count their requests
-        requests = counts() if callable(counts) else None
+        requests = stats_of(generator) or None  # HTTP backends count their requests
     rewards = np.array(
         [rs[0] for rs in config.reward.load().score(prompts, [[r] for r in responses])]
     )

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from eva_core.evolution import clean_rewrite, evolved_records
 from eva_core.schema import PROMPT_COLUMNS
 from tasks.backends.evolver import EvolverBackend, WorldEvolver
+from tasks.backends.protocols import ReportsStats
 from tasks.stage import StageContext, StageOutput, check_failures, stage
 
 
@@ -77,7 +78,7 @@ def evolve(
         }
         for r in table.slice(0, 40).to_pylist()
     ]
-    backend = evolver.stats() if hasattr(evolver, "stats") else None
+    backend = evolver.stats() if isinstance(evolver, ReportsStats) else None
     out_stats = {
         **stats.as_dict(),
         "parents_without_rewrite": failed,

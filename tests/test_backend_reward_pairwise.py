@@ -61,7 +61,7 @@ def test_scores_are_mean_win_rates_that_order_the_responses():
         out = rm.score(["q1", "q2"], [["aa", "a", "aaaa", "aaa"], ["xy", "x"]], seen.append)
         assert out == [[1 / 3, 0.0, 1.0, 2 / 3], [1.0, 0.0]]
         # N(N-1) calls per prompt with both orders: 12 + 2.
-        assert len(server.requests) == 14 and rm.last_stats["comparisons"] == 14
+        assert len(server.requests) == 14 and rm.stats()["comparisons"] == 14
         assert seen[-1] == 1.0 and seen == sorted(seen)
         body = server.requests[0]["body"]
         assert body["model"] == "judge" and body["temperature"] == 0.0
@@ -99,7 +99,7 @@ def test_retries_503_and_timeouts_then_succeeds():
         rm = _reward(server, timeout_s=0.3, concurrency=1)
         assert rm.score(["q"], [["a", "bb"]]) == [[0.0, 1.0]]
         assert len(server.requests) == 5  # 2 comparisons + 2 answered 503 + 1 timed out
-        assert rm.last_stats["failed"] == 0
+        assert rm.stats()["failed"] == 0
 
 
 def test_failures_past_the_retries_are_nan_and_all_failing_raises():
@@ -111,7 +111,7 @@ def test_failures_past_the_retries_are_nan_and_all_failing_raises():
         out = rm.score(["q"], [["a", "bb", "ccc"]])
         assert out[0][:2] == [0.0, 1.0] and math.isnan(out[0][2])
         # 2 comparisons answered, 4 tried twice: 10 requests, 4 retries; 1 + 1 tokens an answer.
-        assert rm.last_stats == {
+        assert rm.stats() == {
             "comparisons": 6, "failed": 4, "unparseable": 0, "judge_requests": 10,
             "judge_retries": 4, "judge_failures": 4, "judge_prompt_tokens": 2,
             "judge_completion_tokens": 2,
@@ -129,7 +129,7 @@ def test_unparseable_verdicts_are_left_out_of_the_mean():
         rm = _reward(server)
         out = rm.score(["q"], [["a", "bb", "z"]])
         assert out[0][:2] == [0.0, 1.0] and math.isnan(out[0][2])
-        assert rm.last_stats["unparseable"] == 4
+        assert rm.stats()["unparseable"] == 4
 
 
 def test_client_errors_fail_at_once():

@@ -11,7 +11,7 @@ the judge: they tie (0.5) by definition.
 ``1 - p(b>a)``, which cancels a judge's preference for the first (or second) position.
 
 Failure policy: an unparseable verdict is NaN for that comparison and left out of the means; a
-request that still fails after its retries is too (counted in ``last_stats``, with the judge's
+request that still fails after its retries is too (counted in ``stats()``, with the judge's
 request counts as ``judge_*``). Any other failed request (a 401, an unknown model) stops the
 call: every request would hit it. A response with
 no usable comparison is NaN. If no comparison at all is usable the call raises: the judge or
@@ -30,7 +30,7 @@ from typing import Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tasks.backends.llm_client import LLMClient, LLMRequestError, NamedLLMConfig
-from tasks.backends.protocols import Progress, no_progress
+from tasks.backends.protocols import Progress, no_progress, stats_of
 
 DEFAULT_TEMPLATE = """You are judging two responses to the same user prompt.
 
@@ -171,7 +171,11 @@ class PairwiseScorer:
         self.judge = judge
         self.both_orders = both_orders
         self.workers = workers
-        self.last_stats: dict[str, int] = {}
+        self._last: dict[str, int] = {}
+
+    def stats(self) -> dict[str, int]:
+        """Counts of the last ``score`` call (``ReportsStats``)."""
+        return dict(self._last)
 
     def score(
         self,
@@ -196,13 +200,12 @@ class PairwiseScorer:
                     calls.append((p, i, j))
                     if self.both_orders:
                         calls.append((p, j, i))
-        counts = getattr(self.judge, "stats", None)  # an HTTP judge counts its requests
-        before = counts() if callable(counts) else {}
+        before = stats_of(self.judge)  # an HTTP judge counts its requests
         verdicts, failed = self._run(calls, prompts, responses, progress)
         unparseable = sum(math.isnan(v) for v in verdicts.values()) - failed
-        self.last_stats = {"comparisons": len(calls), "failed": failed, "unparseable": unparseable}
-        if callable(counts):
-            self.last_stats |= {f"judge_{k}": v - before.get(k, 0) for k, v in counts().items()}
+        self._last = {"comparisons": len(calls), "failed": failed, "unparseable": unparseable}
+        after = stats_of(self.judge)
+        self._last |= {f"judge_{k}": v - before.get(k, 0) for k, v in after.items()}
         if calls and failed + unparseable == len(calls):
             raise RuntimeError(
                 f"the judge gave no usable verdict in {len(calls)} comparisons "
