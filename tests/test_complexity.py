@@ -11,14 +11,8 @@ import pyarrow as pa
 import pytest
 
 from eva_core.schema import seed_records
-from tasks.complexity import (
-    COMPLEXITY_COLUMNS,
-    JUDGE_TEMPLATE,
-    ComplexityConfig,
-    LLMComplexityJudge,
-    complexity,
-    parse_judgement,
-)
+from tasks.backends.complexity_judge import JUDGE_TEMPLATE, LLMComplexityJudge, parse_judgement
+from tasks.complexity import COMPLEXITY_COLUMNS, ComplexityConfig, complexity
 from tasks.stage import RunContext, StageContext, StageOutput
 from tests.support.openai_server import OpenAICompatibleServer
 

@@ -173,7 +173,7 @@ class PaperRewriter:
         per_node = cfg.strategies_per_seed or num_evolutions
         keep = min(cfg.keep_best or num_evolutions, num_evolutions)
         before = self.client.stats()
-        judged = self._judge.counts if self._judge is not None else {}
+        judged = self._judge.stats() if self._judge is not None else {}
         sampling = {
             "temperature": cfg.temperature,
             "top_p": cfg.top_p,
@@ -218,7 +218,7 @@ class PaperRewriter:
         self.counts = {**self.client.stats_since(before), "generated": generated}
         self.counts["scored"] = scored
         if self._judge is not None:
-            after = self._judge.counts.items()
+            after = self._judge.stats().items()
             self.counts |= {f"judge_{k}": v - judged.get(k, 0) for k, v in after}
         return [[(raw, f"paper:{path}") for raw, _, path in beam if path] for beam in beams]
 
@@ -239,8 +239,7 @@ class PaperRewriter:
             scorer = length_scorer
         elif scorer is None:
             if self._judge is None:
-                # lazy: the stage module imports Prefect
-                from tasks.complexity import LLMComplexityJudge
+                from tasks.backends.complexity_judge import LLMComplexityJudge
 
                 self._judge = LLMComplexityJudge(llm=self.config.llm).load()
             scorer = self._judge.rank_scores
