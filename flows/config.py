@@ -192,11 +192,20 @@ def read_config_file(path: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
         raise ConfigError(f"{path}:{where}: {problem}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
+    return resolve_extends(data, os.path.dirname(path), (*_seen, path))
+
+
+def resolve_extends(
+    data: dict[str, Any], base_dir: str, _seen: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """``data`` deep-merged over the file its ``extends:`` names (relative to ``base_dir``),
+    recursively; ``data`` itself when it extends nothing. A deployment's inline config layers
+    on a file this way too."""
+    data = dict(data)
     base = data.pop("extends", None)
     if base is None:
         return data
-    parent = read_config_file(os.path.join(os.path.dirname(path), base), (*_seen, path))
-    return deep_merge(parent, data)
+    return deep_merge(read_config_file(os.path.join(base_dir, base), _seen), data)
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import os
+
 import yaml
 from prefect.schedules import Cron, Interval
 
+from flows.config import resolve_extends, validate_config
 from flows.run import eva_run
+
+
+def deployment_config(spec_path: str, parameters: dict) -> dict:
+    """The deployment's ``config`` parameter resolved like a config file (its ``extends:`` is
+    relative to the spec), validated, and given in full, so the UI's form shows every field."""
+    data = resolve_extends(
+        parameters.get("config") or {}, os.path.dirname(os.path.abspath(spec_path))
+    )
+    return validate_config(data).model_dump(mode="json")
 
 
 def serve(path: str) -> None:
@@ -27,6 +39,9 @@ def serve(path: str) -> None:
         name=d["name"],
         description=d.get("description"),
         tags=d.get("tags"),
-        parameters=d.get("parameters") or {},
+        parameters={
+            **(d.get("parameters") or {}),
+            "config": deployment_config(path, d.get("parameters") or {}),
+        },
         schedules=schedules or None,
     )

@@ -16,7 +16,7 @@ import yaml
 
 from eva_core import world
 from flows.cli import main
-from flows.config import validate_config
+from flows.config import load_config, validate_config
 from tasks.store import RunStore
 from tests.conftest import tiny_run_config
 
@@ -360,7 +360,13 @@ def test_deployment_spec_is_a_valid_run() -> None:
         spec = yaml.safe_load(f)
     (deployment,) = spec["deployments"]
     assert deployment["entrypoint"] == "flows/run.py:eva_run"
-    assert validate_config(deployment["parameters"]["config"]).run == "scheduled"
+    from flows.serve import deployment_config
+
+    resolved = validate_config(deployment_config(root, deployment["parameters"]))
+    assert resolved.run == "scheduled" and resolved.iterations == 2
+    # The deployment runs the world demo, not bare paper defaults (a 9B model's solver).
+    world = load_config(None)
+    assert resolved.train == world.train and resolved.generate == world.generate
     assert deployment["schedules"][0]["active"] is False  # off until a user enables it
 
 
