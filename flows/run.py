@@ -17,10 +17,16 @@ from tasks.bootstrap import bootstrap
 from tasks.evaluate import evaluate
 from tasks.prompts import load_heldout, load_prompts, load_split
 from tasks.stage import Plan
+from tasks.store import RunStore
 
 
 @flow(name="eva-run", flow_run_name="{config.run}")
-def eva_run(config: RunConfig, plan: Plan | None = None) -> list[dict[str, Any]]:
+def eva_run(config: RunConfig, plan: Plan | None = None, advance: int = 0) -> list[dict[str, Any]]:
+    """``advance`` = k > 0 continues the run by k iterations past the last one it finished
+    (``config.iterations`` is ignored): what a scheduled trigger of a deployment does."""
+    if advance:
+        reached = finished_iterations(RunStore(config.root, config.run, config.storage_options))
+        config = config.model_copy(update={"iterations": reached + advance})
     run = open_run(config, plan, OFFLINE_ORDER)
 
     prompts = load_prompts(run, None, config.prompts)  # X_0
@@ -48,5 +54,13 @@ def eva_run(config: RunConfig, plan: Plan | None = None) -> list[dict[str, Any]]
         prompts, policy = step.prompts, step.policy
 
     rows = iteration_summary(run.store(), config)
-    publish_summary(config.run, rows, "eva run")
+    publish_summary(config.run, rows, f"eva run, iteration {config.iterations}")
     return rows
+
+
+def finished_iterations(store: RunStore) -> int:
+    """The last iteration t >= 1 whose checkpoint was evaluated (0 when none was)."""
+    t = 0
+    while store.read_manifest(t + 1, "evaluate") is not None:
+        t += 1
+    return t

@@ -363,7 +363,7 @@ def test_deployment_spec_is_a_valid_run() -> None:
     from flows.serve import deployment_config
 
     resolved = validate_config(deployment_config(root, deployment["parameters"]))
-    assert resolved.run == "scheduled" and resolved.iterations == 2
+    assert resolved.run == "scheduled" and deployment["parameters"]["advance"] == 1
     # The deployment runs the world demo, not bare paper defaults (a 9B model's solver).
     world = load_config(None)
     assert resolved.train == world.train and resolved.generate == world.generate
