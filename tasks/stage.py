@@ -164,9 +164,22 @@ class Stage:
     ):
         self.name, self.fn, self.inputs, self.outputs = name, fn, dict(inputs), tuple(outputs)
         self.extra_key = extra_key
-        self.task = task(
+
+        # One function per stage: Prefect keys a task on its function's qualified name, so a
+        # shared `_execute` would make every stage the same task in the UI's views and filters.
+        def execute(
+            run: RunContext,
+            iteration: int | None,
+            config: BaseModel,
+            artifact: str,
+            refs: dict[str, Ref],
+        ) -> Any:
+            return self._execute(run, iteration, config, artifact, refs)
+
+        execute.__name__ = execute.__qualname__ = name
+        self.task: Any = task(
             name=name, cache_policy=NONE, persist_result=False, task_run_name=_task_run_name
-        )(self._execute)
+        )(execute)
 
     def __call__(
         self,
@@ -284,6 +297,10 @@ class Stage:
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }  # fmt: skip
         store.write_manifest(iteration, artifact, manifest)
+        ctx.log.info(
+            "%s %s: %d rows in %.1f s; %s", artifact, iteration_dir(iteration),
+            out.table.num_rows, seconds, readable(out.stats),
+        )  # fmt: skip
         _publish_ui(run.run, iteration, artifact, manifest, out.ui_tables)
         return _ref(manifest)
 
@@ -454,6 +471,31 @@ class _ProgressArtifact:
             self.disabled = True
 
 
+def readable(value: Any) -> str:
+    """A stat as a person reads it: 4 significant digits, mappings as ``k: v`` lists, text as
+    is (no JSON quotes), nothing as "-"."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return "nan" if value != value else f"{value:.4g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {readable(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(readable(v) for v in value) + "]"
+    return str(value)
+
+
+def _cell(value: Any) -> Any:
+    """A table cell: floats rounded to 4 significant digits, containers as readable text."""
+    if isinstance(value, float):
+        return value if value != value else float(f"{value:.4g}")
+    if isinstance(value, dict | list | tuple):
+        return readable(value)
+    return value
+
+
 def _publish_ui(
     run: str,
     iteration: int | None,
@@ -472,7 +514,7 @@ def _publish_ui(
         "",
         "| stat | value |",
         "| --- | --- |",
-        *(f"| {k} | {json.dumps(v, default=str)} |" for k, v in stats.items()),
+        *(f"| {k} | {readable(v)} |" for k, v in stats.items()),
     ]
     try:
         create_markdown_artifact(
@@ -483,7 +525,7 @@ def _publish_ui(
         for suffix, rows in tables.items():
             if rows:
                 create_table_artifact(
-                    rows,
+                    [{k: _cell(v) for k, v in row.items()} for row in rows],
                     key=_artifact_key(run, iteration, artifact, suffix),
                     description=f"{artifact}: {suffix}",
                 )

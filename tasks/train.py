@@ -132,6 +132,16 @@ def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutpu
         "gradient_accumulation": accumulation,
         "backend_seconds": round(seconds, 3),
         **rewrite_stats,
-        **{k: round(v, 4) for k, v in last.items() if k != "step" and isinstance(v, float)},
+        # The schedule's peak, not its last value (0.0 at the end of a cosine reads like a bug).
+        **(
+            {"peak_learning_rate": max(r.get("learning_rate", 0.0) for r in metrics)}
+            if metrics
+            else {}
+        ),
+        **{
+            k: round(v, 4)
+            for k, v in last.items()
+            if k not in ("step", "learning_rate") and isinstance(v, float)
+        },
     }
     return StageOutput(table, stats=stats, model_dir=out_dir)

@@ -59,6 +59,23 @@ def test_cached_in_a_new_call_and_rerun_on_config_change(tmp_path) -> None:
     assert manifest["rows"] == 8 and manifest["stats"]["metric"] == "a_avg"
 
 
+def test_each_stage_is_its_own_task_and_logs_its_stats_readably(tmp_path, caplog) -> None:
+    from tasks.stage import readable
+
+    # Prefect keys a task on its function: one per stage, so the UI can filter by stage.
+    assert score.task.task_key != sample.task.task_key
+    assert (score.task.name, sample.task.name) == ("score", "sample")
+    assert readable(0.123456) == "0.1235" and readable(1234567.0) == "1.235e+06"
+    assert readable({"a": 2, "b": None, "c": [0.5, "x"]}) == "a: 2, b: -, c: [0.5, x]"
+    assert readable(float("nan")) == "nan" and readable(True) == "true"
+    run = _run(tmp_path)
+    annotated = _input(run.store(), 1, "creator_annotate", _annotated())
+    with caplog.at_level("INFO"):
+        score(run, 1, ScoreConfig(), annotated=annotated)
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("score iter_1")]
+    assert logged and "8 rows in" in logged[0] and "metric: a_min" in logged[0]
+
+
 def test_missing_input_column_is_named_and_nothing_written(tmp_path) -> None:
     run = _run(tmp_path)
     store = run.store()
