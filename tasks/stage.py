@@ -117,6 +117,8 @@ class StageOutput:
     model_dir: str | None = None  # a local checkpoint to publish as {iter}/model
     external_model: str | None = None  # a checkpoint used where it is (never copied)
     ui_tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # What each UI table shows, e.g. "top 20 of 200 prompts by informativeness, descending".
+    ui_notes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -301,7 +303,7 @@ class Stage:
             "%s %s: %d rows in %.1f s; %s", artifact, iteration_dir(iteration),
             out.table.num_rows, seconds, readable(out.stats),
         )  # fmt: skip
-        _publish_ui(run.run, iteration, artifact, manifest, out.ui_tables)
+        _publish_ui(run.run, iteration, artifact, manifest, out.ui_tables, out.ui_notes)
         return _ref(manifest)
 
 
@@ -502,6 +504,7 @@ def _publish_ui(
     artifact: str,
     manifest: dict[str, Any],
     tables: Mapping[str, list[dict[str, Any]]],
+    notes: Mapping[str, str] | None = None,
 ) -> None:
     try:
         from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -527,7 +530,8 @@ def _publish_ui(
                 create_table_artifact(
                     [{k: _cell(v) for k, v in row.items()} for row in rows],
                     key=_artifact_key(run, iteration, artifact, suffix),
-                    description=f"{artifact}: {suffix}",
+                    description=f"{artifact} {iteration_dir(iteration)}: "
+                    + (notes or {}).get(suffix, f"{len(rows)} of {manifest['rows']} rows"),
                 )
     except Exception as exc:  # the artifact on disk is what matters; the UI is a view of it
         logging.getLogger("eva").debug("could not publish UI artifacts: %s", exc)

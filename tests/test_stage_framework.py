@@ -235,3 +235,34 @@ def test_editing_a_user_reward_function_changes_the_annotate_key(tmp_path, monke
     assert annotate.cache_key(run, 1, config, "annotate", {}) == key
     module.write_text("def score(prompt, response):\n    return 0.5\n")
     assert annotate.cache_key(run, 1, config, "annotate", {}) != key
+
+
+def test_ui_tables_show_lineage_the_creators_decision_and_the_distribution() -> None:
+    import logging
+    from types import SimpleNamespace
+
+    from eva_core.evolution import evolved_records
+
+    ctx = SimpleNamespace(seed=3, log=logging.getLogger("t"), iteration=1)
+    # a_min of rows [i/8, 0, 0.5]: 0.5 for i <= 4, then 0.625, 0.75, 0.875 (sum 4.75).
+    scored = score.fn(ctx, ScoreConfig(), annotated=_annotated())
+    dist = scored.ui_tables["distribution"]
+    assert [r["prompts"] for r in dist] == [5, 0, 0, 1, 0, 0, 1, 0, 0, 1]
+    assert (dist[0]["from"], dist[-1]["to"], dist[0]["share"]) == (0.5, 0.875, 0.625)
+    top = scored.ui_tables["most-informative"]
+    assert top[0]["informativeness"] == 0.875 and top[0]["prompt"] == "7+7="
+    assert top[0]["root_id"] == top[0]["prompt_id"] and top[0]["depth"] == 0
+    assert scored.ui_notes["most-informative"] == (
+        "top 8 of 8 prompts by informativeness (a_min), descending"
+    )
+    drawn = sample.fn(ctx, SampleConfig(fraction=0.5), scores=scored.table)
+    rows = drawn.ui_tables["drawn"]
+    assert [r["draw_rank"] for r in rows] == [0, 1, 2, 3]
+    assert all(r["weight_share"] == pytest.approx(r["informativeness"] / 4.75) for r in rows)
+    # mix: which originals X_t keeps, with their lineage.
+    evolved, _ = evolved_records(drawn.table, [[(f"{p} again", "m")] for p in "abcd"], 1)
+    current = _annotated().select(list(evolved.schema.names))
+    mixed = mix.fn(ctx, MixConfig(), current=current, evolved=evolved)
+    kept = mixed.ui_tables["originals-kept"]
+    assert kept and all(r["depth"] == 0 and r["parent_id"] is None for r in kept)
+    assert mixed.ui_notes["originals-kept"].endswith("beside 4 evolved ones, in X_t's order")
