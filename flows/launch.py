@@ -36,6 +36,24 @@ def open_run(
     return run
 
 
+def run_name() -> str:
+    """A flow run's name: the eva run, what the launch asks for, and when it started, so
+    reruns of one run tell apart in the UI (``demo+1 @11-22 03:00``, ``demo evolve@1``)."""
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters
+    config, plan = p.get("config"), p.get("plan")
+    name = config["run"] if isinstance(config, dict) else getattr(config, "run", "eva")
+    if p.get("advance"):
+        name += f"+{p['advance']}"
+    target = plan.get("target") if isinstance(plan, dict) else getattr(plan, "target", None)
+    if target:
+        it = plan["target_iteration"] if isinstance(plan, dict) else plan.target_iteration
+        name += f" {target}@{'setup' if it is None else it}"
+    started = flow_run.scheduled_start_time
+    return f"{name} @{started:%m-%d %H:%M:%S}" if started else name
+
+
 def publish_summary(run: str, rows: list[dict[str, Any]], title: str) -> None:
     """The run's summary table as a markdown artifact under a stable key."""
     create_markdown_artifact(

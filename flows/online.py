@@ -11,7 +11,7 @@ from typing import Any
 from prefect import flow
 
 from flows.config import OnlineRunConfig
-from flows.launch import open_run, publish_summary
+from flows.launch import open_run, publish_summary, run_name
 from flows.order import ONLINE_ORDER
 from flows.summary import online_summary
 from tasks.bootstrap import bootstrap
@@ -21,7 +21,7 @@ from tasks.prompts import load_heldout, load_prompts
 from tasks.stage import Plan
 
 
-@flow(name="eva-online", flow_run_name="{config.run}")
+@flow(name="eva-online", flow_run_name=run_name)
 def eva_online(config: OnlineRunConfig, plan: Plan | None = None) -> list[dict[str, Any]]:
     run = open_run(config, plan, ONLINE_ORDER)
 

@@ -10,7 +10,7 @@ from prefect import flow
 
 from flows.config import RunConfig
 from flows.iteration import dpo_iteration, eva_iteration
-from flows.launch import open_run, publish_summary
+from flows.launch import open_run, publish_summary, run_name
 from flows.order import OFFLINE_ORDER
 from flows.summary import iteration_summary
 from tasks.bootstrap import bootstrap
@@ -20,7 +20,7 @@ from tasks.stage import Plan
 from tasks.store import RunStore
 
 
-@flow(name="eva-run", flow_run_name="{config.run}")
+@flow(name="eva-run", flow_run_name=run_name)
 def eva_run(config: RunConfig, plan: Plan | None = None, advance: int = 0) -> list[dict[str, Any]]:
     """``advance`` = k > 0 continues the run by k iterations past the last one it finished
     (``config.iterations`` is ignored): what a scheduled trigger of a deployment does."""

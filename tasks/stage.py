@@ -236,6 +236,7 @@ class Stage:
         if decision != "force":
             manifest = store.read_manifest(iteration, artifact)
             if manifest and manifest["key"] == key and store.is_complete(manifest):
+                _link_reused(run.run, iteration, artifact, manifest)
                 return Completed(
                     name="Cached", message=f"reused {manifest['uri']}", data=_ref(manifest)
                 )
@@ -496,6 +497,25 @@ def _cell(value: Any) -> Any:
     if isinstance(value, dict | list | tuple):
         return readable(value)
     return value
+
+
+def _link_reused(run: str, iteration: int | None, artifact: str, manifest: dict) -> None:
+    """On a cached stage's task run: what it reused and a link to the summary published when
+    that artifact was made, so a rerun's page leads to the tables it did not recompute."""
+    try:
+        from prefect.artifacts import create_markdown_artifact
+        from prefect.settings import PREFECT_UI_URL
+
+        key = _artifact_key(run, iteration, artifact)
+        ui = PREFECT_UI_URL.value()
+        where = f"[{key}]({ui}/artifacts/key/{key})" if ui else f"`{key}`"
+        create_markdown_artifact(
+            f"Cached: reused `{manifest['uri']}` ({manifest['rows']} rows, made "
+            f"{manifest.get('created_at', '?')}); its summary and tables: {where}",
+            description=f"{artifact} {iteration_dir(iteration)}: reused",
+        )
+    except Exception as exc:  # a view of the run; never fails the stage
+        logging.getLogger("eva").debug("could not link the reused artifact: %s", exc)
 
 
 def _publish_ui(

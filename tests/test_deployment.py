@@ -92,6 +92,9 @@ def test_each_trigger_of_the_served_deployment_advances_the_run(tmp_path: Path) 
         assert finished_iterations(store) == 2
         assert store.read_manifest(1, "train") == trained_1
         assert store.read_manifest(3, "train") is None
+        # Reruns of one run tell apart by name: the run, the advance, the start time.
+        assert first.name.startswith("nightly+1 @") and second.name.startswith("nightly+1 @")
+        assert first.name != second.name
         # It wrote where its config says, not under the directory it was served from.
         assert os.listdir(elsewhere) == []
     finally:

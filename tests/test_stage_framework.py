@@ -44,6 +44,16 @@ def test_cached_in_a_new_call_and_rerun_on_config_change(tmp_path) -> None:
     first = score(run, 1, ScoreConfig(), annotated=annotated)
     state = score.task(run, 1, ScoreConfig(), "score", {"annotated": annotated}, return_state=True)
     assert state.name == "Cached" and state.result() == first
+    # The cached task run links to what it reused, on its own page in the UI.
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterTaskRunId
+
+    with get_client(sync_client=True) as client:
+        task_run = ArtifactFilterTaskRunId(any_=[state.state_details.task_run_id])
+        notes = client.read_artifacts(artifact_filter=ArtifactFilter(task_run_id=task_run))
+    assert [n.description for n in notes] == ["score iter_1: reused"]
+    assert "reused `iter_1/score.parquet` (8 rows" in str(notes[0].data)
+    assert "r-iter-1-score" in str(notes[0].data)
     created = store.read_manifest(1, "score")["created_at"]
     # A different metric is a different key: the stage runs again and its output changes.
     state = score.task(
