@@ -54,6 +54,15 @@ def run_name() -> str:
     return f"{name} @{started:%m-%d %H:%M:%S}" if started else name
 
 
+def publish_charts(run: str, markdown: str) -> None:
+    """The run's charts (``flows.run_charts``) as a markdown artifact under a stable key."""
+    create_markdown_artifact(
+        markdown,
+        key=f"{run.lower().replace('_', '-').replace('.', '-')}-charts",
+        description="eva run charts: held-out, informativeness, curriculum, training",
+    )
+
+
 def publish_summary(run: str, rows: list[dict[str, Any]], title: str) -> None:
     """The run's summary table as a markdown artifact under a stable key."""
     create_markdown_artifact(

@@ -10,8 +10,9 @@ from prefect import flow
 
 from flows.config import RunConfig
 from flows.iteration import dpo_iteration, eva_iteration
-from flows.launch import open_run, publish_summary, run_name
+from flows.launch import open_run, publish_charts, publish_summary, run_name
 from flows.order import OFFLINE_ORDER
+from flows.run_charts import run_charts
 from flows.summary import iteration_summary
 from tasks.bootstrap import bootstrap
 from tasks.evaluate import evaluate
@@ -55,6 +56,7 @@ def eva_run(config: RunConfig, plan: Plan | None = None, advance: int = 0) -> li
 
     rows = iteration_summary(run.store(), config)
     publish_summary(config.run, rows, f"eva run, iteration {config.iterations}")
+    publish_charts(config.run, run_charts(run.store(), config))
     return rows
 
 

@@ -70,6 +70,11 @@ def test_run_produces_every_artifact_and_summary(finished_run) -> None:
     wins = [(r["reward"] > theirs[r["prompt_id"]]) + 0.5 * (r["reward"] == theirs[r["prompt_id"]])
             for r in cur]  # fmt: skip
     assert rows[2]["win_vs_theta_0"] == round(sum(wins) / len(wins), 4)
+    # Every chart of the run is drawn from its artifacts.
+    from flows.run_charts import run_charts
+
+    charts = run_charts(store, config)
+    assert charts.count("](data:image/svg+xml;base64,") == 6 and "nothing to draw" not in charts
     # X_1's complexity (the world's difficulty) is charted; it matches the prompts it scored.
     scored = store.read_table(store.read_manifest(1, "complexity")["uri"])
     assert scored.column("prompt_id").to_pylist() == mix_ids(store)
