@@ -35,14 +35,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
-from flows.config import RunConfig, deep_merge, validate_config
-from tasks.stage import STAGE_ORDER
+from flows.config import RunConfig, deep_merge, load_config, validate_config
+from flows.order import OFFLINE_ORDER
 from tasks.store import RunStore, iteration_dir
 
 # The world's own config (deep-merged: a partial section would start from paper defaults).
 DEMO = validate_config(
     deep_merge(
-        RunConfig().model_dump(mode="json"),
+        load_config(None).model_dump(mode="json"),
         {"prompts": {"world_size": 1000}, "bootstrap": {"sft": {"steps": 300}}},
     )
 )
@@ -56,8 +56,9 @@ def _manifest(store: RunStore, t: int | None, artifact: str) -> dict[str, Any]:
     return manifest
 
 
-def _flow_runs(name: str, since: datetime) -> list[Any]:
-    """Flow runs called ``name`` that started after ``since`` (oldest first)."""
+def _flow_runs(name: str, since: datetime, launch: bool = False) -> list[Any]:
+    """Flow runs called ``name`` that started after ``since`` (oldest first); ``launch``: the
+    top-level runs of eva run ``name``, whose names add the start time (``demo @11-22 ...``)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         FlowRunFilter,
@@ -68,7 +69,9 @@ def _flow_runs(name: str, since: datetime) -> list[Any]:
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs(
             flow_run_filter=FlowRunFilter(
-                name=FlowRunFilterName(any_=[name]),
+                name=FlowRunFilterName(like_=f"{name} @")
+                if launch
+                else FlowRunFilterName(any_=[name]),
                 start_time=FlowRunFilterStartTime(after_=since),  # type: ignore[arg-type]
             )
         )
@@ -102,7 +105,7 @@ def timed_run(cfg: RunConfig) -> dict[str, Any]:
     manifests = {
         (t, artifact): m
         for t in (None, *range(cfg.iterations + 1))
-        for artifact in STAGE_ORDER
+        for artifact in OFFLINE_ORDER
         if (m := store.read_manifest(t, artifact)) is not None
     }
     iterations = []
@@ -170,7 +173,7 @@ def cached_rerun(cfg: RunConfig, original_seconds: float) -> dict[str, Any]:
     flow_runs = [
         r for t in range(cfg.iterations + 1) for r in _flow_runs(f"{cfg.run}-iter-{t}", since)
     ]
-    (top,) = _flow_runs(cfg.run, since)[-1:]
+    (top,) = _flow_runs(cfg.run, since, launch=True)[-1:]
     tasks = [tr for fr in (top, *flow_runs) for tr in _task_runs(fr.id).values()]
     stage_tasks = [tr for tr in tasks if tr.state_name == "Cached"]
     changed = sorted(os.path.relpath(p, cfg.root) for p in before if before[p] != after.get(p))

@@ -45,9 +45,9 @@ from eva_core.informativeness import METRICS, reward_matrix
 from flows.config import (
     ConfigError,
     OnlineRunConfig,
-    RunConfig,
     apply_overrides,
     deep_merge,
+    load_config,
     validate_config,
 )
 
@@ -96,7 +96,7 @@ def solver_settings(kind: str) -> dict[str, Any]:
     return {
         "kind": kind,
         "learning_rate": 2e-4,
-        "per_device_train_batch_size": 32,
+        "effective_batch_size": 32,
         "num_train_epochs": 2,
         "max_length": 64,
     }
@@ -107,7 +107,7 @@ def base_config(root: str, seed: int, quick: bool, overrides: list[str]) -> dict
     # Field by field onto the world's config: a partial section would otherwise start from
     # that section's paper defaults and drop the world's settings (pairs.min_chosen_reward).
     base = deep_merge(
-        RunConfig().model_dump(mode="json"),
+        load_config(None).model_dump(mode="json"),
         {
             "root": root,
             "seed": seed,
@@ -238,11 +238,12 @@ def online_config(root: str, seed: int, evolve: bool, budget: float, base: dict[
     from tasks.store import RunStore
 
     setup = RunStore(base["root"], f"s{seed}-base")
-    solver = OnlineRunConfig().online.solver
+    world = load_config(None, None, OnlineRunConfig)
+    solver = world.online.solver
     per_x = math.ceil(ONLINE_SEEDS / solver.prompts_per_step)
     return validate_config(
         deep_merge(
-            OnlineRunConfig().model_dump(mode="json"),
+            world.model_dump(mode="json"),
             {
                 "run": f"s{seed}-online-{'eva' if evolve else 'rloo'}",
                 "root": root,

@@ -64,15 +64,11 @@ RECIPES = (
 
 SOLVERS: dict[str, tuple[TRLSolverConfig, float | None]] = {
     "dpo": (
-        DPOSolverConfig(
-            learning_rate=2e-4, per_device_train_batch_size=16, beta=0.1, max_length=64
-        ),
+        DPOSolverConfig(learning_rate=2e-4, effective_batch_size=16, beta=0.1, max_length=64),
         None,
     ),
     "dpo_nll": (
-        DPONLLSolverConfig(
-            learning_rate=2e-4, per_device_train_batch_size=32, beta=0.1, max_length=64
-        ),
+        DPONLLSolverConfig(learning_rate=2e-4, effective_batch_size=32, beta=0.1, max_length=64),
         1.0,
     ),
 }

@@ -35,6 +35,8 @@ PROMPT_SCHEMA = pa.schema(
     ]
 )
 PROMPT_COLUMNS: tuple[str, ...] = tuple(PROMPT_SCHEMA.names)
+# What a prompt's history is: follow parent_id back to root_id across iterations.
+LINEAGE_COLUMNS: tuple[str, ...] = ("prompt_id", "parent_id", "root_id", "depth", "iteration")
 
 _WHITESPACE = re.compile(r"\s+")
 

@@ -17,7 +17,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tasks.stage import STAGE_ORDER
+from flows.order import ALL_ARTIFACTS, OFFLINE_ORDER, ONLINE_ORDER
 
 if TYPE_CHECKING:
     from flows.config import OnlineRunConfig, RunConfig
@@ -37,6 +37,22 @@ def _iteration(text: str) -> int | None:
     return value
 
 
+STORAGE_HELP = (
+    'fsspec options (JSON) to open --root, e.g. \'{"endpoint_url": "http://127.0.0.1:9000"}\' '
+    "for S3/MinIO; once the run's config is read, its own storage_options fill in the rest"
+)
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc.msg}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("expected a JSON object")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="eva", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -46,7 +62,10 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run (or resume) an eva run")
     online = sub.add_parser("online", help="run (or resume) an online eva run (RLOO + buffer)")
     for cmd, example in ((run, "sample.fraction=0.5"), (online, "online.budget=2")):
-        cmd.add_argument("--config", help="YAML/JSON run config (default: the embedded demo)")
+        cmd.add_argument(
+            "--config",
+            help="YAML/JSON run config (default: configs/world.yaml, world-online.yaml online)",
+        )
         cmd.add_argument(
             "--set",
             action="append",
@@ -60,19 +79,21 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--iterations", type=int, help="eva iterations (config field iterations)")
 
     st = sub.add_parser("stage", help="rerun one stage of an existing run")
-    st.add_argument("name", choices=STAGE_ORDER)
+    st.add_argument("name", choices=ALL_ARTIFACTS)
     st.add_argument("--run", required=True)
     st.add_argument("--root", default="runs")
     st.add_argument("--iteration", type=_iteration, required=True, help="a number, or 'setup'")
     st.add_argument("--force", action="store_true", help="rerun even if the artifact is cached")
     st.add_argument("--downstream", action="store_true", help="also rerun what depends on it")
+    st.add_argument("--storage-options", type=_json_object, help=STORAGE_HELP)
 
     show = sub.add_parser("show", help="inspect a run's manifests and artifacts")
     show.add_argument("--run", required=True)
     show.add_argument("--root", default="runs")
     show.add_argument("--iteration", type=_iteration)
-    show.add_argument("--stage", choices=STAGE_ORDER)
+    show.add_argument("--stage", choices=ALL_ARTIFACTS)
     show.add_argument("--rows", type=int, default=10)
+    show.add_argument("--storage-options", type=_json_object, help=STORAGE_HELP)
 
     serve = sub.add_parser("serve", help="serve the eva-run deployment to a Prefect API")
     serve.add_argument("--file", default=os.path.join("infra", "prefect.yaml"))
@@ -132,15 +153,17 @@ def _cmd_online(args: argparse.Namespace) -> int:
     return 0
 
 
-def stored_config(root: str, run: str) -> Any:
+def stored_config(root: str, run: str, storage_options: dict[str, Any] | None = None) -> Any:
     """The config a run was last launched with (an offline or an online run's), at the root
     given here: a run copied elsewhere is shown and rerun where it now is, never at the root it
-    was first launched under."""
+    was first launched under. ``storage_options`` open the root (an S3 endpoint, credentials)
+    and take precedence over the stored ones."""
     from flows.config import ConfigError, OnlineRunConfig, RunConfig, validate_config
     from tasks.store import RunStore
 
     root = os.path.abspath(root) if "://" not in root else root
-    store = RunStore(root, run)
+    given = dict(storage_options or {})
+    store = RunStore(root, run, given)
     try:
         with store.fs.open(f"{store.base}/config.json") as f:
             data = json.load(f)
@@ -149,6 +172,7 @@ def stored_config(root: str, run: str) -> Any:
             f"--run {run}: no run at {store.base} (start it with `eva run`)"
         ) from None
     data["root"] = root
+    data["storage_options"] = {**data.get("storage_options", {}), **given}
     return validate_config(data, OnlineRunConfig if "online" in data else RunConfig)
 
 
@@ -157,7 +181,7 @@ def _is_online(config: Any) -> bool:
 
 
 def _cmd_stage(args: argparse.Namespace) -> int:
-    config = stored_config(args.root, args.run)
+    config = stored_config(args.root, args.run, args.storage_options)
     from flows.online import eva_online
     from flows.run import eva_run
     from flows.summary import summary_table
@@ -179,6 +203,7 @@ def _cmd_stage(args: argparse.Namespace) -> int:
         target=args.name,
         force=args.force,
         downstream=args.downstream,
+        order=ONLINE_ORDER if _is_online(config) else OFFLINE_ORDER,
     )
     rows = entry(config, plan)
     print(summary_table(rows))
@@ -210,7 +235,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     from flows.summary import iteration_summary, online_summary, summary_table
     from tasks.store import RunStore
 
-    config = stored_config(args.root, args.run)
+    config = stored_config(args.root, args.run, args.storage_options)
     store = RunStore(config.root, config.run, config.storage_options)
     if args.stage is None:
         if _is_online(config):
@@ -276,6 +301,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from flows.config import ConfigError
+    from tasks.backends.llm_client import LLMConfigError
     from tasks.stage import StageError
 
     handlers = {
@@ -289,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         return handlers[args.command](args)
-    except (ConfigError, StageError) as exc:
+    except (ConfigError, StageError, LLMConfigError) as exc:  # the last: an unset API key
         print(f"eva: error: {exc}", file=sys.stderr)
         return 2
 

@@ -10,10 +10,15 @@ from flows.summary import summary_markdown
 from tasks.stage import Plan, RunContext
 
 
-def open_run(config: RunConfig | OnlineRunConfig, plan: Plan | None) -> RunContext:
+def open_run(
+    config: RunConfig | OnlineRunConfig, plan: Plan | None, order: tuple[str, ...]
+) -> RunContext:
     """Check inputs (again: a run started from the UI never passed through the CLI), set the
-    torch threads, sweep what a killed launch left, and record the config being run."""
+    torch threads, sweep what a killed launch left, and record the config being run. ``order``
+    is the flow's artifact order, which the plan of ``eva stage`` needs."""
     check_inputs(config)
+    # The flow's own order, whatever the caller built the plan with.
+    plan = Plan.model_validate({**(plan.model_dump() if plan else {}), "order": order})
     if config.torch_threads:
         import torch
 
@@ -23,12 +28,39 @@ def open_run(config: RunConfig | OnlineRunConfig, plan: Plan | None) -> RunConte
         run=config.run,
         seed=config.seed,
         storage_options=config.storage_options,
-        plan=plan or Plan(),
+        plan=plan,
     )
     store = run.store()
     store.sweep()  # staging copies and stage scratch of a killed launch
     store.write_json(f"{store.base}/config.json", config.model_dump(mode="json"))
     return run
+
+
+def run_name() -> str:
+    """A flow run's name: the eva run, what the launch asks for, and when it started, so
+    reruns of one run tell apart in the UI (``demo+1 @11-22 03:00``, ``demo evolve@1``)."""
+    from prefect.runtime import flow_run
+
+    p = flow_run.parameters
+    config, plan = p.get("config"), p.get("plan")
+    name = config["run"] if isinstance(config, dict) else getattr(config, "run", "eva")
+    if p.get("advance"):
+        name += f"+{p['advance']}"
+    target = plan.get("target") if isinstance(plan, dict) else getattr(plan, "target", None)
+    if target:
+        it = plan["target_iteration"] if isinstance(plan, dict) else plan.target_iteration
+        name += f" {target}@{'setup' if it is None else it}"
+    started = flow_run.scheduled_start_time
+    return f"{name} @{started:%m-%d %H:%M:%S}" if started else name
+
+
+def publish_charts(run: str, markdown: str) -> None:
+    """The run's charts (``flows.run_charts``) as a markdown artifact under a stable key."""
+    create_markdown_artifact(
+        markdown,
+        key=f"{run.lower().replace('_', '-').replace('.', '-')}-charts",
+        description="eva run charts: held-out, informativeness, curriculum, training",
+    )
 
 
 def publish_summary(run: str, rows: list[dict[str, Any]], title: str) -> None:

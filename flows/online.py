@@ -11,7 +11,8 @@ from typing import Any
 from prefect import flow
 
 from flows.config import OnlineRunConfig
-from flows.launch import open_run, publish_summary
+from flows.launch import open_run, publish_summary, run_name
+from flows.order import ONLINE_ORDER
 from flows.summary import online_summary
 from tasks.bootstrap import bootstrap
 from tasks.evaluate import evaluate
@@ -20,9 +21,9 @@ from tasks.prompts import load_heldout, load_prompts
 from tasks.stage import Plan
 
 
-@flow(name="eva-online", flow_run_name="{config.run}")
+@flow(name="eva-online", flow_run_name=run_name)
 def eva_online(config: OnlineRunConfig, plan: Plan | None = None) -> list[dict[str, Any]]:
-    run = open_run(config, plan)
+    run = open_run(config, plan, ONLINE_ORDER)
 
     seeds = load_prompts(run, None, config.prompts)  # D
     heldout = load_heldout(run, None, config.heldout, seed_set=seeds)

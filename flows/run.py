@@ -10,17 +10,25 @@ from prefect import flow
 
 from flows.config import RunConfig
 from flows.iteration import dpo_iteration, eva_iteration
-from flows.launch import open_run, publish_summary
+from flows.launch import open_run, publish_charts, publish_summary, run_name
+from flows.order import OFFLINE_ORDER
+from flows.run_charts import run_charts
 from flows.summary import iteration_summary
 from tasks.bootstrap import bootstrap
 from tasks.evaluate import evaluate
 from tasks.prompts import load_heldout, load_prompts, load_split
 from tasks.stage import Plan
+from tasks.store import RunStore
 
 
-@flow(name="eva-run", flow_run_name="{config.run}")
-def eva_run(config: RunConfig, plan: Plan | None = None) -> list[dict[str, Any]]:
-    run = open_run(config, plan)
+@flow(name="eva-run", flow_run_name=run_name)
+def eva_run(config: RunConfig, plan: Plan | None = None, advance: int = 0) -> list[dict[str, Any]]:
+    """``advance`` = k > 0 continues the run by k iterations past the last one it finished
+    (``config.iterations`` is ignored): what a scheduled trigger of a deployment does."""
+    if advance:
+        reached = finished_iterations(RunStore(config.root, config.run, config.storage_options))
+        config = config.model_copy(update={"iterations": reached + advance})
+    run = open_run(config, plan, OFFLINE_ORDER)
 
     prompts = load_prompts(run, None, config.prompts)  # X_0
     heldout = load_heldout(run, None, config.heldout, seed_set=prompts)
@@ -47,5 +55,14 @@ def eva_run(config: RunConfig, plan: Plan | None = None) -> list[dict[str, Any]]
         prompts, policy = step.prompts, step.policy
 
     rows = iteration_summary(run.store(), config)
-    publish_summary(config.run, rows, "eva run")
+    publish_summary(config.run, rows, f"eva run, iteration {config.iterations}")
+    publish_charts(config.run, run_charts(run.store(), config))
     return rows
+
+
+def finished_iterations(store: RunStore) -> int:
+    """The last iteration t >= 1 whose checkpoint was evaluated (0 when none was)."""
+    t = 0
+    while store.read_manifest(t + 1, "evaluate") is not None:
+        t += 1
+    return t

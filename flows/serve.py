@@ -2,13 +2,34 @@
 
 from __future__ import annotations
 
+import os
+
 import yaml
 from prefect.schedules import Cron, Interval
 
+from flows.config import resolve_extends, validate_config
 from flows.run import eva_run
+
+# The project root: entrypoints (flows/run.py) and relative run roots are read against it, so a
+# deployment writes where its config says whoever serves it and from wherever.
+PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def deployment_config(spec_path: str, parameters: dict) -> dict:
+    """The deployment's ``config`` parameter resolved like a config file (its ``extends:`` is
+    relative to the spec), a relative ``root`` made absolute under the project root, validated,
+    and given in full, so the UI's form shows every field."""
+    data = resolve_extends(
+        parameters.get("config") or {}, os.path.dirname(os.path.abspath(spec_path))
+    )
+    root = str(data.get("root", "runs"))
+    if "://" not in root:
+        data["root"] = os.path.join(PROJECT, os.path.expanduser(root))
+    return validate_config(data).model_dump(mode="json")
 
 
 def serve(path: str) -> None:
+    path = os.path.abspath(path)
     with open(path) as f:
         spec = yaml.safe_load(f)
     deployments = [d for d in spec.get("deployments", []) if d["entrypoint"].endswith(":eva_run")]
@@ -23,10 +44,15 @@ def serve(path: str) -> None:
             )
         elif "interval" in s:
             schedules.append(Interval(s["interval"], active=s.get("active", True)))
+    # Prefect records the entrypoint relative to the working directory and runs it from there.
+    os.chdir(PROJECT)
     eva_run.serve(
         name=d["name"],
         description=d.get("description"),
         tags=d.get("tags"),
-        parameters=d.get("parameters") or {},
+        parameters={
+            **(d.get("parameters") or {}),
+            "config": deployment_config(path, d.get("parameters") or {}),
+        },
         schedules=schedules or None,
     )

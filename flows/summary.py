@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from eva_core.winrate import paired_by_id, win_rate
 from flows.config import RunConfig
 from tasks.store import RunStore
 
@@ -16,7 +17,26 @@ COLUMNS = (
     "pairs",
     "heldout_score",
     "heldout_solved",
+    "win_vs_theta_0",
 )
+
+
+def win_vs_theta0(store: RunStore, iteration: int) -> float | None:
+    """Win rate of the checkpoint evaluated at ``iteration`` against theta_0's held-out
+    responses, judged by the run's evaluation reward (ties half); None until both exist."""
+    reference, current = (
+        store.read_manifest(None, "evaluate"),
+        store.read_manifest(iteration, "evaluate"),
+    )
+    if reference is None or current is None:
+        return None
+    ref, cur = store.read_table(reference["uri"]), store.read_table(current["uri"])
+    ours, theirs = paired_by_id(
+        cur.column("prompt_id").to_pylist(), cur.column("reward").to_pylist(),
+        ref.column("prompt_id").to_pylist(), ref.column("reward").to_pylist(),
+    )  # fmt: skip
+    rate = win_rate(ours, theirs)
+    return None if rate != rate else round(rate, 4)  # NaN: no prompt scored on both sides
 
 
 def iteration_summary(store: RunStore, config: RunConfig) -> list[dict[str, Any]]:
@@ -43,6 +63,7 @@ def iteration_summary(store: RunStore, config: RunConfig) -> list[dict[str, Any]
             "pairs": stat(t, "pairs", "pairs"),
             "heldout_score": stat(t, "evaluate", "score"),
             "heldout_solved": stat(t, "evaluate", "solved"),
+            "win_vs_theta_0": win_vs_theta0(store, t),
         })  # fmt: skip
     return rows
 
@@ -58,6 +79,7 @@ ONLINE_COLUMNS = (
     "children",
     "heldout_score",
     "heldout_solved",
+    "win_vs_theta_0",
 )
 
 
@@ -86,6 +108,7 @@ def online_summary(store: RunStore, segments: int) -> list[dict[str, Any]]:
             "children": seg.get("children_added"),
             "heldout_score": ev.get("score"),
             "heldout_solved": ev.get("solved"),
+            "win_vs_theta_0": win_vs_theta0(store, s),
         })  # fmt: skip
     return rows
 

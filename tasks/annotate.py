@@ -10,6 +10,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.informativeness import reward_matrix
+from tasks.backends.protocols import stats_of
 from tasks.backends.reward import RewardBackend
 from tasks.backends.world import WorldReward
 from tasks.generate import ROLLOUT_COLUMNS
@@ -73,6 +74,6 @@ def annotate(ctx: StageContext, config: AnnotateConfig, rollouts: pa.Table) -> S
         "mean_reward": round(float(finite.mean()), 4) if finite.size else None,
         "backend_seconds": round(seconds, 3),
         # Backend-specific counts (failures, too-long conversations, unreadable verdicts).
-        **getattr(model, "last_stats", {}),
+        **stats_of(model),
     }  # fmt: skip
     return StageOutput(out, stats=stats)

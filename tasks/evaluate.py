@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.backends.generation import GenerationBackend
 from tasks.backends.hf_generate import TransformersGeneration
-from tasks.backends.protocols import close_after
+from tasks.backends.protocols import close_after, stats_of
 from tasks.backends.reward import PointwiseRewardBackend
 from tasks.backends.world import WorldReward
 from tasks.stage import MODEL, StageContext, StageOutput, stage
@@ -46,6 +46,7 @@ def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> St
     # Closed before the reward model loads: a served policy gives its GPU back first.
     with close_after(config.generation.load(model_dir)) as generator:
         responses = [rs[0] for rs in generator.generate(prompts, 1, ctx.seed, ctx.progress)]
+        requests = stats_of(generator) or None  # HTTP backends count their requests
     rewards = np.array(
         [rs[0] for rs in config.reward.load().score(prompts, [[r] for r in responses])]
     )
@@ -68,5 +69,6 @@ def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> St
         "solved": round(float(np.mean(rewards == 1.0)), 4),
         "per_category": {c: round(float(np.nanmean(v)), 4) for c, v in sorted(by_cat.items())},
         "backend_seconds": round(seconds, 3),
+        **({"requests": requests} if requests is not None else {}),
     }
     return StageOutput(out, stats=stats, ui_tables={"responses": out.slice(0, 20).to_pylist()})

@@ -14,8 +14,9 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.evolution import clean_rewrite, evolved_records
-from eva_core.schema import PROMPT_COLUMNS
+from eva_core.schema import LINEAGE_COLUMNS, PROMPT_COLUMNS
 from tasks.backends.evolver import EvolverBackend, WorldEvolver
+from tasks.backends.protocols import ReportsStats
 from tasks.stage import StageContext, StageOutput, check_failures, stage
 
 
@@ -74,14 +75,18 @@ def evolve(
             "evolved": r["prompt"],
             "method": r["evolve_method"],
             "category": r["category"],
+            **{c: r[c] for c in LINEAGE_COLUMNS},
         }
         for r in table.slice(0, 40).to_pylist()
     ]
-    backend = evolver.stats() if hasattr(evolver, "stats") else None
+    backend = evolver.stats() if isinstance(evolver, ReportsStats) else None
     out_stats = {
         **stats.as_dict(),
         "parents_without_rewrite": failed,
         "backend_seconds": round(seconds, 3),
         **({"backend": backend} if backend is not None else {}),
     }
-    return StageOutput(table, stats=out_stats, ui_tables={"evolved": rows})
+    note = f"first {len(rows)} of {table.num_rows} evolved prompts beside their parents"
+    return StageOutput(
+        table, stats=out_stats, ui_tables={"evolved": rows}, ui_notes={"evolved": note}
+    )

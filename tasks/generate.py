@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from eva_core.schema import PROMPT_COLUMNS
 from tasks.backends.generation import GenerationBackend
 from tasks.backends.hf_generate import TransformersGeneration
-from tasks.backends.protocols import close_after
+from tasks.backends.protocols import close_after, stats_of
 from tasks.stage import MODEL, StageContext, StageOutput, stage
 
 ROLLOUT_COLUMNS = (*PROMPT_COLUMNS, "responses")
@@ -39,6 +39,7 @@ def generate(ctx: StageContext, config: GenerateConfig, prompts: pa.Table) -> St
     started = time.perf_counter()
     with close_after(config.backend.load(model_dir)) as generator:
         responses = generator.generate(texts, config.n, ctx.seed, ctx.progress)
+        requests = stats_of(generator) or None  # HTTP backends count their requests
     seconds = time.perf_counter() - started
     out = prompts.append_column("responses", pa.array(responses, pa.list_(pa.string())))
     chars = sum(len(r) for rs in responses for r in rs)
@@ -47,5 +48,6 @@ def generate(ctx: StageContext, config: GenerateConfig, prompts: pa.Table) -> St
         "prompts": len(texts), "responses": len(texts) * config.n,
         "backend_seconds": round(seconds, 3), "response_chars": chars,
         "mean_distinct_responses": round(distinct, 3),
+        **({"requests": requests} if requests is not None else {}),
     }  # fmt: skip
     return StageOutput(out, stats=stats)

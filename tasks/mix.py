@@ -8,7 +8,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.mixing import mix_prompt_sets
-from eva_core.schema import PROMPT_COLUMNS
+from eva_core.schema import LINEAGE_COLUMNS, PROMPT_COLUMNS
 from tasks.stage import StageContext, StageOutput, stage
 
 
@@ -27,11 +27,19 @@ def mix(ctx: StageContext, config: MixConfig, current: pa.Table, evolved: pa.Tab
     mixed, stats = mix_prompt_sets(current, evolved, config.ratio_evolved, ctx.seed, config.size)
     categories = Counter(str(c) for c in mixed.column("category").to_pylist())
     depths = Counter(mixed.column("depth").to_pylist())
+    kept = [r for r in mixed.to_pylist() if r["source"] != "evolved"]
+    shown = [{"prompt": r["prompt"], "category": r["category"],
+              **{c: r[c] for c in LINEAGE_COLUMNS}} for r in kept[:50]]  # fmt: skip
     return StageOutput(
         mixed,
         stats={
             **stats.as_dict(),
             "categories": dict(sorted(categories.items())),
             "depths": {str(k): v for k, v in sorted(depths.items())},
+        },
+        ui_tables={"originals-kept": shown},
+        ui_notes={
+            "originals-kept": f"first {len(shown)} of the {len(kept)} prompts of X_t-1 kept "
+            f"beside {mixed.num_rows - len(kept)} evolved ones, in X_t's order"
         },
     )

@@ -7,7 +7,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.sampling import SampleMethod, select_subset, subset_size
-from eva_core.schema import PROMPT_COLUMNS
+from eva_core.schema import LINEAGE_COLUMNS, PROMPT_COLUMNS
 from tasks.stage import StageContext, StageOutput, stage
 
 
@@ -45,4 +45,21 @@ def sample(ctx: StageContext, config: SampleConfig, scores: pa.Table) -> StageOu
     }  # fmt: skip
     if subset.fell_back_to_uniform:
         ctx.log.warning("every informativeness weight is zero: sampled uniformly instead")
-    return StageOutput(out, stats=stats)
+    total = float(finite.sum()) if finite.size else 0.0
+    drawn = [
+        {
+            "draw_rank": r["draw_rank"],
+            "prompt": r["prompt"],
+            "informativeness": r["informativeness"],
+            # The share of the draw's weight this prompt carried (weighted sampling's odds).
+            "weight_share": r["informativeness"] / total if total else None,
+            "category": r["category"],
+            **{c: r[c] for c in LINEAGE_COLUMNS},
+        }
+        for r in out.slice(0, 50).to_pylist()
+    ]
+    note = (
+        f"first {len(drawn)} of the {out.num_rows} prompts drawn from {scores.num_rows} "
+        f"({config.method}), in draw order"
+    )
+    return StageOutput(out, stats=stats, ui_tables={"drawn": drawn}, ui_notes={"drawn": note})

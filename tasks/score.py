@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.informativeness import Metric, informativeness, reward_matrix
-from eva_core.schema import PROMPT_COLUMNS
+from eva_core.schema import LINEAGE_COLUMNS, PROMPT_COLUMNS
 from tasks.stage import StageContext, StageOutput, stage
 
 SCORE_COLUMNS = (*PROMPT_COLUMNS, "informativeness", "reward_max", "reward_min", "reward_mean")
@@ -58,7 +60,32 @@ def score(ctx: StageContext, config: ScoreConfig, annotated: pa.Table) -> StageO
             "informativeness": round(r["informativeness"], 4),
             "rewards": [round(x, 3) for x in r["rewards"]],
             "responses": r["responses"],
+            **{c: r[c] for c in LINEAGE_COLUMNS},
         }
         for r in ui.to_pylist()
     ]
-    return StageOutput(out, stats=stats, ui_tables={"most-informative": rows})
+    n = len(info)
+    return StageOutput(
+        out,
+        stats=stats,
+        ui_tables={"most-informative": rows, "distribution": distribution(valid)},
+        ui_notes={
+            "most-informative": f"top {len(rows)} of {n} prompts by informativeness "
+            f"({config.metric}), descending",
+            "distribution": f"informativeness ({config.metric}) of the {valid.size} scored "
+            f"prompts of {n}, in 10 equal bins",
+        },
+    )
+
+
+def distribution(values: np.ndarray, bins: int = 10) -> list[dict[str, Any]]:
+    """A histogram as table rows (bin edges, count, share): the whole distribution, not only
+    its top, so a set where most prompts carry no signal shows as such."""
+    if values.size == 0:
+        return []
+    counts, edges = np.histogram(values, bins=bins)
+    return [
+        {"from": round(float(lo), 4), "to": round(float(hi), 4), "prompts": int(c),
+         "share": round(float(c) / values.size, 4)}
+        for lo, hi, c in zip(edges[:-1], edges[1:], counts, strict=True)
+    ]  # fmt: skip

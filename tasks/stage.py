@@ -37,17 +37,11 @@ import pyarrow as pa
 from prefect import task
 from prefect.cache_policies import NONE
 from prefect.states import Completed
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eva_core.schema import missing_columns
 from tasks.store import Ref, RunStore, checkpoint_hash, iteration_dir
 
-# Execution order of artifacts within an iteration (setup uses the first three and evaluate).
-STAGE_ORDER: tuple[str, ...] = (
-    "prompts", "heldout", "bootstrap",
-    "creator_generate", "creator_annotate", "score", "sample", "evolve", "mix",
-    "complexity", "generate", "annotate", "pairs", "train", "online", "evaluate",
-)  # fmt: skip
 MODEL = None  # an input that is consumed as a checkpoint, not read as a table
 _PACKAGES = ("eva", "prefect", "torch", "transformers", "trl", "pyarrow", "numpy")
 
@@ -62,7 +56,9 @@ class Plan(BaseModel):
     ``eva stage NAME --iteration T`` sets ``target``: everything before it must already be
     cached, the target runs (again, with ``force``), and everything after it is skipped unless
     ``downstream``, in which case it runs too, forced when ``force`` is set (in Algorithm 1's
-    linear order, what follows a stage is exactly what depends on it).
+    linear order, what follows a stage is exactly what depends on it). ``order`` is the order in
+    which the flow calls its artifacts within an iteration: the flow declares it (the framework
+    knows no stage names), so a new stage is added where the flow calls it.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -70,16 +66,28 @@ class Plan(BaseModel):
     target: str | None = None
     force: bool = True
     downstream: bool = False
+    order: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _target_in_order(self) -> Plan:
+        if self.target is not None and self.target not in self.order:
+            raise ValueError(f"target {self.target!r} is not one of the flow's {self.order}")
+        return self
+
+    def _position(self, artifact: str) -> int:
+        if artifact not in self.order:
+            raise StageError(f"{artifact}: not in the flow's declared stage order {self.order}")
+        return self.order.index(artifact)
 
     def decide(
         self, iteration: int | None, artifact: str
     ) -> Literal["auto", "force", "cached", "skip"]:
         if self.target is None:
             return "auto"
-        here = (-1 if iteration is None else iteration, STAGE_ORDER.index(artifact))
+        here = (-1 if iteration is None else iteration, self._position(artifact))
         mark = (
             -1 if self.target_iteration is None else self.target_iteration,
-            STAGE_ORDER.index(self.target),
+            self._position(self.target),
         )
         if here < mark:
             return "cached"
@@ -109,6 +117,8 @@ class StageOutput:
     model_dir: str | None = None  # a local checkpoint to publish as {iter}/model
     external_model: str | None = None  # a checkpoint used where it is (never copied)
     ui_tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    # What each UI table shows, e.g. "top 20 of 200 prompts by informativeness, descending".
+    ui_notes: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -156,9 +166,22 @@ class Stage:
     ):
         self.name, self.fn, self.inputs, self.outputs = name, fn, dict(inputs), tuple(outputs)
         self.extra_key = extra_key
-        self.task = task(
+
+        # One function per stage: Prefect keys a task on its function's qualified name, so a
+        # shared `_execute` would make every stage the same task in the UI's views and filters.
+        def execute(
+            run: RunContext,
+            iteration: int | None,
+            config: BaseModel,
+            artifact: str,
+            refs: dict[str, Ref],
+        ) -> Any:
+            return self._execute(run, iteration, config, artifact, refs)
+
+        execute.__name__ = execute.__qualname__ = name
+        self.task: Any = task(
             name=name, cache_policy=NONE, persist_result=False, task_run_name=_task_run_name
-        )(self._execute)
+        )(execute)
 
     def __call__(
         self,
@@ -213,6 +236,7 @@ class Stage:
         if decision != "force":
             manifest = store.read_manifest(iteration, artifact)
             if manifest and manifest["key"] == key and store.is_complete(manifest):
+                _link_reused(run.run, iteration, artifact, manifest)
                 return Completed(
                     name="Cached", message=f"reused {manifest['uri']}", data=_ref(manifest)
                 )
@@ -276,7 +300,11 @@ class Stage:
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }  # fmt: skip
         store.write_manifest(iteration, artifact, manifest)
-        _publish_ui(run.run, iteration, artifact, manifest, out.ui_tables)
+        ctx.log.info(
+            "%s %s: %d rows in %.1f s; %s", artifact, iteration_dir(iteration),
+            out.table.num_rows, seconds, readable(out.stats),
+        )  # fmt: skip
+        _publish_ui(run.run, iteration, artifact, manifest, out.ui_tables, out.ui_notes)
         return _ref(manifest)
 
 
@@ -446,12 +474,57 @@ class _ProgressArtifact:
             self.disabled = True
 
 
+def readable(value: Any) -> str:
+    """A stat as a person reads it: 4 significant digits, mappings as ``k: v`` lists, text as
+    is (no JSON quotes), nothing as "-"."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return "nan" if value != value else f"{value:.4g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{k}: {readable(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(readable(v) for v in value) + "]"
+    return str(value)
+
+
+def _cell(value: Any) -> Any:
+    """A table cell: floats rounded to 4 significant digits, containers as readable text."""
+    if isinstance(value, float):
+        return value if value != value else float(f"{value:.4g}")
+    if isinstance(value, dict | list | tuple):
+        return readable(value)
+    return value
+
+
+def _link_reused(run: str, iteration: int | None, artifact: str, manifest: dict) -> None:
+    """On a cached stage's task run: what it reused and a link to the summary published when
+    that artifact was made, so a rerun's page leads to the tables it did not recompute."""
+    try:
+        from prefect.artifacts import create_markdown_artifact
+        from prefect.settings import PREFECT_UI_URL
+
+        key = _artifact_key(run, iteration, artifact)
+        ui = PREFECT_UI_URL.value()
+        where = f"[{key}]({ui}/artifacts/key/{key})" if ui else f"`{key}`"
+        create_markdown_artifact(
+            f"Cached: reused `{manifest['uri']}` ({manifest['rows']} rows, made "
+            f"{manifest.get('created_at', '?')}); its summary and tables: {where}",
+            description=f"{artifact} {iteration_dir(iteration)}: reused",
+        )
+    except Exception as exc:  # a view of the run; never fails the stage
+        logging.getLogger("eva").debug("could not link the reused artifact: %s", exc)
+
+
 def _publish_ui(
     run: str,
     iteration: int | None,
     artifact: str,
     manifest: dict[str, Any],
     tables: Mapping[str, list[dict[str, Any]]],
+    notes: Mapping[str, str] | None = None,
 ) -> None:
     try:
         from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -464,7 +537,7 @@ def _publish_ui(
         "",
         "| stat | value |",
         "| --- | --- |",
-        *(f"| {k} | {json.dumps(v, default=str)} |" for k, v in stats.items()),
+        *(f"| {k} | {readable(v)} |" for k, v in stats.items()),
     ]
     try:
         create_markdown_artifact(
@@ -475,9 +548,10 @@ def _publish_ui(
         for suffix, rows in tables.items():
             if rows:
                 create_table_artifact(
-                    rows,
+                    [{k: _cell(v) for k, v in row.items()} for row in rows],
                     key=_artifact_key(run, iteration, artifact, suffix),
-                    description=f"{artifact}: {suffix}",
+                    description=f"{artifact} {iteration_dir(iteration)}: "
+                    + (notes or {}).get(suffix, f"{len(rows)} of {manifest['rows']} rows"),
                 )
     except Exception as exc:  # the artifact on disk is what matters; the UI is a view of it
         logging.getLogger("eva").debug("could not publish UI artifacts: %s", exc)

@@ -14,12 +14,12 @@ import time
 from typing import Literal
 
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tasks.backends.launch import DEFAULT_ACCELERATE_CONFIG, launch_train
 from tasks.backends.rewriter import RewriterConfig
 from tasks.backends.solver import SolverBackend
-from tasks.backends.trl_dpo import DPOSolverConfig
+from tasks.backends.trl_dpo import DPOSolverConfig, batch_layout
 from tasks.stage import MODEL, StageContext, StageOutput, stage
 
 
@@ -46,6 +46,19 @@ class TrainConfig(BaseModel):
         "reached pairs.min_chosen_reward): keep_policy passes theta_{t-1} on unchanged, "
         "reported as steps 0 and no_pairs; fail stops the run.",
     )
+
+    @property
+    def processes(self) -> int:
+        return self.num_processes if self.launcher == "accelerate" else 1
+
+    @model_validator(mode="after")
+    def _batch_divides(self) -> TrainConfig:
+        # Checked here, at the edge, so a recipe that cannot make its batch fails before any GPU
+        # hour is spent; the trainer derives the same layout again from its WORLD_SIZE.
+        solver = self.solver
+        per_device = solver.per_device_train_batch_size
+        batch_layout(solver.effective_batch_size, per_device, self.processes)
+        return self
 
 
 @stage(
@@ -78,6 +91,14 @@ def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutpu
     def progress(fraction: float) -> None:
         ctx.progress(1.0 - train_share + train_share * fraction)
 
+    solver = config.solver
+    per_device, accumulation = batch_layout(
+        solver.effective_batch_size, solver.per_device_train_batch_size, config.processes
+    )
+    ctx.log.info(
+        "%s: effective batch %d = %d per device x %d accumulation x %d processes",
+        solver.kind, solver.effective_batch_size, per_device, accumulation, config.processes,
+    )  # fmt: skip
     out_dir = os.path.join(ctx.scratch, "model")
     if config.launcher == "accelerate":
         log = ctx.log
@@ -107,8 +128,20 @@ def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutpu
     stats = {
         "pairs": pairs.num_rows,
         "steps": int(last.get("step", 0)),
+        "effective_batch": solver.effective_batch_size,
+        "gradient_accumulation": accumulation,
         "backend_seconds": round(seconds, 3),
         **rewrite_stats,
-        **{k: round(v, 4) for k, v in last.items() if k != "step" and isinstance(v, float)},
+        # The schedule's peak, not its last value (0.0 at the end of a cosine reads like a bug).
+        **(
+            {"peak_learning_rate": max(r.get("learning_rate", 0.0) for r in metrics)}
+            if metrics
+            else {}
+        ),
+        **{
+            k: round(v, 4)
+            for k, v in last.items()
+            if k not in ("step", "learning_rate") and isinstance(v, float)
+        },
     }
     return StageOutput(table, stats=stats, model_dir=out_dir)

@@ -70,7 +70,7 @@ def tiny_run_config(root: str, run: str = "t", **overrides: Any) -> dict[str, An
             "solver": {
                 "kind": "dpo",
                 "learning_rate": 1e-3,
-                "per_device_train_batch_size": 8,
+                "effective_batch_size": 8,
                 "num_train_epochs": 1,
                 "max_length": 64,
             }

@@ -19,6 +19,7 @@ from tasks.backends.distilabel_evolve import (
     DistilabelRewriter,
     mutation_templates,
 )
+from tasks.backends.llm_client import LLMConfigError
 from tasks.backends.protocols import Evolver
 from tests.support.openai_server import OpenAICompatibleServer
 
@@ -55,6 +56,7 @@ def rewrite(prompt: str, index: int, request: dict[str, Any]) -> str:
 
 def load(server: OpenAICompatibleServer, **overrides: Any) -> DistilabelRewriter:
     llm = {"base_url": server.base_url, "model": "tiny", "timeout_s": 1, "max_retries": 1}
+    llm |= overrides.pop("llm", {})
     return DistilabelEvolver(**{"llm": llm, **overrides}).load()
 
 
@@ -65,8 +67,8 @@ def contents(server: OpenAICompatibleServer) -> list[str]:
 def test_four_link_chains_use_all_five_templates(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-secret")
     with OpenAICompatibleServer(rewrite) as server:
-        ev = load(server)
-        assert isinstance(ev, Evolver)
+        ev = load(server, llm={"api_key_env": "OPENAI_API_KEY"})
+        assert isinstance(ev, Evolver) and "sk-test" not in repr(ev)
         out = ev.evolve(PROMPTS, [None] * len(PROMPTS), 4, seed=3)
     assert len(server.requests) == 4 * len(PROMPTS)
     seen = [mutation_of(c) for c in contents(server)]
@@ -153,6 +155,24 @@ def test_failures_are_counted_not_raised():
     assert ev.stats() == {
         "requests": 11, "timeout": 1, "skipped_after_failure": 9,
     }  # fmt: skip
+
+
+def test_a_missing_key_fails_at_load_and_settings_reach_distilabel(monkeypatch):
+    monkeypatch.delenv("EVA_TEST_EVOLVE_KEY", raising=False)
+    with OpenAICompatibleServer(rewrite) as server:
+        with pytest.raises(LLMConfigError, match="EVA_TEST_EVOLVE_KEY is unset or empty"):
+            load(server, llm={"api_key_env": "EVA_TEST_EVOLVE_KEY"})
+        assert server.requests == []
+        # No key variable: a placeholder local servers ignore; the client settings are handed
+        # over as distilabel takes them (a whole-second timeout, rounded up).
+        ev = load(server, llm={"timeout_s": 1.5, "max_retries": 3}, seed_requests=True)
+        llm = ev._llm(seed=4)
+        assert (llm.base_url, llm.model, llm.timeout, llm.max_retries) == (
+            server.base_url, "tiny", 2, 3,
+        )  # fmt: skip
+        assert llm.api_key.get_secret_value() == "EMPTY"
+        ev.evolve(["a prompt"], [None], 1, seed=4)
+        assert isinstance(server.requests[0]["body"]["seed"], int)
 
 
 def test_configuration_errors_stop_the_stage():

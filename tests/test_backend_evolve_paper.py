@@ -20,7 +20,7 @@ from tasks.evolve import EvolveConfig
 from tests.support.openai_server import OpenAICompatibleServer
 
 PROMPTS = ["Write a haiku.", "Explain tides.", "Sort numbers.", "Name a planet."]
-_GIVEN = re.compile(r"#The Given Prompt#:\n(.*?)\n#(?:Rewritten|The Second) Prompt#", re.S)
+_GIVEN = re.compile(r"#Given Prompt#:\n(.*?)\n#(Rewritten|Created) Prompt#:$", re.S)
 
 
 def strategy_of(request: str) -> str:
@@ -35,7 +35,8 @@ def rewrite(prompt: str, index: int, request: dict[str, Any]) -> str:
         return "Complexity: 7\nQuality: 8"
     m = _GIVEN.search(prompt)
     assert m, prompt[:300]
-    return f"#Rewritten Prompt#:\n{m.group(1)} [{strategy_of(prompt)}]"
+    # Answer as a careless model would: echoing the frame's label, which post-processing strips.
+    return f"#{m.group(2)} Prompt#:\n{m.group(1)} [{strategy_of(prompt)}]"
 
 
 def load(server: OpenAICompatibleServer, **overrides: Any) -> Any:
@@ -59,11 +60,18 @@ def test_one_rewrite_per_strategy_of_the_parent():
             m.removeprefix("paper:") in STRATEGIES for m in methods
         )
         for text, method in rewrites:  # a tree: every rewrite is of the parent itself
-            assert text == f"#Rewritten Prompt#:\n{parent} [{method.removeprefix('paper:')}]"
-    mixes = [c for c in sent(server) if strategy_of(c) == "mix"]
-    for c in mixes:  # mix pairs the prompt with a different prompt of the batch
-        given, second = re.findall(r"Prompt#:\n(.*?)\n#", c)
-        assert given != second and second in PROMPTS
+            strategy = method.removeprefix("paper:")
+            label = "Rewritten" if strategy in IN_DEPTH else "Created"
+            assert text == f"#{label} Prompt#:\n{parent} [{strategy}]"
+    # Appendix F's two frames: in-depth strategies ask a Prompt Rewriter for a harder prompt of
+    # about the same length; in-breadth ones ask a Prompt Creator for a new one; each request
+    # carries exactly one prompt (mix, too, brings in another domain, not another prompt).
+    for request in sent(server):
+        depth = strategy_of(request) in IN_DEPTH
+        assert ("expert Prompt Rewriter" in request) == depth
+        assert ("expert Prompt Creator" in request) == (not depth)
+        assert ("CHALLENGING" in request) == depth and "real person's prompt" in request
+        assert len(_GIVEN.findall(request)) == 1 and request.count("#Given Prompt#:\n") == 1
     table, stats = evolved_records(seed_records(PROMPTS), out, iteration=1)
     assert stats.kept == 16 and stats.cleaned == 16  # the echoed label was stripped
     assert not any(p.startswith("#") for p in table.column("prompt").to_pylist())
@@ -79,8 +87,8 @@ def test_strategy_choice_is_seeded():
     assert run(9)[0] != run(10)[0]
     with OpenAICompatibleServer(rewrite) as server:
         alone = load(server).evolve(PROMPTS[:1], [None], 3, seed=9)[0]
-    # Without a batch there is no mix partner; the other draws do not depend on the batch.
-    assert all(m != "paper:mix" for _, m in alone)
+    # A prompt's draws depend on the seed and its index, not on the rest of the batch.
+    assert [m for _, m in alone] == [m for _, m in run(9)[0][0]]
 
 
 def test_best_of_n_tree_keeps_the_top_scored_and_recurses():
@@ -145,7 +153,9 @@ def test_config_union_and_validation():
     parsed = TypeAdapter(EvolverBackend).validate_python(
         {"kind": "distilabel", "task": "self_instruct", "llm": {"model": "m"}}
     )
-    assert parsed.kind == "distilabel" and parsed.llm.temperature == 0.88
+    assert parsed.kind == "distilabel" and parsed.temperature == 0.88
+    with pytest.raises(ValidationError, match="temperature"):
+        PaperTemplateEvolver.model_validate({"llm": {"model": "m", "temperature": 0.5}})
 
 
 def test_evolve_stage_runs_an_llm_evolver_and_reports_its_requests(tmp_path: Path):
@@ -162,5 +172,8 @@ def test_evolve_stage_runs_an_llm_evolver_and_reports_its_requests(tmp_path: Pat
         out = evolve.fn(ctx, config, subset=seed_records(PROMPTS), heldout=seed_records(["x"]))
     assert out.table.num_rows == 8 and set(out.table.column("depth").to_pylist()) == {1}
     assert out.stats["kept"] == 8 and out.stats["cleaned"] == 8
-    assert out.stats["backend"] == {"requests": 8, "generated": 8, "scored": 0}
+    assert out.stats["backend"] == {
+        "requests": 8, "retries": 0, "failures": 0, "prompt_tokens": 8, "completion_tokens": 8,
+        "generated": 8, "scored": 0,
+    }  # fmt: skip
     assert all(m.startswith("paper:") for m in out.table.column("evolve_method").to_pylist())

@@ -64,7 +64,7 @@ def test_stage_trains_through_accelerate_launch(policy_dir: str, cpu_yaml: str, 
         model_dir=lambda name: policy_dir,
     )
     config = TrainConfig(
-        solver=DPOSolverConfig(**FAST, per_device_train_batch_size=6),
+        solver=DPOSolverConfig(**FAST, effective_batch_size=6),
         launcher="accelerate",
         num_processes=1,
         accelerate_config=cpu_yaml,

@@ -14,6 +14,7 @@ from pydantic import TypeAdapter, ValidationError
 from eva_core import world
 from tasks.backends.generation import GenerationBackend
 from tasks.backends.hf_generate import TransformersGeneration
+from tasks.backends.llm_client import LLMClientConfig, LLMConfigError
 from tasks.backends.openai_generate import (
     GenerationError,
     OpenAIGeneration,
@@ -48,9 +49,15 @@ def serve() -> Iterator[Any]:
         server.__exit__()
 
 
+LLM_FIELDS = set(LLMClientConfig.model_fields)
+
+
 def load(server: OpenAICompatibleServer, **overrides: Any) -> OpenAIGenerator:
-    fields = {"base_url": server.base_url, "backoff_s": 0.01, "api_key_env": None, **overrides}
-    return OpenAIGeneration(**fields).load("/ckpt/policy")
+    """A generator on ``server``; overrides of client fields go under ``llm``."""
+    llm = {"base_url": server.base_url, "backoff_s": 0.01}
+    llm |= {k: v for k, v in overrides.items() if k in LLM_FIELDS}
+    fields = {k: v for k, v in overrides.items() if k not in LLM_FIELDS}
+    return OpenAIGeneration(llm=llm, **fields).load("/ckpt/policy")
 
 
 def prompt_of(request: dict[str, Any]) -> str:
@@ -113,7 +120,12 @@ def test_concurrency_limit_is_respected_and_used(serve):
 
 def test_retries_a_503_then_succeeds(serve):
     server = serve(fail=fail_when("2+3=", ("status", 503), times=2))
-    out = load(server).generate(PROMPTS, n=2, seed=0)
+    gen = load(server)
+    out = gen.generate(PROMPTS, n=2, seed=0)
+    # The client's counts: 20 prompts + 2 retries; the test server reports 1 + 1 tokens a 200.
+    assert gen.stats() == {
+        "requests": 22, "retries": 2, "failures": 0, "prompt_tokens": 20, "completion_tokens": 20,
+    }  # fmt: skip
     attempts = [r for r in server.requests if prompt_of(r["body"]) == "2+3="]
     assert len(attempts) == 3
     assert all(r["body"] == attempts[0]["body"] for r in attempts)  # same seed on every retry
@@ -125,7 +137,9 @@ def test_retries_429_and_dropped_connections_count_as_retryable(serve):
     load(server).generate(PROMPTS[:3], n=1, seed=0)
     assert sum(prompt_of(r["body"]) == "0+0=" for r in server.requests) == 2
     # Nothing listening: connection refused, retried, then a clear error.
-    dead = OpenAIGeneration(base_url="http://127.0.0.1:9/v1", max_retries=1, backoff_s=0.01)
+    dead = OpenAIGeneration(
+        llm={"base_url": "http://127.0.0.1:9/v1", "max_retries": 1, "backoff_s": 0.01}
+    )
     with pytest.raises(GenerationError, match=r"prompt 0: ConnectError.*after 2 attempts"):
         dead.load("m").generate(["1+1="], n=1, seed=0)
 
@@ -156,14 +170,20 @@ def test_a_400_is_not_retried_and_stops_new_work(serve):
 def test_api_key_is_sent_from_the_env_and_never_kept_in_the_config(serve, monkeypatch):
     server = serve()
     monkeypatch.setenv("EVA_TEST_KEY", "sk-very-secret")
-    config = OpenAIGeneration(base_url=server.base_url, api_key_env="EVA_TEST_KEY")
+    config = OpenAIGeneration(llm={"base_url": server.base_url, "api_key_env": "EVA_TEST_KEY"})
     gen = config.load("m")
     gen.generate(["1+2="], n=1, seed=0)
     assert server.requests[-1]["headers"]["Authorization"] == "Bearer sk-very-secret"
     for text in (repr(config), str(config.model_dump()), config.model_dump_json(), repr(gen)):
         assert "sk-very-secret" not in text
+    # A named variable that is unset fails at load, before any request.
     monkeypatch.delenv("EVA_TEST_KEY")
-    config.load("m").generate(["1+2="], n=1, seed=0)
+    sent = len(server.requests)
+    with pytest.raises(LLMConfigError, match=r"llm\.api_key_env: environment variable EVA_TEST"):
+        config.load("m")
+    assert len(server.requests) == sent
+    # No variable named (the default): no Authorization header, for a local server.
+    OpenAIGeneration(llm={"base_url": server.base_url}).load("m").generate(["1+2="], 1, seed=0)
     assert "Authorization" not in server.requests[-1]["headers"]
 
 
@@ -189,15 +209,17 @@ def test_config_validation():
     with pytest.raises(ValidationError, match=r"extra_body may not set \['n', 'seed'\]"):
         OpenAIGeneration(extra_body={"seed": 1, "n": 2})
     with pytest.raises(ValidationError):
-        OpenAIGeneration(concurrency=0)
+        OpenAIGeneration(llm={"concurrency": 0})
+    with pytest.raises(ValidationError, match="concurrency"):
+        OpenAIGeneration(concurrency=4)  # a client field belongs under llm
     with pytest.raises(ValueError, match="n must be >= 1"):
         OpenAIGeneration().load("m").generate(["x"], n=0, seed=0)
 
 
 def test_backend_union_picks_the_config_by_kind():
     adapter = TypeAdapter(GenerationBackend)
-    openai = adapter.validate_python({"kind": "openai", "base_url": "http://h:1/v1"})
-    assert isinstance(openai, OpenAIGeneration) and openai.base_url == "http://h:1/v1"
+    openai = adapter.validate_python({"kind": "openai", "llm": {"base_url": "http://h:1/v1"}})
+    assert isinstance(openai, OpenAIGeneration) and openai.llm.base_url == "http://h:1/v1"
     assert isinstance(adapter.validate_python({"kind": "vllm"}), VLLMGeneration)
     # No kind: a transformers config, as every config written before the union was.
     legacy = adapter.validate_python({"max_new_tokens": 10})

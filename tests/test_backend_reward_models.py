@@ -133,7 +133,7 @@ def test_progress_reaches_one_and_over_long_conversations_are_nan(llama_dir: str
     rm = _load(llama_dir, batch_size=2, max_length=12)
     out = rm.score(["1+2="], [["3", "3" * 20]], seen.append)
     assert math.isfinite(out[0][0]) and math.isnan(out[0][1])
-    assert rm.last_stats == {"too_long": 1}
+    assert rm.stats() == {"too_long": 1}
     assert seen == sorted(seen) and seen[-1] == 1.0
     # Past GPT-2's 64 positions: NaN, where a forward pass would crash.
     capped = _load(gpt2_dir)

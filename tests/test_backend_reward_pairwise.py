@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from tasks.backends.llm_client import LLMConfigError
 from tasks.backends.pairwise import (
-    LLMJudge,
-    LLMJudgeConfig,
+    LLMPairwiseJudge,
+    LLMPairwiseJudgeConfig,
     PairwiseJudge,
     PairwiseReward,
     PairwiseScorer,
@@ -34,10 +35,14 @@ def prefer_longer(prompt: str, index: int, request: dict[str, Any]) -> str:
     return "A" if len(a) > len(b) else "B" if len(b) > len(a) else "tie"
 
 
-def _reward(server: OpenAICompatibleServer, **judge: Any) -> PairwiseScorer:
-    both = judge.pop("both_orders", True)
-    config = {"base_url": server.base_url, "model": "judge", "backoff_s": 0.01, **judge}
-    return PairwiseReward.model_validate({"judge": config, "both_orders": both}).load()
+def _reward(server: OpenAICompatibleServer, **llm: Any) -> PairwiseScorer:
+    both = llm.pop("both_orders", True)
+    llm = {"base_url": server.base_url, "model": "judge", "backoff_s": 0.01, **llm}
+    return PairwiseReward.model_validate({"judge": {"llm": llm}, "both_orders": both}).load()
+
+
+def _judge(base_url: str, **config: Any) -> LLMPairwiseJudgeConfig:
+    return LLMPairwiseJudgeConfig(llm={"base_url": base_url, "model": "judge"}, **config)
 
 
 def test_parse_verdict():
@@ -56,7 +61,7 @@ def test_scores_are_mean_win_rates_that_order_the_responses():
         out = rm.score(["q1", "q2"], [["aa", "a", "aaaa", "aaa"], ["xy", "x"]], seen.append)
         assert out == [[1 / 3, 0.0, 1.0, 2 / 3], [1.0, 0.0]]
         # N(N-1) calls per prompt with both orders: 12 + 2.
-        assert len(server.requests) == 14 and rm.last_stats["comparisons"] == 14
+        assert len(server.requests) == 14 and rm.stats()["comparisons"] == 14
         assert seen[-1] == 1.0 and seen == sorted(seen)
         body = server.requests[0]["body"]
         assert body["model"] == "judge" and body["temperature"] == 0.0
@@ -91,10 +96,10 @@ def test_retries_503_and_timeouts_then_succeeds():
         return ("sleep", 1.0) if calls["n"] == 3 else None
 
     with OpenAICompatibleServer(prefer_longer, fail=flaky) as server:
-        rm = _reward(server, timeout_s=0.3, max_concurrency=1)
+        rm = _reward(server, timeout_s=0.3, concurrency=1)
         assert rm.score(["q"], [["a", "bb"]]) == [[0.0, 1.0]]
         assert len(server.requests) == 5  # 2 comparisons + 2 answered 503 + 1 timed out
-        assert rm.last_stats["failed"] == 0
+        assert rm.stats()["failed"] == 0
 
 
 def test_failures_past_the_retries_are_nan_and_all_failing_raises():
@@ -105,7 +110,12 @@ def test_failures_past_the_retries_are_nan_and_all_failing_raises():
         rm = _reward(server, max_retries=1)
         out = rm.score(["q"], [["a", "bb", "ccc"]])
         assert out[0][:2] == [0.0, 1.0] and math.isnan(out[0][2])
-        assert rm.last_stats == {"comparisons": 6, "failed": 4, "unparseable": 0}
+        # 2 comparisons answered, 4 tried twice: 10 requests, 4 retries; 1 + 1 tokens an answer.
+        assert rm.stats() == {
+            "comparisons": 6, "failed": 4, "unparseable": 0, "judge_requests": 10,
+            "judge_retries": 4, "judge_failures": 4, "judge_prompt_tokens": 2,
+            "judge_completion_tokens": 2,
+        }  # fmt: skip
         assert len(server.requests) == 2 + 4 * 2  # each failing call tried twice
         with pytest.raises(RuntimeError, match="no usable verdict"):
             rm.score(["q"], [["a", "ccc"]])
@@ -119,42 +129,44 @@ def test_unparseable_verdicts_are_left_out_of_the_mean():
         rm = _reward(server)
         out = rm.score(["q"], [["a", "bb", "z"]])
         assert out[0][:2] == [0.0, 1.0] and math.isnan(out[0][2])
-        assert rm.last_stats["unparseable"] == 4
+        assert rm.stats()["unparseable"] == 4
 
 
 def test_client_errors_fail_at_once():
     with OpenAICompatibleServer(prefer_longer, fail=lambda r: ("status", 401)) as server:
         with pytest.raises(RuntimeError, match="HTTP 401"):
-            _reward(server, max_concurrency=1).score(["q"], [["a", "bb"]])
+            _reward(server, concurrency=1).score(["q"], [["a", "bb"]])
         assert len(server.requests) == 1
 
 
 def test_concurrency_is_bounded():
     with OpenAICompatibleServer(prefer_longer, fail=lambda r: ("sleep", 0.05)) as server:
-        _reward(server, max_concurrency=3).score(["q"], [["a", "bb", "ccc", "dddd"]])
+        _reward(server, concurrency=3).score(["q"], [["a", "bb", "ccc", "dddd"]])
         assert server.max_in_flight == 3
 
 
 def test_api_key_comes_from_the_environment_and_is_never_stored(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("JUDGE_KEY", "sk-secret-123")
     with OpenAICompatibleServer(prefer_longer) as server:
-        config = LLMJudgeConfig(base_url=server.base_url, model="judge", api_key_env="JUDGE_KEY")
+        config = LLMPairwiseJudgeConfig(
+            llm={"base_url": server.base_url, "model": "judge", "api_key_env": "JUDGE_KEY"}
+        )
         judge = config.load()
         assert judge.compare("q", "long", "s") == 1.0
         assert server.requests[0]["headers"]["Authorization"] == "Bearer sk-secret-123"
         assert "sk-secret" not in repr(judge) + config.model_dump_json() + repr(config)
         judge.close()
     monkeypatch.delenv("JUDGE_KEY")
-    with pytest.raises(ValueError, match="api_key_env: environment variable JUDGE_KEY"):
+    with pytest.raises(LLMConfigError, match="api_key_env: environment variable JUDGE_KEY"):
         config.load()
 
 
 def test_template_must_have_its_placeholders():
     with pytest.raises(ValidationError, match="template"):
-        LLMJudgeConfig(base_url="http://x/v1", model="m", template="{prompt} {response_a}")
+        _judge("http://x/v1", template="{prompt} {response_a}")
     with pytest.raises(ValidationError, match="template"):
-        LLMJudgeConfig(base_url="http://x/v1", model="m", template="{prompt}{response_a}{oops}")
+        _judge("http://x/v1", template="{prompt}{response_a}{oops}")
     custom = "Q: {prompt}\nA: {response_a}\nB: {response_b}\n{{json}}? A or B"
-    assert isinstance(
-        LLMJudgeConfig(base_url="http://x/v1", model="m", template=custom).load(), LLMJudge
-    )
+    assert isinstance(_judge("http://x/v1", template=custom).load(), LLMPairwiseJudge)
+    with pytest.raises(ValidationError, match="model: required"):
+        PairwiseReward.model_validate({"judge": {"llm": {"base_url": "http://x/v1"}}})

@@ -43,7 +43,10 @@ class StageLike(BaseModel):
         ),
         ({"kind": "vllm_pooling", "model": "/ckpt"}, VLLMPoolingReward),
         ({"kind": "callable", "function": "eva_core.world:reward"}, CallableReward),
-        ({"kind": "pairwise", "judge": {"base_url": "http://h/v1", "model": "m"}}, PairwiseReward),
+        (
+            {"kind": "pairwise", "judge": {"llm": {"base_url": "http://h/v1", "model": "m"}}},
+            PairwiseReward,
+        ),
     ],
 )
 def test_dicts_validate_into_the_backend_their_kind_names(data: dict[str, Any], cls: type):
@@ -80,7 +83,7 @@ def test_a_pointwise_function_scores_every_response_with_its_kwargs():
         [1.0, 0.5, 0.0],
         [1.0],
     ]
-    assert seen == [0.5, 1.0] and rm.last_stats == {"failures": 0}
+    assert seen == [0.5, 1.0] and rm.stats() == {"failures": 0}
 
 
 def test_the_world_verifier_is_a_callable_reward_too():
@@ -98,7 +101,7 @@ def test_a_failing_response_is_nan_and_counted_but_all_failing_raises(
     with caplog.at_level(logging.WARNING):
         out = rm.score(["1+2=", "r:ab="], [["3", "three"], ["ba"]])
     assert out[0][0] == 1.0 and math.isnan(out[0][1]) and math.isnan(out[1][0])
-    assert rm.last_stats == {"failures": 2}
+    assert rm.stats() == {"failures": 2}
     assert "raised on 2 of 3 responses" in caplog.text and "ValueError" in caplog.text
     with pytest.raises(RuntimeError, match="raised on all 2 responses"):
         rm.score(["r:ab="], [["ba", "ab"]])
@@ -107,7 +110,7 @@ def test_a_failing_response_is_nan_and_counted_but_all_failing_raises(
 def test_none_means_unscorable_not_failed():
     rm = CallableReward(function="tests.support.rewards:unscorable").load()
     out = rm.score(["p"], [["?", "ok"]])
-    assert math.isnan(out[0][0]) and out[0][1] == 1.0 and rm.last_stats["failures"] == 0
+    assert math.isnan(out[0][0]) and out[0][1] == 1.0 and rm.stats()["failures"] == 0
 
 
 def test_a_batched_function_is_called_once_and_its_shape_checked():
@@ -183,9 +186,7 @@ def test_vllm_scorer_sends_template_token_ids_and_maps_results_back():
     first = llm.calls[0][0][0]["prompt_token_ids"]
     assert tok.decode(first) == "u:1+2=<eos>a:3<eos>"  # no extra bos in front of the template
     short = VLLMPoolingScorer(llm, None, VLLMPoolingReward(model="m", max_length=12))
-    assert math.isnan(short.score(["1+2="], [["333"]])[0][0]) and short.last_stats == {
-        "too_long": 1
-    }
+    assert math.isnan(short.score(["1+2="], [["333"]])[0][0]) and short.stats() == {"too_long": 1}
 
 
 @pytest.mark.gpu

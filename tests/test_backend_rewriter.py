@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,6 +12,7 @@ import pyarrow as pa
 import pytest
 from pydantic import ValidationError
 
+from tasks.backends.llm_client import LLMClientConfig, LLMConfigError
 from tasks.backends.rewriter import RewriterConfig
 from tasks.backends.tiny_lm import (
     TinyModelConfig,
@@ -33,8 +35,14 @@ def _rewrite(prompt: str, index: int, request: dict[str, Any]) -> str:
     }.get(original, f"better {original}")
 
 
+LLM_FIELDS = set(LLMClientConfig.model_fields)
+
+
 def _config(server: OpenAICompatibleServer, **kw: Any) -> RewriterConfig:
-    return RewriterConfig(base_url=server.base_url, model="tiny", retry_backoff_s=0.0, **kw)
+    """A rewriter on ``server``; client fields in ``kw`` go under ``llm``."""
+    llm = {"base_url": server.base_url, "model": "tiny", "backoff_s": 0.0}
+    llm |= {k: v for k, v in kw.items() if k in LLM_FIELDS}
+    return RewriterConfig(llm=llm, **{k: v for k, v in kw.items() if k not in LLM_FIELDS})
 
 
 def test_rewrites_within_the_length_band_and_keeps_the_rest():
@@ -54,6 +62,12 @@ def test_rewrites_within_the_length_band_and_keeps_the_rest():
         "rewrite_kept_failed": 0,
         "rewrite_kept_empty": 1,
         "rewrite_kept_length": 2,
+        # The client's counts: 5 requests answered, 1 + 1 tokens each from the test server.
+        "rewrite_requests": 5,
+        "rewrite_retries": 0,
+        "rewrite_failures": 0,
+        "rewrite_prompt_tokens": 5,
+        "rewrite_completion_tokens": 5,
     }
     assert sorted(seen) == seen and seen[-1] == 1.0
     # Requests run concurrently, so find q0's rather than assuming it arrived first.
@@ -88,6 +102,9 @@ def test_transient_failures_are_retried_then_given_up():
         )
     assert result.responses == ["better an answer here", "an answer here", "an answer here"]
     assert (result.rewritten, result.failed) == (1, 2)
+    # flaky 2 + down 3 + bad 1 requests; retries: flaky 1, down 2; down and bad failed.
+    assert (result.requests["requests"], result.requests["retries"]) == (6, 3)
+    assert result.requests["failures"] == 2
     per_prompt = {
         k.split("### Response")[0].split("### Instruction\n")[1].strip(): v
         for k, v in calls.items()
@@ -116,11 +133,11 @@ def test_api_key_comes_from_the_environment_and_is_never_stored(monkeypatch: pyt
         assert server.requests[0]["headers"]["Authorization"] == "Bearer sk-secret"
         assert "sk-secret" not in config.model_dump_json()
         monkeypatch.delenv("EVA_TEST_REWRITER_KEY")
-        with pytest.raises(ValueError, match="EVA_TEST_REWRITER_KEY is not set"):
-            config.load().rewrite(["q"], ["answer"])
+        with pytest.raises(LLMConfigError, match="EVA_TEST_REWRITER_KEY is unset or empty"):
+            config.load()  # at load, before any request
         assert len(server.requests) == 1
     with pytest.raises(ValidationError, match="response"):
-        RewriterConfig(base_url="http://x", model="m", template="only {prompt}")
+        RewriterConfig(llm={"model": "m"}, template="only {prompt}")
 
 
 def test_train_stage_rewrites_chosen_and_reports_counts(tmp_path: Path):
@@ -131,6 +148,7 @@ def test_train_stage_rewrites_chosen_and_reports_counts(tmp_path: Path):
     chosen = ["abc"] * 7 + ["empty"]
     seen: list[float] = []
     ctx = SimpleNamespace(
+        log=logging.getLogger("test"),  # the stage logs its batch layout
         scratch=str(tmp_path / "scratch"),
         seed=0,
         progress=seen.append,
@@ -139,12 +157,11 @@ def test_train_stage_rewrites_chosen_and_reports_counts(tmp_path: Path):
     pairs = pa.table({"prompt": prompts, "chosen": chosen, "rejected": ["ghij"] * 8})
     with OpenAICompatibleServer(respond=lambda p, i, r: "abd" if p.endswith("abc") else "") as srv:
         config = TrainConfig(
-            solver=DPOSolverConfig(
-                learning_rate=1e-3, num_train_epochs=1, per_device_train_batch_size=4
-            ),
+            solver=DPOSolverConfig(learning_rate=1e-3, num_train_epochs=1, effective_batch_size=4),
             rewrite_chosen=_config(srv),
         )
         out = train.fn(ctx, config, pairs=pairs)
     assert out.stats["rewrite_rewritten"] == 7 and out.stats["rewrite_kept_empty"] == 1
     assert out.stats["steps"] == 2 and len(srv.requests) == 8
+    assert out.stats["rewrite_requests"] == 8 and out.stats["rewrite_failures"] == 0
     assert seen == sorted(seen) and seen[-1] == 1.0 and any(f <= 0.1 for f in seen)

@@ -20,6 +20,7 @@ from eva_core import world
 from eva_core.schema import seed_records
 from tasks.backends.generation import GenerationBackend
 from tasks.backends.hf_generate import TransformersGeneration
+from tasks.backends.llm_client import LLMConfigError
 from tasks.backends.protocols import Generator, close_after
 from tasks.backends.served_generate import (
     ServedGeneration,
@@ -35,7 +36,7 @@ SERVER = [
     sys.executable, "-m", "tests.support.openai_server", "--port", "{port}",
     "--model", "{name}", "--answer", "world", "--checkpoint", "{model}",
 ]  # fmt: skip
-FAST_CLIENT = {"api_key_env": None, "backoff_s": 0.01, "max_retries": 1, "timeout_s": 10.0}
+FAST_CLIENT = {"llm": {"backoff_s": 0.01, "max_retries": 1, "timeout_s": 10.0}}
 
 
 def served(command: list[str] = SERVER, **overrides: Any) -> ServedGeneration:
@@ -162,6 +163,16 @@ def test_a_missing_binary_says_where_to_point_the_command(tmp_path: Path):
         )
 
 
+def test_a_missing_api_key_fails_before_the_server_starts(tmp_path: Path, monkeypatch):
+    monkeypatch.delenv("EVA_TEST_SERVED_KEY", raising=False)
+    marker = tmp_path / "started"
+    command = ["sh", "-c", f'touch {marker}; exec "$@"', "sh", *SERVER]
+    client = {"llm": {**FAST_CLIENT["llm"], "api_key_env": "EVA_TEST_SERVED_KEY"}}
+    with pytest.raises(LLMConfigError, match="EVA_TEST_SERVED_KEY"):
+        served(command, client=client).load(str(tmp_path))
+    assert not marker.exists()
+
+
 def test_config_validation_and_the_backend_union():
     default = ServedGeneration()
     assert default.command[:3] == ["vllm", "serve", "{model}"]
@@ -175,8 +186,8 @@ def test_config_validation_and_the_backend_union():
     for bad in ([], ["vllm", "serve", "--port", "{port}"], ["vllm", "serve", "{model}"]):
         with pytest.raises(ValidationError):
             ServedGeneration(command=bad)
-    with pytest.raises(ValidationError, match=r"client\.base_url"):
-        ServedGeneration.model_validate({"client": {"base_url": "http://elsewhere/v1"}})
+    with pytest.raises(ValidationError, match=r"client\.llm\.base_url"):
+        ServedGeneration.model_validate({"client": {"llm": {"base_url": "http://elsewhere/v1"}}})
     with pytest.raises(ValidationError):
         ServedGeneration.model_validate({"startup_timeout": 5})  # extra="forbid"
     with pytest.raises(ValidationError):
@@ -234,6 +245,10 @@ def test_generate_stage_starts_and_stops_the_server(tmp_path: Path):
     responses = out.table.column("responses").to_pylist()
     assert responses == [[world.solve(p)] * 2 for p in PROMPTS[:3]]
     assert not alive(int(pid_file.read_text()))  # the stage closed it
+    # One request per prompt (n in one request); the stand-in reports 1 + 1 tokens each.
+    assert out.stats["requests"] == {
+        "requests": 3, "retries": 0, "failures": 0, "prompt_tokens": 3, "completion_tokens": 3,
+    }  # fmt: skip
 
 
 def test_garbage_collection_stops_a_forgotten_server(tmp_path: Path):

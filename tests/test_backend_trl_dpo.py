@@ -62,7 +62,7 @@ def test_training_prefers_chosen_and_saves_a_loadable_checkpoint(
     out = tmp_path / "out"
     seen: list[float] = []
     rows = (
-        DPOSolverConfig(**FAST, per_device_train_batch_size=6)
+        DPOSolverConfig(**FAST, effective_batch_size=6)
         .load()
         .train(policy_dir, PROMPTS, [X] * 36, [Y] * 36, str(out), seed=0, progress=seen.append)
     )
@@ -84,7 +84,7 @@ def test_training_prefers_chosen_and_saves_a_loadable_checkpoint(
 
 
 def test_same_seed_gives_identical_weights(policy_dir: str, tmp_path: Path):
-    solver = DPOSolverConfig(**FAST, per_device_train_batch_size=4).load()
+    solver = DPOSolverConfig(**FAST, effective_batch_size=4).load()
     chosen = [X if i % 2 else Y for i in range(36)]  # mixed pairs: batch order matters
     rejected = [Y if i % 2 else X for i in range(36)]
     for name, seed in (("a", 5), ("b", 5), ("c", 6)):
@@ -100,7 +100,7 @@ def test_trainer_loss_matches_dpo_computed_by_hand(policy_dir: str, tmp_path: Pa
     pairs = [("1+2=", "3", "12"), ("4+4=", "8", "44"), ("10+3=", "31", "7"), ("5+0=", "5", "ab")]
     prompts, chosen, rejected = (list(col) for col in zip(*pairs, strict=True))
     beta = 0.3
-    config = DPOSolverConfig(beta=beta, per_device_train_batch_size=len(pairs))
+    config = DPOSolverConfig(beta=beta, effective_batch_size=len(pairs))
     trainer = build_trainer(config, policy_dir, prompts, chosen, rejected, str(tmp_path), 0)
     # Move the policy away from the reference so the loss is not trivially log 2.
     gen = torch.Generator().manual_seed(0)

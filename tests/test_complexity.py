@@ -11,13 +11,8 @@ import pyarrow as pa
 import pytest
 
 from eva_core.schema import seed_records
-from tasks.complexity import (
-    COMPLEXITY_COLUMNS,
-    JUDGE_TEMPLATE,
-    ComplexityConfig,
-    complexity,
-    parse_judgement,
-)
+from tasks.backends.complexity_judge import JUDGE_TEMPLATE, LLMComplexityJudge, parse_judgement
+from tasks.complexity import COMPLEXITY_COLUMNS, ComplexityConfig, complexity
 from tasks.stage import RunContext, StageContext, StageOutput
 from tests.support.openai_server import OpenAICompatibleServer
 
@@ -62,11 +57,15 @@ def test_llm_judge_over_http(tmp_path: Path):
     with OpenAICompatibleServer(judge, fail) as server:
         llm = {"base_url": server.base_url, "model": "tiny", "max_retries": 0}
         config = ComplexityConfig.model_validate({"judge": {"kind": "llm", "llm": llm}})
+        assert isinstance(config.judge, LLMComplexityJudge)
         out = run_stage(tmp_path, config, prompts)
     assert nan_to_none(out.table.column("complexity").to_pylist()) == [7, None, 7, None]
     assert nan_to_none(out.table.column("quality").to_pylist()) == [8, None, 8, None]
     assert out.stats["mean_complexity"] == 7 and out.stats["mean_quality"] == 8
-    assert out.stats["unscored"] == 2 and out.stats["requests"] == {"requests": 4, "error_500": 1}
+    # 4 requests, no retries (max_retries 0), 1 failure; 1 + 1 tokens for each of 3 answers.
+    assert out.stats["unscored"] == 2 and out.stats["requests"] == {
+        "requests": 4, "retries": 0, "failures": 1, "prompt_tokens": 3, "completion_tokens": 3,
+    }  # fmt: skip
     assert all(r["body"]["temperature"] == 0.0 for r in server.requests)  # it does not sample
     sent = sorted(r["body"]["messages"][-1]["content"] for r in server.requests)
     assert sent == sorted(JUDGE_TEMPLATE.format(prompt=p) for p in prompts)
@@ -94,3 +93,12 @@ def test_empty_prompt_set(tmp_path: Path):
     out = complexity.fn(ctx, ComplexityConfig(), prompts=empty)
     assert out.table.num_rows == 0 and out.stats["mean_complexity"] is None
     assert isinstance(out.table, pa.Table)
+
+
+def test_llm_judge_stops_on_configuration_errors(tmp_path: Path):
+    with OpenAICompatibleServer(fail=lambda r: ("status", 401)) as server:
+        llm = {"base_url": server.base_url, "model": "tiny"}
+        config = ComplexityConfig.model_validate({"judge": {"kind": "llm", "llm": llm}})
+        with pytest.raises(RuntimeError, match="HTTP 401"):
+            run_stage(tmp_path, config, ["Explain tides."])
+        assert len(server.requests) == 1  # a 401 is not retried

@@ -240,3 +240,19 @@ def test_cap_pairs_seeded_subset_in_row_order() -> None:
     assert len(capped.rows) == 4 and list(capped.rows) == sorted(capped.rows)
     assert list(cap_pairs(choice, 4, seed=5).rows) == list(capped.rows)
     assert cap_pairs(choice, None, seed=5) is choice and cap_pairs(choice, 10, seed=0) is choice
+
+
+def test_win_rate_counts_ties_half_and_skips_missing_rewards():
+    from eva_core.winrate import paired_by_id, win_rate
+
+    # wins at 0 and 3, a tie at 1, a loss at 2, NaN at 4 left out: (1 + 0.5 + 0 + 1) / 4.
+    nan = float("nan")
+    assert win_rate([1.0, 0.5, 0.0, 0.8, nan], [0.0, 0.5, 1.0, 0.2, 1.0]) == 0.625
+    assert math.isnan(win_rate([nan], [1.0]))
+    with pytest.raises(ValueError, match="2 rewards against 1 reference"):
+        win_rate([1.0, 0.0], [1.0])
+    # Aligned on prompt id, whatever the order; ids only one side has are dropped.
+    assert paired_by_id(["b", "a", "c"], [1.0, 0.0, 0.3], ["a", "b"], [0.5, 0.2]) == (
+        [1.0, 0.0],
+        [0.2, 0.5],
+    )

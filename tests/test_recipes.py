@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from flows.config import ConfigError, load_config
+from flows.config import ConfigError, OnlineRunConfig, load_config
+from tasks.backends.trl_dpo import batch_layout
 
 CONFIGS = Path(__file__).parent.parent / "configs"
-RECIPES = sorted(p for p in CONFIGS.rglob("*.yaml") if not p.name.startswith("online"))
+RECIPES = sorted(p for p in (CONFIGS / "paper").glob("*.yaml") if not p.name.startswith("online"))
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
@@ -20,11 +21,16 @@ def test_recipe_validates(path: Path) -> None:
     assert cfg.sample.fraction == 0.25 and cfg.evolve.num_evolutions == 4
     assert cfg.mix.ratio_evolved == 0.8 and cfg.prompts.limit == 10_000
     assert cfg.annotate.reward.kind == "sequence_classifier"
+    # The API evolver names its key's variable; the served policy's client needs none.
+    evolver = cfg.evolve.evolver
+    assert evolver.kind == "distilabel" and evolver.temperature == 0.88
+    assert evolver.llm.api_key_env == "OPENAI_API_KEY" and evolver.llm.model == "gpt-4o-mini"
+    backend = cfg.generate.backend
+    assert backend.kind == "served" and backend.client.llm.concurrency == 64
+    assert backend.client.llm.api_key_env is None
 
 
 def test_online_recipe_carries_the_papers_online_settings() -> None:
-    from flows.config import OnlineRunConfig
-
     cfg = load_config(str(CONFIGS / "paper" / "online-rloo.yaml"), None, OnlineRunConfig)
     buffer, solver = cfg.online.buffer, cfg.online.solver
     assert (buffer.size, buffer.ratio_evol, buffer.top_fraction) == (3200, 0.5, 0.5)
@@ -33,6 +39,7 @@ def test_online_recipe_carries_the_papers_online_settings() -> None:
     assert cfg.online.budget == 1.0 and cfg.prompts.limit == 10_000
     assert cfg.online.reward.kind == "sequence_classifier"
     assert cfg.online.evolver.kind == "distilabel"
+    assert cfg.online.evolver.llm.api_key_env == "OPENAI_API_KEY"
     assert cfg.bootstrap.init_checkpoint == "google/gemma-2-9b-it"
 
 
@@ -40,9 +47,9 @@ def test_online_recipe_carries_the_papers_online_settings() -> None:
     ("name", "kind", "expected"),
     [
         ("dpo", "dpo", {"beta": 0.05, "learning_rate": 5e-7, "num_train_epochs": 2}),
-        ("simpo", "simpo", {"beta": 10.0, "learning_rate": 8e-7}),
-        ("orpo", "orpo", {}),
-        ("sppo", "sppo", {"beta": 0.001}),
+        ("simpo", "simpo", {"beta": 10.0, "learning_rate": 8e-7, "effective_batch_size": 32}),
+        ("orpo", "orpo", {"lambda_or": 0.5, "num_train_epochs": 1}),
+        ("sppo", "sppo", {"beta": 0.001, "num_train_epochs": 6, "max_length": 1024}),
     ],
 )
 def test_solver_recipes_carry_the_paper_defaults(name: str, kind: str, expected: dict) -> None:
@@ -51,6 +58,36 @@ def test_solver_recipes_carry_the_paper_defaults(name: str, kind: str, expected:
     assert solver.kind == kind and cfg.run == f"gemma2-9b-armorm-{name}"
     for field, value in expected.items():
         assert getattr(solver, field) == value, field
+    # base.yaml trains on 8 GPUs: the paper's effective batch is split over them.
+    assert cfg.train.processes == 8
+    assert batch_layout(solver.effective_batch_size, None, 8) == (
+        solver.effective_batch_size // 8,
+        1,
+    )
+
+
+def test_the_world_config_is_a_file_and_defaults_elsewhere_are_the_papers(tmp_path: Path):
+    demo = load_config(None)  # no --config: configs/world.yaml
+    assert demo == load_config(str(CONFIGS / "world.yaml"))
+    solver = demo.train.solver
+    assert (solver.kind, solver.learning_rate, solver.effective_batch_size) == ("dpo_nll", 2e-4, 32)
+    assert (solver.beta, solver.max_length, demo.pairs.min_chosen_reward) == (0.1, 64, 1.0)
+    assert demo.generate.backend.max_new_tokens == 10 and demo.prompts.world_size == 3000
+    # One rule: a file that names a section without extending the world gets the paper's
+    # defaults there; one that extends it keeps the world's, exactly like --set does.
+    (tmp_path / "own.yaml").write_text("train: {launcher: accelerate}\n")
+    own = load_config(str(tmp_path / "own.yaml")).train.solver
+    assert (own.kind, own.learning_rate, own.effective_batch_size, own.beta) == (
+        "dpo", 5e-7, 8, 0.05
+    )  # fmt: skip
+    world = CONFIGS / "world.yaml"
+    (tmp_path / "ext.yaml").write_text(f"extends: {world}\ntrain: {{launcher: accelerate}}\n")
+    assert load_config(str(tmp_path / "ext.yaml")).train.solver == solver
+    assert load_config(None, ["train.launcher=accelerate"]).train.solver == solver
+    online = load_config(None, None, OnlineRunConfig)
+    assert online == load_config(str(CONFIGS / "world-online.yaml"), None, OnlineRunConfig)
+    assert (online.online.solver.learning_rate, online.online.buffer.size) == (1e-4, 320)
+    assert OnlineRunConfig().online.buffer.size == 3200  # the paper's, without the world file
 
 
 def test_extends_cycle_and_missing_file_are_one_line_errors(tmp_path: Path) -> None:
@@ -72,7 +109,7 @@ def test_set_changes_one_field_of_the_config_that_would_run(tmp_path: Path) -> N
     demo = load_config(None).train.solver
     cfg = load_config(None, ["train.solver.learning_rate=1e-3"])
     assert cfg.train.solver.learning_rate == 1e-3
-    assert cfg.train.solver.per_device_train_batch_size == demo.per_device_train_batch_size == 32
+    assert cfg.train.solver.effective_batch_size == demo.effective_batch_size == 32
     assert cfg.train.solver.beta == demo.beta == 0.1
     # On top of a file, the file's sections are what gets changed.
     paper_dpo = Path(__file__).parent.parent / "configs" / "paper" / "dpo.yaml"
@@ -80,8 +117,8 @@ def test_set_changes_one_field_of_the_config_that_would_run(tmp_path: Path) -> N
     cfg = load_config(str(tmp_path / "r.yaml"), ["train.solver.beta=0.2"])
     assert (cfg.train.solver.beta, cfg.train.solver.learning_rate) == (0.2, 5e-7)
     # A new backend kind starts from that kind's own defaults.
-    cfg = load_config(None, ["generate.backend.kind=openai", "generate.backend.model=m"])
-    assert cfg.generate.backend.kind == "openai" and cfg.generate.backend.model == "m"
+    cfg = load_config(None, ["generate.backend.kind=openai", "generate.backend.llm.model=m"])
+    assert cfg.generate.backend.kind == "openai" and cfg.generate.backend.llm.model == "m"
     with pytest.raises(ConfigError, match="not a section"):
         load_config(None, ["seed.x=1"])
 

@@ -16,7 +16,7 @@ import yaml
 
 from eva_core import world
 from flows.cli import main
-from flows.config import validate_config
+from flows.config import load_config, validate_config
 from tasks.store import RunStore
 from tests.conftest import tiny_run_config
 
@@ -63,6 +63,18 @@ def test_run_produces_every_artifact_and_summary(finished_run) -> None:
     assert [r["iteration"] for r in rows] == ["theta_0", 0, 1]
     assert rows[2]["prompts"] == 24 and rows[2]["evolved_kept"] == round(0.8 * 24)
     assert all(0.0 <= r["heldout_score"] <= 1.0 for r in rows)
+    # The win rate against theta_0's held-out answers, recomputed by hand from both tables.
+    ref = store.read_table(store.read_manifest(None, "evaluate")["uri"]).to_pylist()
+    cur = store.read_table(store.read_manifest(1, "evaluate")["uri"]).to_pylist()
+    theirs = {r["prompt_id"]: r["reward"] for r in ref}
+    wins = [(r["reward"] > theirs[r["prompt_id"]]) + 0.5 * (r["reward"] == theirs[r["prompt_id"]])
+            for r in cur]  # fmt: skip
+    assert rows[2]["win_vs_theta_0"] == round(sum(wins) / len(wins), 4)
+    # Every chart of the run is drawn from its artifacts.
+    from flows.run_charts import run_charts
+
+    charts = run_charts(store, config)
+    assert charts.count("](data:image/svg+xml;base64,") == 6 and "nothing to draw" not in charts
     # X_1's complexity (the world's difficulty) is charted; it matches the prompts it scored.
     scored = store.read_table(store.read_manifest(1, "complexity")["uri"])
     assert scored.column("prompt_id").to_pylist() == mix_ids(store)
@@ -353,7 +365,13 @@ def test_deployment_spec_is_a_valid_run() -> None:
         spec = yaml.safe_load(f)
     (deployment,) = spec["deployments"]
     assert deployment["entrypoint"] == "flows/run.py:eva_run"
-    assert validate_config(deployment["parameters"]["config"]).run == "scheduled"
+    from flows.serve import deployment_config
+
+    resolved = validate_config(deployment_config(root, deployment["parameters"]))
+    assert resolved.run == "scheduled" and deployment["parameters"]["advance"] == 1
+    # The deployment runs the world demo, not bare paper defaults (a 9B model's solver).
+    world = load_config(None)
+    assert resolved.train == world.train and resolved.generate == world.generate
     assert deployment["schedules"][0]["active"] is False  # off until a user enables it
 
 
@@ -462,10 +480,13 @@ def test_split_and_evolve_skip_held_out_prompts(tmp_path) -> None:
     assert out.stats["dropped"]["heldout"] == 3
 
 
-def test_a_dead_evolver_fails_the_run_and_is_retried_once_it_answers(tmp_path, capsys) -> None:
+def test_a_dead_evolver_fails_the_run_and_is_retried_once_it_answers(
+    tmp_path, capsys, monkeypatch
+) -> None:
     """An evolver endpoint where nothing listens used to keep 0 of N prompts, exit 0 and be
     cached as done; now evolve fails without a manifest, naming the endpoint, and the same
-    command succeeds once the endpoint answers."""
+    command succeeds once the endpoint answers. An unset API key variable stops it in one line
+    before any request."""
     import socket
 
     import numpy as np
@@ -494,6 +515,15 @@ def test_a_dead_evolver_fails_the_run_and_is_retried_once_it_answers(tmp_path, c
     assert err.startswith("eva: error: evolve: the evolver returned no usable rewrite for")
     assert url in err and "evolve.max_failed_share" in err
     assert store.read_manifest(1, "sample") is not None
+    assert store.read_manifest(1, "evolve") is None
+
+    monkeypatch.delenv("EVA_TEST_UNSET_KEY", raising=False)
+    keyed = tmp_path / "keyed.yaml"
+    cfg["evolve"]["evolver"]["llm"]["api_key_env"] = "EVA_TEST_UNSET_KEY"
+    keyed.write_text(yaml.safe_dump(cfg))
+    assert main(["run", "--config", str(keyed)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("eva: error: llm.api_key_env: environment variable EVA_TEST_UNSET_KEY")
     assert store.read_manifest(1, "evolve") is None
 
     def deepen(prompt: str, index: int, request: dict) -> str:

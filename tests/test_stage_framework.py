@@ -7,6 +7,7 @@ import os
 
 import pyarrow as pa
 import pytest
+from pydantic import ValidationError
 
 from eva_core.schema import seed_records
 from tasks.mix import MixConfig, mix
@@ -43,6 +44,16 @@ def test_cached_in_a_new_call_and_rerun_on_config_change(tmp_path) -> None:
     first = score(run, 1, ScoreConfig(), annotated=annotated)
     state = score.task(run, 1, ScoreConfig(), "score", {"annotated": annotated}, return_state=True)
     assert state.name == "Cached" and state.result() == first
+    # The cached task run links to what it reused, on its own page in the UI.
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterTaskRunId
+
+    with get_client(sync_client=True) as client:
+        task_run = ArtifactFilterTaskRunId(any_=[state.state_details.task_run_id])
+        notes = client.read_artifacts(artifact_filter=ArtifactFilter(task_run_id=task_run))
+    assert [n.description for n in notes] == ["score iter_1: reused"]
+    assert "reused `iter_1/score.parquet` (8 rows" in str(notes[0].data)
+    assert "r-iter-1-score" in str(notes[0].data)
     created = store.read_manifest(1, "score")["created_at"]
     # A different metric is a different key: the stage runs again and its output changes.
     state = score.task(
@@ -56,6 +67,23 @@ def test_cached_in_a_new_call_and_rerun_on_config_change(tmp_path) -> None:
     assert manifest["inputs"]["annotated"]["content_hash"] == annotated.content_hash
     assert {"eva", "prefect", "pyarrow"} <= set(manifest["versions"])
     assert manifest["rows"] == 8 and manifest["stats"]["metric"] == "a_avg"
+
+
+def test_each_stage_is_its_own_task_and_logs_its_stats_readably(tmp_path, caplog) -> None:
+    from tasks.stage import readable
+
+    # Prefect keys a task on its function: one per stage, so the UI can filter by stage.
+    assert score.task.task_key != sample.task.task_key
+    assert (score.task.name, sample.task.name) == ("score", "sample")
+    assert readable(0.123456) == "0.1235" and readable(1234567.0) == "1.235e+06"
+    assert readable({"a": 2, "b": None, "c": [0.5, "x"]}) == "a: 2, b: -, c: [0.5, x]"
+    assert readable(float("nan")) == "nan" and readable(True) == "true"
+    run = _run(tmp_path)
+    annotated = _input(run.store(), 1, "creator_annotate", _annotated())
+    with caplog.at_level("INFO"):
+        score(run, 1, ScoreConfig(), annotated=annotated)
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("score iter_1")]
+    assert logged and "8 rows in" in logged[0] and "metric: a_min" in logged[0]
 
 
 def test_missing_input_column_is_named_and_nothing_written(tmp_path) -> None:
@@ -97,7 +125,10 @@ def test_plan_targets_one_stage(tmp_path) -> None:
     annotated = _input(store, 1, "creator_annotate", _annotated())
     scores = score(run, 1, ScoreConfig(), annotated=annotated)
     subset = sample(run, 1, SampleConfig(fraction=0.5), scores=scores)
-    plan_run = _run(tmp_path, plan=Plan(target_iteration=1, target="sample"))
+    # The order is the flow's (the framework knows no stage names): a flow that called its
+    # stages as score, sample, mix.
+    order = ("score", "sample", "mix")
+    plan_run = _run(tmp_path, plan=Plan(target_iteration=1, target="sample", order=order))
     assert (
         score.task(
             plan_run, 1, ScoreConfig(), "score", {"annotated": annotated}, return_state=True
@@ -119,9 +150,14 @@ def test_plan_targets_one_stage(tmp_path) -> None:
     # An upstream stage that is not cached cannot be silently recomputed.
     with pytest.raises(StageError, match="score of iter_1 has no finished artifact"):
         score(plan_run, 1, ScoreConfig(metric="var"), annotated=annotated)
+    # A target the flow does not call, or a stage outside the flow's order, is refused.
+    with pytest.raises(ValidationError, match="target 'evolve' is not one of the flow's"):
+        Plan(target="evolve", order=order)
+    with pytest.raises(StageError, match="pairs: not in the flow's declared stage order"):
+        plan_run.plan.decide(1, "pairs")
 
 
-def test_s3_root_through_a_local_s3_server(tmp_path) -> None:
+def test_s3_root_through_a_local_s3_server(tmp_path, capsys) -> None:
     moto = pytest.importorskip("moto.server")
     server = moto.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
@@ -149,6 +185,19 @@ def test_s3_root_through_a_local_s3_server(tmp_path) -> None:
         assert state.name == "Cached"
         with store.fs.open("eva-bucket/runs/r/iter_1/score.manifest.json") as f:
             assert json.load(f)["content_hash"] == ref.content_hash
+        # `eva show` opens the run with the endpoint given on the command line, then uses the
+        # run's stored options (here: the credentials) for everything else.
+        from flows import cli
+        from flows.config import RunConfig
+
+        stored = RunConfig(root="s3://eva-bucket/runs", run="r", storage_options=opts)
+        with store.fs.open("eva-bucket/runs/r/config.json", "w") as f:
+            f.write(stored.model_dump_json())
+        argv = ["show", "--run", "r", "--root", "s3://eva-bucket/runs", "--iteration", "1"]
+        assert cli.main([*argv, "--stage", "score", "--storage-options", json.dumps(opts)]) == 0
+        printed = capsys.readouterr().out
+        assert '"rows": 8' in printed and '"uri": "iter_1/score.parquet"' in printed
+        assert cli.stored_config("s3://eva-bucket/runs", "r", opts).storage_options == opts
     finally:
         server.stop()
 
@@ -196,3 +245,34 @@ def test_editing_a_user_reward_function_changes_the_annotate_key(tmp_path, monke
     assert annotate.cache_key(run, 1, config, "annotate", {}) == key
     module.write_text("def score(prompt, response):\n    return 0.5\n")
     assert annotate.cache_key(run, 1, config, "annotate", {}) != key
+
+
+def test_ui_tables_show_lineage_the_creators_decision_and_the_distribution() -> None:
+    import logging
+    from types import SimpleNamespace
+
+    from eva_core.evolution import evolved_records
+
+    ctx = SimpleNamespace(seed=3, log=logging.getLogger("t"), iteration=1)
+    # a_min of rows [i/8, 0, 0.5]: 0.5 for i <= 4, then 0.625, 0.75, 0.875 (sum 4.75).
+    scored = score.fn(ctx, ScoreConfig(), annotated=_annotated())
+    dist = scored.ui_tables["distribution"]
+    assert [r["prompts"] for r in dist] == [5, 0, 0, 1, 0, 0, 1, 0, 0, 1]
+    assert (dist[0]["from"], dist[-1]["to"], dist[0]["share"]) == (0.5, 0.875, 0.625)
+    top = scored.ui_tables["most-informative"]
+    assert top[0]["informativeness"] == 0.875 and top[0]["prompt"] == "7+7="
+    assert top[0]["root_id"] == top[0]["prompt_id"] and top[0]["depth"] == 0
+    assert scored.ui_notes["most-informative"] == (
+        "top 8 of 8 prompts by informativeness (a_min), descending"
+    )
+    drawn = sample.fn(ctx, SampleConfig(fraction=0.5), scores=scored.table)
+    rows = drawn.ui_tables["drawn"]
+    assert [r["draw_rank"] for r in rows] == [0, 1, 2, 3]
+    assert all(r["weight_share"] == pytest.approx(r["informativeness"] / 4.75) for r in rows)
+    # mix: which originals X_t keeps, with their lineage.
+    evolved, _ = evolved_records(drawn.table, [[(f"{p} again", "m")] for p in "abcd"], 1)
+    current = _annotated().select(list(evolved.schema.names))
+    mixed = mix.fn(ctx, MixConfig(), current=current, evolved=evolved)
+    kept = mixed.ui_tables["originals-kept"]
+    assert kept and all(r["depth"] == 0 and r["parent_id"] is None for r in kept)
+    assert mixed.ui_notes["originals-kept"].endswith("beside 4 evolved ones, in X_t's order")

@@ -7,7 +7,7 @@ run starts rather than hours in. The function is either pointwise,
 ``f(prompts, responses, **kwargs) -> list[list[float]]`` shaped like ``responses``.
 
 Failures: a pointwise function that raises on one response gives that response NaN (the
-stage counts NaN as "unscored"); it is counted in ``last_stats["failures"]`` and a warning names
+stage counts NaN as "unscored"); it is counted in ``stats()["failures"]`` and a warning names
 the first error: one bad response should not kill a stage of thousands. If *every* response
 fails, the function is broken rather than the data, and the call raises. A return of ``None``
 is NaN too (TRL's convention for "cannot score"), but not a failure. A batched function that
@@ -84,7 +84,11 @@ class CallableScorer:
         self.fn = fn
         self.config = config
         # Counts from the last ``score`` call, for the stage to log.
-        self.last_stats: dict[str, int] = {"failures": 0}
+        self._last: dict[str, int] = {"failures": 0}
+
+    def stats(self) -> dict[str, int]:
+        """Counts of the last ``score`` call (``ReportsStats``)."""
+        return dict(self._last)
 
     def score(
         self,
@@ -97,7 +101,7 @@ class CallableScorer:
         failures = 0
         if self.config.batched:
             batched = self._batched(prompts, responses)
-            self.last_stats = {"failures": 0}
+            self._last = {"failures": 0}
             progress(1.0)
             return batched
         out: list[list[float]] = []
@@ -114,7 +118,7 @@ class CallableScorer:
                     row.append(math.nan)
             out.append(row)
             progress((i + 1) / len(prompts))
-        self.last_stats = {"failures": failures}
+        self._last = {"failures": failures}
         if first_error is not None:
             if failures == total:
                 raise RuntimeError(

@@ -16,15 +16,24 @@ Pipeline, and three of its behaviours are corrected here (pinned <1.6, last rele
   the same choices whatever the batch size or the neighbours, and global numpy state untouched
   (seeding the global generator per prompt would serialize requests, one prompt at a time).
 
+The endpoint is the same ``LLMClientConfig`` every LLM backend takes (``tasks.backends.
+llm_client``): base_url, model, the key from that module's ``api_key`` (so a named variable that
+is unset fails at load, as everywhere), concurrency, max_retries and timeout are handed to
+distilabel's ``OpenAILLM``. Its requests go through the ``openai`` library, so the retry loop is
+the library's: it retries timeouts, dropped connections, 408, 409, 429 and 5xx up to
+``max_retries`` times with its own backoff (about 0.5 s doubling to 8 s, honouring
+Retry-After); ``backoff_s`` and ``max_backoff_s`` do not apply here, and distilabel takes the
+timeout in whole seconds (rounded up). Without a key a placeholder is sent, which local servers
+ignore.
+
 distilabel is imported lazily (seconds, and warnings): the CLI pays only when it is used.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import os
+import math
 import warnings
 from collections.abc import Sequence
 from functools import cache
@@ -35,60 +44,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from eva_core.evolution import is_refusal
+from tasks.backends.llm_client import NamedLLMConfig, api_key, content_seed
 
 # The user message of a chain link whose input failed: recognised and answered "" unsent.
 _SKIP = "\x00eva-skip\x00"
-
-
-class OpenAICompatibleLLM(BaseModel):
-    """An OpenAI-compatible chat endpoint; the API key is read from the environment at load."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    base_url: str = Field(default="http://127.0.0.1:8000/v1", description="API root.")
-    model: str = Field(description="Served model name (the path given to `vllm serve`).")
-    api_key_env: str = Field(
-        default="OPENAI_API_KEY",
-        description="Environment variable holding the key; unset = a placeholder key, which "
-        "local servers accept and a hosted API rejects (401 stops the stage).",
-    )
-    temperature: float = Field(default=0.88, ge=0.0, description="Official eva evolve: 0.88.")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(default=1024, ge=1, description="distilabel's default is 128.")
-    # An int: distilabel's OpenAILLM declares ``timeout: int`` and rejects 0.5.
-    timeout_s: int = Field(default=120, ge=1, description="Per-request timeout, whole seconds.")
-    max_retries: int = Field(default=2, ge=0, description="Retries: timeouts, 408/429/5xx.")
-    max_concurrency: int = Field(default=16, ge=1, description="Most requests in flight.")
-    seed_requests: bool = Field(
-        default=False,
-        description="Send a `seed` per request, from the run seed and the message, so sampling "
-        "repeats exactly on servers that honour it (vLLM, OpenAI).",
-    )
-
-    def load(self, seed: int = 0) -> Any:
-        """A loaded distilabel ``OpenAILLM`` that never raises for one failed request."""
-        llm = _runtime().GuardedOpenAILLM(
-            model=self.model,
-            base_url=self.base_url,
-            # Only the client holds the key; configs (hashed, in manifests) name the variable.
-            api_key=os.environ.get(self.api_key_env) or "EMPTY",
-            timeout=self.timeout_s,
-            max_retries=self.max_retries,
-            generation_kwargs={
-                "temperature": self.temperature,
-                "top_p": self.top_p,
-                "max_new_tokens": self.max_new_tokens,
-            },
-        )
-        llm.configure(self.max_concurrency, seed if self.seed_requests else None)
-        llm.load()
-        return llm
-
-
-def complete(llm: Any, prompts: Sequence[str]) -> list[str]:
-    """One chat completion per prompt with a loaded guarded LLM ("" where a request failed)."""
-    chats = [[{"role": "user", "content": p}] for p in prompts]
-    outs = llm.generate(chats, **llm.generation_kwargs)
-    return [out["generations"][0] or "" for out in outs]
 
 
 class DistilabelEvolver(BaseModel):
@@ -102,7 +61,20 @@ class DistilabelEvolver(BaseModel):
         "one, all kept; evol_complexity: the same without the in-breadth mutation; "
         "self_instruct: num_evolutions new queries inspired by the prompt.",
     )
-    llm: OpenAICompatibleLLM
+    llm: NamedLLMConfig = Field(
+        description="Endpoint, model (required), key, concurrency, timeout and max_retries "
+        "(distilabel's client retries with its own backoff)."
+    )
+    temperature: float = Field(default=0.88, ge=0.0, description="Official eva evolve: 0.88.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(
+        default=1024, ge=1, description="Rewrite length cap in tokens (distilabel's is 128)."
+    )
+    seed_requests: bool = Field(
+        default=False,
+        description="Send a `seed` per request, from the run seed and the message, so sampling "
+        "repeats exactly on servers that honour it (vLLM, OpenAI).",
+    )
     batch_size: int = Field(default=64, ge=1, description="Prompts per distilabel call.")
     application_description: str = Field(
         default="AI assistant", description="self_instruct only: the application queried."
@@ -116,6 +88,31 @@ class DistilabelRewriter:
     def __init__(self, config: DistilabelEvolver):
         self.config = config
         self.counts: dict[str, int] = {}
+        # Resolved now, so a named variable that is unset fails at load; kept out of repr.
+        self._key = api_key(config.llm) or "EMPTY"
+
+    def __repr__(self) -> str:
+        return f"DistilabelRewriter(task={self.config.task!r}, model={self.config.llm.model!r})"
+
+    def _llm(self, seed: int) -> Any:
+        """A loaded distilabel ``OpenAILLM`` that never raises for one failed request; built
+        per evolve call, as its async client belongs to the event loop of one call."""
+        cfg, llm = self.config, self.config.llm
+        out = _runtime().GuardedOpenAILLM(
+            model=llm.model,
+            base_url=llm.base_url,
+            api_key=self._key,
+            timeout=math.ceil(llm.timeout_s),  # distilabel declares an int
+            max_retries=llm.max_retries,
+            generation_kwargs={
+                "temperature": cfg.temperature,
+                "top_p": cfg.top_p,
+                "max_new_tokens": cfg.max_tokens,
+            },
+        )
+        out.configure(llm.concurrency, seed if cfg.seed_requests else None)
+        out.load()
+        return out
 
     def stats(self) -> dict[str, int]:  # request outcomes of the last evolve call
         return dict(self.counts)
@@ -128,7 +125,7 @@ class DistilabelRewriter:
         seed: int,
     ) -> list[list[tuple[str, str]]]:
         cfg, step = self.config, self.config.batch_size
-        llm = cfg.llm.load(seed)
+        llm = self._llm(seed)
         out: list[list[tuple[str, str]]] = []
         for start in range(0, len(prompts), step):
             batch = list(prompts[start : start + step])
@@ -188,12 +185,6 @@ def mutation_templates(task: str) -> dict[str, str]:
     return dict(rt.complexity_templates if task == "evol_complexity" else rt.instruct_templates)
 
 
-def _request_seed(seed: int, content: str) -> int:
-    """Seed from the message itself, so it does not depend on batch position or retries."""
-    digest = hashlib.blake2b(f"{seed}:{content}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x3FFFFFFF
-
-
 @cache
 def _runtime() -> SimpleNamespace:
     """distilabel and the two subclasses, built once. Its import and subclassing warn about its
@@ -240,7 +231,7 @@ def _runtime() -> SimpleNamespace:
                         return count("skipped_after_failure")
                     extra = dict(kwargs.get("extra_body") or {})
                     if self._seed is not None:
-                        extra["seed"] = _request_seed(self._seed, content)
+                        extra["seed"] = content_seed(self._seed, content)
                     async with gate:
                         count("requests")
                         try:

@@ -11,7 +11,9 @@ the judge: they tie (0.5) by definition.
 ``1 - p(b>a)``, which cancels a judge's preference for the first (or second) position.
 
 Failure policy: an unparseable verdict is NaN for that comparison and left out of the means; a
-request that still fails after its retries is too (counted in ``last_stats``). A response with
+request that still fails after its retries is too (counted in ``stats()``, with the judge's
+request counts as ``judge_*``). Any other failed request (a 401, an unknown model) stops the
+call: every request would hit it. A response with
 no usable comparison is NaN. If no comparison at all is usable the call raises: the judge or
 its template is broken, and a stage of NaN rewards would only fail later and less clearly.
 """
@@ -19,19 +21,16 @@ its template is broken, and a stage of NaN rewards would only fail later and les
 from __future__ import annotations
 
 import math
-import os
-import random
 import re
 import threading
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tasks.backends.protocols import Progress, no_progress
+from tasks.backends.llm_client import LLMClient, LLMRequestError, NamedLLMConfig
+from tasks.backends.protocols import Progress, no_progress, stats_of
 
 DEFAULT_TEMPLATE = """You are judging two responses to the same user prompt.
 
@@ -47,9 +46,6 @@ DEFAULT_TEMPLATE = """You are judging two responses to the same user prompt.
 Which response is better: more correct, more helpful, and better written? Reply with exactly \
 one of: A, B, or tie."""
 
-# 408/409/425/429 and 5xx are worth another try; any other 4xx is a configuration error
-# (bad key, unknown model) that no retry fixes, so it fails the call at once.
-RETRYABLE = frozenset({408, 409, 425, 429})
 _BRACKETED = re.compile(r"\[\[\s*(A|B|tie)\s*\]\]", re.IGNORECASE)
 _LEADING = re.compile(
     r"^\W*(?:(?:response|answer|output|option)\s+)?(A|B|tie|equal|draw)\b", re.IGNORECASE
@@ -75,17 +71,13 @@ def parse_verdict(text: str | None) -> float:
     return {"a": 1.0, "b": 0.0}.get(verdict, 0.5)
 
 
-class LLMJudgeConfig(BaseModel):
+class LLMPairwiseJudgeConfig(BaseModel):
     """An LLM judge behind an OpenAI-compatible ``/chat/completions`` endpoint."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    base_url: str = Field(description='Endpoint root, e.g. "http://localhost:8000/v1".')
-    model: str = Field(description="Model name sent with every request.")
-    api_key_env: str | None = Field(
-        default=None,
-        description="Name of the environment variable holding the API key (the key itself is "
-        "never part of the config, its hash or the logs). None: no Authorization header.",
+    llm: NamedLLMConfig = Field(
+        description="Endpoint, model (required), key, concurrency, timeout and retries."
     )
     template: str = Field(
         default=DEFAULT_TEMPLATE,
@@ -94,12 +86,6 @@ class LLMJudgeConfig(BaseModel):
     )
     max_tokens: int = Field(default=8, ge=1, description="Answer length cap in tokens.")
     temperature: float = Field(default=0.0, ge=0.0, description="0: the same verdict each time.")
-    timeout_s: float = Field(default=60.0, gt=0, description="Per-request timeout in seconds.")
-    max_retries: int = Field(default=4, ge=0, description="Retries after a failed request.")
-    backoff_s: float = Field(
-        default=1.0, ge=0, description="First retry delay; doubles each retry, with jitter."
-    )
-    max_concurrency: int = Field(default=8, ge=1, description="Requests in flight at most.")
 
     @field_validator("template")
     @classmethod
@@ -113,68 +99,42 @@ class LLMJudgeConfig(BaseModel):
             raise ValueError(f"the template lacks {missing}")
         return value
 
-    def load(self) -> LLMJudge:
-        headers = {}
-        if self.api_key_env is not None:
-            key = os.environ.get(self.api_key_env)
-            if not key:
-                raise ValueError(
-                    f"judge.api_key_env: environment variable {self.api_key_env} is unset"
-                )
-            headers["Authorization"] = f"Bearer {key}"
-        return LLMJudge(self, headers)
+    def load(self) -> LLMPairwiseJudge:
+        return LLMPairwiseJudge(self)
 
 
-class LLMJudge:
-    """``PairwiseJudge`` over HTTP: bounded retries with backoff, bounded concurrency."""
+class LLMPairwiseJudge:
+    """``PairwiseJudge`` over HTTP: the shared client's retries, concurrency and counts."""
 
-    def __init__(self, config: LLMJudgeConfig, headers: dict[str, str]):
+    def __init__(self, config: LLMPairwiseJudgeConfig):
         self.config = config
-        # The key lives only in the client's headers: not in the config, repr or logs.
-        self._client = httpx.Client(
-            base_url=config.base_url.rstrip("/") + "/", headers=headers, timeout=config.timeout_s
-        )
-        # Bounds concurrency even when callers bring their own threads.
-        self._slots = threading.Semaphore(config.max_concurrency)
+        self.client = LLMClient(config.llm)  # a missing API key raises here
 
     def __repr__(self) -> str:
-        return f"LLMJudge(base_url={self.config.base_url!r}, model={self.config.model!r})"
+        return (
+            f"LLMPairwiseJudge(model={self.client.model!r}, base_url={self.config.llm.base_url!r})"
+        )
 
     def close(self) -> None:
-        self._client.close()
+        self.client.close()
+
+    def stats(self) -> dict[str, int]:
+        return self.client.stats()
 
     def compare(self, prompt: str, a: str, b: str) -> float:
         """P(``a`` beats ``b``) from one verdict: 1, 0, 0.5 for a tie, NaN if unparseable."""
-        text = self.config.template.format(prompt=prompt, response_a=a, response_b=b)
         cfg = self.config
+        text = cfg.template.format(prompt=prompt, response_a=a, response_b=b)
         messages = [{"role": "user", "content": text}]
-        body = {"model": cfg.model, "messages": messages, "max_tokens": cfg.max_tokens}
-        answer = self._post({**body, "temperature": cfg.temperature})
-        choices = answer.get("choices") or [{}]
-        return parse_verdict((choices[0].get("message") or {}).get("content"))
-
-    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
-        cfg = self.config
-        last = "no attempt"
-        for attempt in range(cfg.max_retries + 1):
-            if attempt:
-                delay = cfg.backoff_s * 2 ** (attempt - 1) * (0.5 + random.random())
-                time.sleep(min(delay, 60.0))
-            try:
-                with self._slots:
-                    response = self._client.post("chat/completions", json=body)
-            except httpx.TransportError as e:  # timeouts, refused or dropped connections
-                last = repr(e)
-                continue
-            status = response.status_code
-            if status == 200:
-                result: dict[str, Any] = response.json()
-                return result
-            if status in RETRYABLE or status >= 500:
-                last = f"HTTP {status}"
-                continue
-            raise RuntimeError(f"judge endpoint answered HTTP {status}: {response.text[:200]}")
-        raise JudgeRequestError(f"judge request failed {cfg.max_retries + 1} times; last: {last}")
+        try:
+            answer = self.client.chat(
+                messages, max_tokens=cfg.max_tokens, temperature=cfg.temperature
+            )
+        except LLMRequestError as exc:
+            if exc.transient:  # retries spent: this comparison is lost, the others may not be
+                raise JudgeRequestError(f"judge request failed: {exc}") from exc
+            raise
+        return parse_verdict(answer[0] if answer else None)
 
 
 @runtime_checkable
@@ -193,7 +153,7 @@ class PairwiseReward(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: Literal["pairwise"] = "pairwise"
-    judge: LLMJudgeConfig
+    judge: LLMPairwiseJudgeConfig
     both_orders: bool = Field(
         default=True,
         description="Judge every pair in both orders and average, cancelling position bias "
@@ -201,7 +161,7 @@ class PairwiseReward(BaseModel):
     )
 
     def load(self) -> PairwiseScorer:
-        return PairwiseScorer(self.judge.load(), self.both_orders, self.judge.max_concurrency)
+        return PairwiseScorer(self.judge.load(), self.both_orders, self.judge.llm.concurrency)
 
 
 class PairwiseScorer:
@@ -211,7 +171,11 @@ class PairwiseScorer:
         self.judge = judge
         self.both_orders = both_orders
         self.workers = workers
-        self.last_stats: dict[str, int] = {}
+        self._last: dict[str, int] = {}
+
+    def stats(self) -> dict[str, int]:
+        """Counts of the last ``score`` call (``ReportsStats``)."""
+        return dict(self._last)
 
     def score(
         self,
@@ -236,9 +200,12 @@ class PairwiseScorer:
                     calls.append((p, i, j))
                     if self.both_orders:
                         calls.append((p, j, i))
+        before = stats_of(self.judge)  # an HTTP judge counts its requests
         verdicts, failed = self._run(calls, prompts, responses, progress)
         unparseable = sum(math.isnan(v) for v in verdicts.values()) - failed
-        self.last_stats = {"comparisons": len(calls), "failed": failed, "unparseable": unparseable}
+        self._last = {"comparisons": len(calls), "failed": failed, "unparseable": unparseable}
+        after = stats_of(self.judge)
+        self._last |= {f"judge_{k}": v - before.get(k, 0) for k, v in after.items()}
         if calls and failed + unparseable == len(calls):
             raise RuntimeError(
                 f"the judge gave no usable verdict in {len(calls)} comparisons "

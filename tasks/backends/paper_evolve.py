@@ -1,11 +1,18 @@
 """The eva paper's rewriting strategies (appendix F) as an evolver, with a best-of-N tree.
 
-The paper lists its strategies by name: in-depth ones that make a prompt harder while keeping
-its task (constraints, deepening, concretizing, reasoning, expansion) and in-breadth ones that
-move to a new, rarer prompt (persona, shift-in, shift-out, mix, abstract). The paper could not
-be downloaded where this was written, so the templates below are reconstructed from those names
-in the style of WizardLM's EvolInstruct templates (same "#The Given Prompt#" / "#Rewritten
-Prompt#" scaffolding, which eva's post-processing strips); they are not a verbatim copy.
+Appendix F gives ten strategies and two instruction frames; the text here restates them in this
+project's words, keeping the same strategies, the same instructions and the same constraints:
+- in-depth (constraints, deepening, concretizing, reasoning, expansion), framed as a *Prompt
+  Rewriter* making the prompt a bit harder for strong models while it stays reasonable and
+  answerable by humans, keeps any table or code, sounds like a real user, and stays about as
+  long as the original or a little longer;
+- in-breadth (persona, shift-in, shift-out, mix, abstract), framed as a *Prompt Creator* making a
+  brand-new prompt for diversity, of similar length and complexity, reasonable and solvable by
+  humans, sounding like a real user. ``mix`` combines the prompt's idea with elements of another
+  domain (one prompt in, as in the paper; no second prompt).
+Both frames end in "#Given Prompt#:" and "#Rewritten Prompt#:" / "#Created Prompt#:", which
+eva's post-processing strips if a model echoes them. The strategy behind every child is recorded
+in its ``evolve_method`` (``paper:<strategy>``, ``paper:<s1>><s2>`` for a two-level path).
 
 Each rewrite applies one strategy to the parent (a tree, not EvolInstruct's chain). With
 ``strategies_per_seed`` > ``keep_best`` it becomes a beam search: every kept node gets that many
@@ -13,6 +20,9 @@ rewrites, a scorer ranks them (the LLM complexity judge of ``tasks.complexity`` 
 prompt length), the best ``keep_best`` survive, and this repeats ``depth`` times. Strategy
 draws come from one generator per prompt seeded with ``(seed, prompt index)``, so they repeat
 exactly for a seed whatever the batch or the server answered.
+
+Requests go through ``tasks.backends.llm_client``: a failed request is an empty rewrite (which
+post-processing counts), a 401/403/404 stops the stage.
 """
 
 from __future__ import annotations
@@ -24,60 +34,81 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.evolution import clean_rewrite, is_refusal
-from tasks.backends.distilabel_evolve import OpenAICompatibleLLM, complete
+from tasks.backends.llm_client import LLMClient, NamedLLMConfig
 
 Scorer = Callable[[Sequence[str]], list[float]]
 
-_HEAD = (
-    "I want you to act as a Prompt Rewriter.\n"
-    "Your objective is to rewrite #The Given Prompt# into a new prompt with the method below, "
-    "so that even strong AI assistants (e.g. ChatGPT, GPT-4) find it harder to answer well.\n"
-    "The new prompt must be reasonable, self-contained, and understood and answerable by "
-    "humans. Keep any code, table or input data of #The Given Prompt# that it still needs. "
-    "Do not answer the prompt. Add at most 10 to 30 words unless the method says otherwise.\n"
-    "Method ({kind}): {method}\n"
-    "'#The Given Prompt#' and '#Rewritten Prompt#' must not appear in your answer.\n"
+IN_DEPTH_FRAME = (
+    "Act as an expert Prompt Rewriter.\n"
+    "Your goal is to rewrite the given prompt into a more complex version that large language "
+    "models find a bit harder to handle.\n"
+    "The rewritten prompt must stay reasonable and must be understood and answerable by humans. "
+    "Keep every non-text part of #Given Prompt#, such as a table or code, if it has one. Do not "
+    "make the rewritten prompt verbose: it should be about as long as #Given Prompt#, or a little "
+    "longer.\n"
+    "It must read like a real person's prompt, not like machine-generated text.\n"
+    "Make the prompt more complex with this method:\n{method}\n"
+    "Change it meaningfully across its whole structure, so that it reads clearly differently "
+    "from the original, and make sure it poses a more CHALLENGING task. "
+    "Answer with the rewritten prompt only.\n"
+    "#Given Prompt#:\n{prompt}\n#Rewritten Prompt#:"
 )
-_TAIL = "#The Given Prompt#:\n{prompt}\n#Rewritten Prompt#:\n"
-_MIX_TAIL = "#The Given Prompt#:\n{prompt}\n#The Second Prompt#:\n{other}\n#Rewritten Prompt#:\n"
+IN_BREADTH_FRAME = (
+    "Act as an expert Prompt Creator.\n"
+    "Your goal is to create a brand-new prompt from the given one, to make the prompts language "
+    "models train on more diverse and general, so they practise varied challenges and "
+    "perspectives.\n"
+    "The created prompt should have about the same LENGTH and complexity as #Given Prompt#. "
+    "It must be reasonable, interpretable and solvable by humans, and read like a real person's "
+    "prompt, not like machine-generated text.\n"
+    "Create it with this method:\n{method}\n"
+    "Change it meaningfully across its whole structure, so that it reads clearly differently "
+    "from the original. Answer with the created prompt only.\n"
+    "#Given Prompt#:\n{prompt}\n#Created Prompt#:"
+)
 
 IN_DEPTH = {
-    "constraints": "Add one more constraint or requirement the answer must satisfy.",
-    "deepening": "If the prompt asks about an issue, increase the depth and breadth of the "
-    "inquiry: ask about causes, consequences, trade-offs or edge cases.",
-    "concretizing": "Replace general concepts with more specific ones: a concrete setting, "
-    "named entities, numbers or an example input.",
-    "reasoning": "If the prompt can be solved with a few simple thinking steps, rewrite it to "
-    "explicitly require multi-step reasoning that builds on intermediate results.",
-    "expansion": "Expand the prompt with a closely related sub-task or follow-up question, so "
-    "that a complete answer must cover both (this method may add up to 50 words).",
+    "constraints": "Add one or more significant constraints or requirements to #Given Prompt#, "
+    "ones that really change how a model must answer (extra rules, context or limits that call "
+    "for creative adjustments).",
+    "deepening": "If #Given Prompt# asks about certain issues, widen and deepen the inquiry so "
+    "that it needs a more detailed, multi-layered or comprehensive answer, for instance by "
+    "splitting it into sub-problems or asking to connect unrelated concepts.",
+    "concretizing": "Replace general concepts in #Given Prompt# with more specific, detailed "
+    "ones, so the problem is better defined and less ambiguous (say, 'a wearable fitness "
+    "tracker with GPS' instead of 'a device').",
+    "reasoning": "Add one or more reasoning steps to #Given Prompt#: rewrite it to demand "
+    "explicit multi-step reasoning or justified intermediate steps; a simple query, for "
+    "instance, should come to need a step-by-step breakdown of the logic or calculation.",
+    "expansion": "Expand #Given Prompt# with further perspectives, domains or layers of "
+    "complexity; a prompt about one scenario, for instance, can add related scenarios or ask "
+    "to compare different situations.",
 }
 IN_BREADTH = {
-    "persona": "Rewrite the prompt as asked by a specific, realistic persona (a profession, "
-    "a situation, a goal) whose needs change what a good answer must contain.",
-    "shift-in": "Shift in: narrow the prompt to a rarer, more specialised sub-topic within the "
-    "same domain, keeping its form.",
-    "shift-out": "Shift out: carry the prompt's task and form over to a different but related "
-    "domain, where it is less commonly asked.",
-    "mix": "Combine #The Given Prompt# with #The Second Prompt# into one coherent new prompt "
-    "that needs the skills of both.",
-    "abstract": "Raise the prompt to a more abstract, conceptual level: ask for the general "
-    "principle, pattern or method behind it, with the original as one instance.",
+    "persona": "Reframe #Given Prompt# as if a user with an entirely different persona, "
+    "background or expertise wrote it, adjusting tone, style and phrasing to match, so that it "
+    "reads as authored by someone new.",
+    "shift-in": "Move the high-level idea of #Given Prompt# to a different subdomain or context "
+    "within the same domain, one that still challenges a model to reason or bring knowledge of "
+    "that domain.",
+    "shift-out": "Move the high-level idea of #Given Prompt# to an entirely different topic in a "
+    "different setting, one that calls for similar reasoning or understanding of context in a "
+    "new way.",
+    "mix": "Combine the high-level concept of #Given Prompt# with elements of a different "
+    "domain, bringing in new scenarios or contexts for diversity while staying relevant to the "
+    "original idea.",
+    "abstract": "Turn #Given Prompt# into a more abstract, general version that drops specific "
+    "details but keeps its intent, so that it calls for broader reasoning from principles.",
 }
 STRATEGIES: tuple[str, ...] = (*IN_DEPTH, *IN_BREADTH)
 
 
-def render(strategy: str, prompt: str, other: str | None = None) -> str:
-    """The rewriting request for ``strategy`` applied to ``prompt`` (``other``: mix partner)."""
-    kind, method = (
-        ("in-depth", IN_DEPTH[strategy])
-        if strategy in IN_DEPTH
-        else ("in-breadth", IN_BREADTH[strategy])
-    )
-    head = _HEAD.format(kind=kind, method=method)
-    if strategy == "mix":
-        return head + _MIX_TAIL.format(prompt=prompt, other=other)
-    return head + _TAIL.format(prompt=prompt)
+def render(strategy: str, prompt: str) -> str:
+    """The paper's request for ``strategy`` applied to ``prompt``: the in-depth frame for an
+    in-depth strategy, the in-breadth frame for an in-breadth one."""
+    if strategy in IN_DEPTH:
+        return IN_DEPTH_FRAME.format(method=IN_DEPTH[strategy], prompt=prompt)
+    return IN_BREADTH_FRAME.format(method=IN_BREADTH[strategy], prompt=prompt)
 
 
 def length_scorer(prompts: Sequence[str]) -> list[float]:
@@ -90,7 +121,18 @@ class PaperTemplateEvolver(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     kind: Literal["paper"] = "paper"
-    llm: OpenAICompatibleLLM
+    llm: NamedLLMConfig = Field(
+        description="Endpoint, model (required), key, concurrency, timeout and retries; the "
+        "LLM judge scorer uses it too."
+    )
+    temperature: float = Field(default=0.88, ge=0.0, description="Official eva evolve: 0.88.")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(default=1024, ge=1, description="Rewrite length cap in tokens.")
+    seed_requests: bool = Field(
+        default=False,
+        description="Send a `seed` per request, from the run seed and the message, so sampling "
+        "repeats exactly on servers that honour it (vLLM, OpenAI).",
+    )
     strategies: tuple[str, ...] = Field(default=STRATEGIES, description="Strategies to draw.")
     strategies_per_seed: int | None = Field(
         default=None, ge=1, description="Rewrites per kept node (N); None = num_evolutions."
@@ -114,7 +156,8 @@ class PaperRewriter:
     def __init__(self, config: PaperTemplateEvolver, scorer: Scorer | None = None):
         self.config, self.scorer = config, scorer
         self.counts: dict[str, int] = {}
-        self._judge: Any = None  # the LLM judge of the current evolve call, made when needed
+        self.client = LLMClient(config.llm)  # a missing API key raises here
+        self._judge: Any = None  # the LLM complexity judge, made when first needed
 
     def stats(self) -> dict[str, int]:
         return dict(self.counts)
@@ -129,7 +172,14 @@ class PaperRewriter:
         cfg = self.config
         per_node = cfg.strategies_per_seed or num_evolutions
         keep = min(cfg.keep_best or num_evolutions, num_evolutions)
-        llm, self._judge = cfg.llm.load(seed), None
+        before = self.client.stats()
+        judged = self._judge.stats() if self._judge is not None else {}
+        sampling = {
+            "temperature": cfg.temperature,
+            "top_p": cfg.top_p,
+            "max_tokens": cfg.max_tokens,
+        }
+        request_seed = seed if cfg.seed_requests else None
         rngs = [np.random.default_rng([seed, i]) for i in range(len(prompts))]
         # Beam per prompt: (raw answer, cleaned text, strategy path); the root has no path.
         beams: list[list[tuple[str, str, str]]] = [[(p, p, "")] for p in prompts]
@@ -139,15 +189,13 @@ class PaperRewriter:
             for i, beam in enumerate(beams):
                 # Draw for every beam slot, even a failed one, so draws do not depend on answers.
                 for slot in range(keep if beam[0][2] else 1):
-                    picks = self._draw(rngs[i], per_node, len(prompts))
+                    picks = self._draw(rngs[i], per_node)
                     if slot >= len(beam) or not _usable(beam[slot][1]):
                         continue
                     _, text, path = beam[slot]
-                    for s, offset in picks:
-                        other = None if offset is None else prompts[(i + offset) % len(prompts)]
-                        request = render(s, text, other)
-                        jobs.append((i, request, f"{path}>{s}" if path else s))
-            answers = complete(llm, [req for _, req, _ in jobs])
+                    for s in picks:
+                        jobs.append((i, render(s, text), f"{path}>{s}" if path else s))
+            answers = self.client.answers([r for _, r, _ in jobs], request_seed, **sampling)
             generated += len(jobs)
             children: list[list[tuple[str, str, str]]] = [[] for _ in prompts]
             for (i, _, path), raw in zip(jobs, answers, strict=True):
@@ -167,20 +215,21 @@ class PaperRewriter:
                 ]
                 if kids:  # a prompt whose whole beam failed keeps its failures to be counted
                     beams[i] = kids[:keep]
-        judged = self._judge.counts if self._judge is not None else {}
-        self.counts = {**llm.counts, "generated": generated, "scored": scored}
-        self.counts |= {f"judge_{k}": v for k, v in judged.items()}
+        self.counts = {**self.client.stats_since(before), "generated": generated}
+        self.counts["scored"] = scored
+        if self._judge is not None:
+            after = self._judge.stats().items()
+            self.counts |= {f"judge_{k}": v - judged.get(k, 0) for k, v in after}
         return [[(raw, f"paper:{path}") for raw, _, path in beam if path] for beam in beams]
 
-    def _draw(self, rng: np.random.Generator, n: int, batch: int) -> list[tuple[str, int | None]]:
-        """``n`` strategies, distinct until every allowed one has been used once, each with its
-        mix partner (another prompt of the batch; mix needs a batch of two or more)."""
-        pool = [s for s in self.config.strategies if batch > 1 or s != "mix"] or ["constraints"]
+    def _draw(self, rng: np.random.Generator, n: int) -> list[str]:
+        """``n`` strategies drawn uniformly, distinct until every allowed one has been used once
+        (so four children of one parent never repeat a strategy while others are unused)."""
+        pool = self.config.strategies
         names: list[str] = []
         while len(names) < n:
             names += [pool[j] for j in rng.permutation(len(pool))]
-        # The partner is an offset from the prompt, drawn before any answer is known.
-        return [(s, int(rng.integers(1, batch)) if s == "mix" else None) for s in names[:n]]
+        return names[:n]
 
     def _score(self, texts: list[str]) -> list[float]:
         if not texts:
@@ -190,9 +239,9 @@ class PaperRewriter:
             scorer = length_scorer
         elif scorer is None:
             if self._judge is None:
-                from tasks.complexity import LLMJudge  # lazy: the stage module imports Prefect
+                from tasks.backends.complexity_judge import LLMComplexityJudge
 
-                self._judge = LLMJudge(llm=self.config.llm).load()
+                self._judge = LLMComplexityJudge(llm=self.config.llm).load()
             scorer = self._judge.rank_scores
         values = np.asarray(scorer(texts), dtype=float)
         return [float(v) if np.isfinite(v) else -np.inf for v in values]

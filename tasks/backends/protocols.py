@@ -22,16 +22,40 @@ def no_progress(_: float) -> None:
     """Default progress sink."""
 
 
+# The optional lifecycle any backend may add to its protocol, declared here so that stages ask
+# "does it report?" / "must it be closed?" by type, not by probing attribute names.
+
+
+@runtime_checkable
+class ReportsStats(Protocol):
+    """A backend that counts what its last call cost (requests, retries, failures, tokens)."""
+
+    def stats(self) -> dict[str, int]:
+        """Counts since the backend was loaded, or of its last call where it says so."""
+        ...
+
+
+@runtime_checkable
+class Closable(Protocol):
+    """A backend that holds something to give back (a server it started, a GPU)."""
+
+    def close(self) -> None: ...
+
+
+def stats_of(backend: object) -> dict[str, int]:
+    """The backend's counts, or {} for one that does not report any."""
+    return backend.stats() if isinstance(backend, ReportsStats) else {}
+
+
 @contextmanager
 def close_after(backend: T) -> Iterator[T]:
     """``with close_after(config.backend.load(...)) as gen:``: calls ``gen.close()`` on the way
-    out when it has one (a backend that started a server stops it), a no-op otherwise."""
+    out when it is ``Closable`` (a backend that started a server stops it)."""
     try:
         yield backend
     finally:
-        close = getattr(backend, "close", None)
-        if callable(close):
-            close()
+        if isinstance(backend, Closable):
+            backend.close()
 
 
 @runtime_checkable

@@ -154,7 +154,7 @@ class SequenceClassifierScorer:
         positions = getattr(text_config, "max_position_embeddings", None)
         self.max_length = min(config.max_length, positions or config.max_length)
         # Counts from the last ``score`` call, for the stage to log.
-        self.last_stats: dict[str, int] = {"too_long": 0}
+        self._last: dict[str, int] = {"too_long": 0}
 
     def _values(self, out: Any, rows: int) -> torch.Tensor:
         mode = self.config.output
@@ -174,6 +174,10 @@ class SequenceClassifierScorer:
             raise ValueError(f"`score` has {values.shape[1]} values per sequence; expected 1")
         return values[:, 0].cpu()
 
+    def stats(self) -> dict[str, int]:
+        """Counts of the last ``score`` call (``ReportsStats``)."""
+        return dict(self._last)
+
     def score(
         self,
         prompts: Sequence[str],
@@ -185,7 +189,7 @@ class SequenceClassifierScorer:
         valid, too_long = encode_all(
             self.tokenizer, prompts, responses, self.use_template, self.max_length
         )
-        self.last_stats = {"too_long": too_long}
+        self._last = {"too_long": too_long}
         # Longest first: batches hold similar lengths (little padding), and a batch that does
         # not fit in memory fails at the start of a long stage rather than at its end.
         valid.sort(key=lambda it: -len(it[2]))

@@ -6,23 +6,20 @@ is not empty, and its length is within ``[min_length_ratio, max_length_ratio]`` 
 (characters); otherwise the original is kept, so a flaky or verbose rewriter degrades to the
 plain pairs instead of failing the stage or inflating response length, which DPO rewards.
 
-The API key is read at call time from the environment variable *named* by ``api_key_env``: the
-key itself is never part of the config (whose dump lands in manifests) nor logged.
+Requests go through ``tasks.backends.llm_client``: the API key is read when the rewriter is
+loaded from the variable *named* by ``llm.api_key_env`` (never part of the config, whose dump
+lands in manifests), and the request counts join the stage's stats as ``rewrite_*``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import threading
-import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tasks.backends.llm_client import LLMClient, LLMRequestError, NamedLLMConfig
 from tasks.backends.protocols import Progress, no_progress
 
 _log = logging.getLogger(__name__)
@@ -33,7 +30,6 @@ DEFAULT_TEMPLATE = (
     "is correct, fix what is wrong, and do not mention that it was rewritten. Reply with the "
     "rewritten response only.\n\n### Instruction\n{prompt}\n\n### Response\n{response}"
 )
-_RETRY_STATUS = {408, 409, 425, 429}  # plus every 5xx: transient by HTTP's own definition
 
 
 class RewriterConfig(BaseModel):
@@ -41,20 +37,14 @@ class RewriterConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    base_url: str = Field(description="OpenAI-compatible API root, e.g. http://host:8000/v1.")
-    model: str = Field(description="Model name sent with every request.")
-    api_key_env: str | None = Field(
-        default=None, description="Name of the environment variable holding the API key."
+    llm: NamedLLMConfig = Field(
+        description="Endpoint, model (required), key, concurrency, timeout and retries."
     )
     template: str = Field(
         default=DEFAULT_TEMPLATE, description="User message; {prompt} and {response} are filled."
     )
     temperature: float = Field(default=0.7, ge=0)
     max_tokens: int | None = Field(default=None, ge=1, description="Cap on rewrite tokens.")
-    timeout_s: float = Field(default=60.0, gt=0, description="Per-request timeout.")
-    max_retries: int = Field(default=3, ge=0, description="Retries after a transient failure.")
-    retry_backoff_s: float = Field(default=1.0, ge=0, description="First retry delay; doubles.")
-    concurrency: int = Field(default=8, ge=1, description="Requests in flight at once.")
     min_length_ratio: float = Field(default=0.5, gt=0)
     max_length_ratio: float = Field(default=2.0, gt=0)
 
@@ -79,6 +69,7 @@ class RewriteResult:
     failed: int = 0  # no usable answer after retries (HTTP error, timeout, bad body)
     empty: int = 0
     length_rejected: int = 0
+    requests: dict[str, int] = field(default_factory=dict)  # the client's counts
 
     def stats(self) -> dict[str, int]:
         return {
@@ -86,12 +77,17 @@ class RewriteResult:
             "rewrite_kept_failed": self.failed,
             "rewrite_kept_empty": self.empty,
             "rewrite_kept_length": self.length_rejected,
+            **{f"rewrite_{k}": v for k, v in self.requests.items()},
         }
 
 
 class Rewriter:
     def __init__(self, config: RewriterConfig):
         self.config = config
+        self.client = LLMClient(config.llm)  # a missing API key raises here
+
+    def close(self) -> None:
+        self.client.close()
 
     def rewrite(
         self, prompts: Sequence[str], responses: Sequence[str], progress: Progress = no_progress
@@ -100,75 +96,40 @@ class Rewriter:
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts for {len(responses)} responses")
         cfg = self.config
-        headers = {}
-        if cfg.api_key_env is not None:
-            key = os.environ.get(cfg.api_key_env)
-            if not key:
-                raise ValueError(f"rewriter: environment variable {cfg.api_key_env} is not set")
-            headers["Authorization"] = f"Bearer {key}"
+        before = self.client.stats()
+        answers = self.client.map(
+            lambda i: self._request(prompts[i], responses[i]), range(len(prompts)), progress
+        )
         result = RewriteResult(responses=list(responses))
-        done, lock = 0, threading.Lock()
-
-        def one(i: int, client: httpx.Client) -> None:
-            nonlocal done
-            answer = self._request(client, prompts[i], responses[i])
-            with lock:
-                original = responses[i]
-                if answer is None:
-                    result.failed += 1
-                elif not answer.strip():
-                    result.empty += 1
-                elif not (
-                    cfg.min_length_ratio * len(original)
-                    <= len(answer.strip())
-                    <= cfg.max_length_ratio * len(original)
-                ):
-                    result.length_rejected += 1
-                else:
-                    result.responses[i] = answer.strip()
-                    result.rewritten += 1
-                done += 1
-                progress(done / len(prompts))
-
-        # httpx.Client is thread-safe; one connection pool sized to the concurrency.
-        limits = httpx.Limits(max_connections=cfg.concurrency)
-        with (
-            httpx.Client(
-                base_url=cfg.base_url, headers=headers, timeout=cfg.timeout_s, limits=limits
-            ) as client,
-            ThreadPoolExecutor(max_workers=cfg.concurrency) as pool,
-        ):
-            list(pool.map(lambda i: one(i, client), range(len(prompts))))
+        for i, (original, answer) in enumerate(zip(responses, answers, strict=True)):
+            if answer is None:
+                result.failed += 1
+            elif not answer.strip():
+                result.empty += 1
+            elif not (
+                cfg.min_length_ratio * len(original)
+                <= len(answer.strip())
+                <= cfg.max_length_ratio * len(original)
+            ):
+                result.length_rejected += 1
+            else:
+                result.responses[i] = answer.strip()
+                result.rewritten += 1
+        result.requests = self.client.stats_since(before)
         if result.rewritten < len(prompts):
             _log.warning("rewriter kept some originals: %s", result.stats())
         return result
 
-    def _request(self, client: httpx.Client, prompt: str, response: str) -> str | None:
+    def _request(self, prompt: str, response: str) -> str | None:
         """The rewrite, or None once retries are spent or the failure is not transient."""
         cfg = self.config
         message = cfg.template.replace("{prompt}", prompt).replace("{response}", response)
-        body: dict[str, object] = {
-            "model": cfg.model,
-            "messages": [{"role": "user", "content": message}],
-            "temperature": cfg.temperature,
-        }
+        sampling: dict[str, object] = {"temperature": cfg.temperature}
         if cfg.max_tokens is not None:
-            body["max_tokens"] = cfg.max_tokens
-        for attempt in range(cfg.max_retries + 1):
-            if attempt:
-                time.sleep(cfg.retry_backoff_s * 2 ** (attempt - 1))
-            try:
-                reply = client.post("chat/completions", json=body)
-            except httpx.TransportError as exc:  # timeouts, refused connections, resets
-                _log.debug("rewriter request failed (%s), attempt %d", type(exc).__name__, attempt)
-                continue
-            if reply.status_code in _RETRY_STATUS or reply.status_code >= 500:
-                continue
-            if reply.status_code >= 400:
-                return None
-            try:
-                content = reply.json()["choices"][0]["message"]["content"]
-            except (ValueError, KeyError, IndexError, TypeError):
-                return None
-            return content if isinstance(content, str) else None
-        return None
+            sampling["max_tokens"] = cfg.max_tokens
+        try:
+            texts = self.client.chat([{"role": "user", "content": message}], **sampling)
+        except LLMRequestError as exc:
+            _log.debug("rewriter request failed: %s", exc)
+            return None
+        return texts[0] if texts else None

@@ -15,7 +15,7 @@ Config, e.g. for a stage's ``backend``::
               --served-model-name, "{name}"]
     extra_args: [--tensor-parallel-size, "8", --max-model-len, "4096"]
     env: {CUDA_VISIBLE_DEVICES: "0,1,2,3,4,5,6,7"}
-    client: {temperature: 0.7, top_p: 0.9, max_tokens: 1024, concurrency: 64}
+    client: {temperature: 0.7, top_p: 0.9, max_tokens: 1024, llm: {concurrency: 64}}
 
 Placeholders are replaced wherever they occur inside an argument (other braces are left alone):
 ``{model}`` = the checkpoint directory, ``{port}`` = a free localhost port picked at load time,
@@ -50,6 +50,7 @@ from typing import Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tasks.backends.llm_client import LLMClientConfig, auth_headers
 from tasks.backends.openai_generate import GenerationError, OpenAIGeneration, OpenAIGenerator
 from tasks.backends.protocols import Progress, no_progress
 
@@ -60,7 +61,7 @@ TAIL_LINES = 30
 DEFAULT_COMMAND = (
     "vllm", "serve", "{model}", "--port", "{port}", "--seed", "0", "--served-model-name", "{name}",
 )  # fmt: skip
-_CLIENT_DEFAULTS = OpenAIGeneration()
+_LLM_DEFAULTS = LLMClientConfig()
 
 
 class ServerStartError(RuntimeError):
@@ -104,8 +105,9 @@ class ServedGeneration(BaseModel):
     )
     client: OpenAIGeneration = Field(
         default_factory=OpenAIGeneration,
-        description="Sampling and request settings (temperature, top_p, max_tokens, "
-        "concurrency, retries...). base_url and model are set to the launched server's.",
+        description="Sampling and request settings (temperature, top_p, max_tokens, and under "
+        "llm: concurrency, retries...). llm.base_url and llm.model are set to the launched "
+        "server's.",
     )
 
     @model_validator(mode="after")
@@ -119,13 +121,11 @@ class ServedGeneration(BaseModel):
                     f"command must contain {placeholder}: the server has to load the stage's "
                     "checkpoint on the port this backend picks"
                 )
-        if (
-            self.client.base_url != _CLIENT_DEFAULTS.base_url
-            or self.client.model != _CLIENT_DEFAULTS.model
-        ):
+        llm = self.client.llm
+        if llm.base_url != _LLM_DEFAULTS.base_url or llm.model != _LLM_DEFAULTS.model:
             raise ValueError(
-                "client.base_url and client.model are set from the launched server: leave them "
-                "out (use kind 'openai' to talk to a server that is already running)"
+                "client.llm.base_url and client.llm.model are set from the launched server: "
+                "leave them out (use kind 'openai' to talk to a server that is already running)"
             )
         return self
 
@@ -148,6 +148,12 @@ class ServedGeneration(BaseModel):
         use it as a context manager) to stop the server."""
         port = free_port()
         argv = self.argv(model_dir, port)
+        model = self.served_name(model_dir)
+        llm = self.client.llm.model_copy(
+            update={"base_url": f"http://127.0.0.1:{port}/v1", "model": model}
+        )
+        # Built first: a missing API key fails here, before a server takes the GPU.
+        client = self.client.model_copy(update={"llm": llm}).load(model)
         log_dir = tempfile.mkdtemp(prefix="eva-served-")
         log_path = os.path.join(log_dir, "server.log")
         try:
@@ -161,6 +167,7 @@ class ServedGeneration(BaseModel):
                     start_new_session=True,  # its own process group: stopped with its children
                 )
         except OSError as exc:
+            client.close()
             shutil.rmtree(log_dir, ignore_errors=True)
             raise ServerStartError(
                 f"cannot start the server {argv[0]!r}: {exc} (set command[0] to the server "
@@ -170,7 +177,7 @@ class ServedGeneration(BaseModel):
                 log_path="",
             ) from exc
         log.info("started %s (pid %d, log %s)", " ".join(argv), process.pid, log_path)
-        generator = ServedGenerator(self, process, argv, port, self.served_name(model_dir), log_dir)
+        generator = ServedGenerator(self, process, argv, port, client, log_dir)
         try:
             generator._wait_ready()
         except BaseException:  # a timeout, a dead server, or an interrupt: never leave it up
@@ -267,20 +274,19 @@ class ServedGenerator:
         process: subprocess.Popen[bytes],
         argv: list[str],
         port: int,
-        model: str,
+        client: OpenAIGenerator,
         log_dir: str,
     ):
         self.config = config
         self.process = process
         self.argv = argv
         self.port = port
-        self.model = model
-        self.base_url = f"http://127.0.0.1:{port}/v1"
+        self.model = client.model
+        self.base_url = client.config.llm.base_url
         self.log_path = os.path.join(log_dir, "server.log")
         self._state = _ServerState(process, config.stop_timeout_s, log_dir)
         self._finalizer = weakref.finalize(self, _stop, self._state)  # also runs at exit
-        client = config.client.model_copy(update={"base_url": self.base_url, "model": model})
-        self._client: OpenAIGenerator = client.load(model)
+        self._client = client
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
@@ -299,6 +305,11 @@ class ServedGenerator:
     def close(self) -> None:
         """Stop the server and its children (idempotent)."""
         self._finalizer()
+        self._client.close()
+
+    def stats(self) -> dict[str, int]:
+        """The client's request counts (requests, retries, failures, tokens)."""
+        return self._client.stats()
 
     def _fail(self, message: str) -> ServerStartError:
         self._state.keep_log = True
@@ -315,8 +326,9 @@ class ServedGenerator:
         timeout = self.config.startup_timeout_s
         deadline = time.monotonic() + timeout
         url = f"{self.base_url}/models"
-        # The client's own headers: a server started with --api-key wants the key here too.
-        with httpx.Client(headers=self._client._headers, timeout=5.0, trust_env=False) as http:
+        # The client's key: a server started with --api-key wants it here too.
+        headers = auth_headers(self._client.config.llm)
+        with httpx.Client(headers=headers, timeout=5.0, trust_env=False) as http:
             while True:
                 code = self.process.poll()
                 if code is not None:
@@ -328,7 +340,7 @@ class ServedGenerator:
                 if resp is not None and resp.status_code in (401, 403):
                     raise self._fail(
                         f"the server refused GET {url} (HTTP {resp.status_code}): set "
-                        "client.api_key_env to the variable holding its --api-key"
+                        "client.llm.api_key_env to the variable holding its --api-key"
                     )
                 if resp is not None and resp.status_code == 200:
                     try:

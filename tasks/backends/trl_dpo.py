@@ -50,6 +50,20 @@ from tasks.backends.protocols import Progress, no_progress
 _log = logging.getLogger(__name__)
 
 
+EFFECTIVE_BATCH_HELP = (
+    "Pairs per optimizer step over all processes, as the paper counts its batch size; "
+    "per-device batch x gradient accumulation x processes must equal it."
+)
+MAX_LENGTH_HELP = (
+    "Cap on prompt + response tokens (the response is cut). Lowered to the model's position "
+    "table when that is smaller."
+)
+MAX_PROMPT_HELP = (
+    "Cap on prompt tokens, applied before TRL sees the text by keeping the end of the prompt; "
+    "also held below max_length so a response token always remains."
+)
+
+
 class TRLSolverConfig(BaseModel):
     """Fields every TRL preference solver shares; subclasses name the objective and its knobs."""
 
@@ -62,25 +76,15 @@ class TRLSolverConfig(BaseModel):
     warmup_ratio: float = Field(
         default=0.1, ge=0, lt=1, description="Fraction of the steps spent warming up linearly."
     )
-    per_device_train_batch_size: int = Field(default=8, ge=1, description="Pairs per micro-batch.")
-    gradient_accumulation_steps: int = Field(
-        default=1,
+    effective_batch_size: int = Field(default=8, ge=1, description=EFFECTIVE_BATCH_HELP)
+    per_device_train_batch_size: int | None = Field(
+        default=None,
         ge=1,
-        description="Micro-batches per optimizer step; effective batch = this x "
-        "per_device_train_batch_size x devices (8 in the paper).",
+        description="Pairs per micro-batch on one device; None = effective batch / processes "
+        "(no accumulation). Lower it to fit memory: accumulation makes up the rest.",
     )
-    max_length: int | None = Field(
-        default=2048,
-        ge=2,
-        description="Cap on prompt + response tokens (the response is cut). Lowered to the "
-        "model's position table when that is smaller.",
-    )
-    max_prompt_length: int | None = Field(
-        default=1024,
-        ge=1,
-        description="Cap on prompt tokens, applied before TRL sees the text by keeping the end "
-        "of the prompt; also held below max_length so a response token always remains.",
-    )
+    max_length: int | None = Field(default=2048, ge=2, description=MAX_LENGTH_HELP)
+    max_prompt_length: int | None = Field(default=1024, ge=1, description=MAX_PROMPT_HELP)
     optim: str = Field(default="adamw_torch", description="transformers optimizer name.")
     logging_steps: int = Field(default=1, ge=1, description="Optimizer steps between log rows.")
     bf16: bool = Field(default=False, description="bf16 autocast (needs a GPU or recent CPU).")
@@ -101,6 +105,20 @@ class TRLSolverConfig(BaseModel):
     def load(self) -> TRLSolver:
         """A solver with this configuration (models are loaded per ``train`` call)."""
         return TRLSolver(self)
+
+
+def batch_layout(effective: int, per_device: int | None, processes: int) -> tuple[int, int]:
+    """(per-device batch, gradient accumulation steps) that make ``effective`` pairs per
+    optimizer step on ``processes`` devices; a ValueError naming the numbers when none does."""
+    if processes < 1:
+        raise ValueError(f"processes must be >= 1 (got {processes})")
+    per_device = per_device or effective // processes
+    if per_device < 1 or effective % (per_device * processes):
+        raise ValueError(
+            f"effective_batch_size {effective} is not a multiple of per-device batch "
+            f"{per_device} x {processes} processes"
+        )
+    return per_device, effective // (per_device * processes)
 
 
 def dpo_args(
@@ -204,6 +222,15 @@ def build_trainer(
         )
     if not prompts:
         raise ValueError("no preference pairs to train on")
+    # accelerate launch sets WORLD_SIZE in every process it starts; in-process training is one.
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    per_device, accumulation = batch_layout(
+        config.effective_batch_size, config.per_device_train_batch_size, processes
+    )
+    _log.info(
+        "%s: effective batch %d = %d per device x %d accumulation x %d processes",
+        config.kind, config.effective_batch_size, per_device, accumulation, processes,
+    )  # fmt: skip
     use_cpu = config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
     max_length = config.max_length
     positions = getattr(AutoConfig.from_pretrained(policy_dir), "max_position_embeddings", None)
@@ -223,8 +250,8 @@ def build_trainer(
         lr_scheduler_type=config.lr_scheduler_type,
         num_train_epochs=config.num_train_epochs,
         warmup_steps=config.warmup_ratio,  # a float in [0, 1) is a ratio in transformers 5
-        per_device_train_batch_size=config.per_device_train_batch_size,
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        per_device_train_batch_size=per_device,
+        gradient_accumulation_steps=accumulation,
         max_length=max_length,
         optim=config.optim,
         logging_steps=config.logging_steps,

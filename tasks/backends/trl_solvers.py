@@ -30,7 +30,14 @@ from pydantic import Field
 from transformers import Trainer, TrainingArguments
 from trl import DPOTrainer
 
-from tasks.backends.trl_dpo import DPOSolverConfig, TRLSolverConfig, dpo_args
+from tasks.backends.trl_dpo import (
+    EFFECTIVE_BATCH_HELP,
+    MAX_LENGTH_HELP,
+    MAX_PROMPT_HELP,
+    DPOSolverConfig,
+    TRLSolverConfig,
+    dpo_args,
+)
 
 
 class SimPOSolverConfig(TRLSolverConfig):
@@ -38,6 +45,8 @@ class SimPOSolverConfig(TRLSolverConfig):
 
     kind: Literal["simpo"] = "simpo"
     learning_rate: float = Field(default=8e-7, gt=0, description="Peak learning rate.")
+    num_train_epochs: float = Field(default=1, gt=0, description="Passes over the pairs.")
+    effective_batch_size: int = Field(default=32, ge=1, description=EFFECTIVE_BATCH_HELP)
     beta: float = Field(default=10.0, gt=0, description="Scale of the average log-prob reward.")
     gamma: float = Field(
         default=5.0, ge=0, description="Target reward margin (TRL simpo_gamma; gamma/beta = 0.5)."
@@ -65,6 +74,7 @@ class ORPOSolverConfig(TRLSolverConfig):
     """ORPO (NLL + odds-ratio term, no reference model) via TRL's experimental ORPOTrainer."""
 
     kind: Literal["orpo"] = "orpo"
+    num_train_epochs: float = Field(default=1, gt=0, description="Passes over the pairs.")
     lambda_or: float = Field(
         default=0.5, gt=0, description="Weight lambda of the odds-ratio term (TRL's ORPO beta)."
     )
@@ -107,6 +117,9 @@ class SPPOSolverConfig(_DPOVariant):
     beta: float = Field(default=0.001, gt=0, description="SPPO's eta^-1 scale: targets +-1/(2b).")
     optim: str = Field(default="rmsprop", description="transformers optimizer name.")
     lr_scheduler_type: str = Field(default="linear", description="transformers scheduler name.")
+    num_train_epochs: float = Field(default=6, gt=0, description="Passes over the pairs.")
+    max_length: int | None = Field(default=1024, ge=2, description=MAX_LENGTH_HELP)
+    max_prompt_length: int | None = Field(default=512, ge=1, description=MAX_PROMPT_HELP)
 
     def to_dpo(self) -> DPOSolverConfig:
         return DPOSolverConfig(**self._shared(), beta=self.beta, loss_type=["sppo_hard"])

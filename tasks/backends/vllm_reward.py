@@ -87,7 +87,11 @@ class VLLMPoolingScorer:
         self.config = config
         self.tokenizer = llm.get_tokenizer()
         self.use_template = use_chat_template(self.tokenizer, config.chat_template, config.model)
-        self.last_stats: dict[str, int] = {"too_long": 0}  # from the last ``score`` call
+        self._last: dict[str, int] = {"too_long": 0}  # from the last ``score`` call
+
+    def stats(self) -> dict[str, int]:
+        """Counts of the last ``score`` call (``ReportsStats``)."""
+        return dict(self._last)
 
     def score(
         self,
@@ -99,7 +103,7 @@ class VLLMPoolingScorer:
         valid, too_long = encode_all(
             self.tokenizer, prompts, responses, self.use_template, self.config.max_length
         )
-        self.last_stats = {"too_long": too_long}
+        self._last = {"too_long": too_long}
         step = self.config.chunk_size
         for start in range(0, len(valid), step):
             chunk = valid[start : start + step]

@@ -1,0 +1,141 @@
+"""What a user sees in the Prefect UI, checked in a real browser.
+
+Starts a Prefect server, runs a small eva run against it, opens the run's artifacts in headless
+Chromium (Debian's `chromium` package), saves screenshots to ``--out`` and checks the rendered
+pages: the charts artifact shows its six charts as images, the evolved-prompt and drawn-prompt
+tables show lineage columns, the creator's decision (draw rank, weight share) and the originals
+`mix` kept. Exits 1 naming what is missing.
+
+    python -m bench.ui_check --out docs/ui
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from typing import Any
+
+import yaml
+
+PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = "ui"
+# The world demo, smaller: a minute of SFT, 200 prompts, two iterations.
+CONFIG = {
+    "extends": os.path.join(PROJECT, "configs", "world.yaml"),
+    "run": RUN,
+    "iterations": 2,
+    "prompts": {"world_size": 200},
+    "heldout": {"world_size": 100},
+    "bootstrap": {"sft": {"steps": 300}},
+}
+# artifact key suffix -> texts its rendered page must contain
+CHECKS: dict[str, tuple[str, ...]] = {
+    "charts": ("Charts of eva run",),
+    "iter-1-evolve-evolved": ("parent_id", "root_id", "depth", "parent", "evolved"),
+    "iter-1-sample-drawn": ("draw_rank", "weight_share", "root_id"),
+    "iter-1-mix-originals-kept": ("prompt_id", "root_id"),
+    "iter-1-score-distribution": ("share", "prompts"),
+    "iter-1-score-most-informative": ("informativeness", "parent_id"),
+}
+CHARTS = 6
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _api(url: str, body: dict[str, Any] | None = None) -> Any:
+    req = urllib.request.Request(
+        url,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def _chromium(args: list[str]) -> str:
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        raise SystemExit("ui_check: needs Chromium (Debian: apt-get install chromium)")
+    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=20000",
+           "--window-size=1400,1800", *args]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=os.path.join("docs", "ui"), help="screenshots here")
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    work = tempfile.mkdtemp(prefix="eva-ui-")
+    env = {**os.environ, "PREFECT_HOME": os.path.join(work, "prefect"),
+           "PREFECT_UI_API_URL": f"{base}/api", "PREFECT_API_URL": f"{base}/api",
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONPATH": PROJECT}  # fmt: skip
+    server = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "prefect"), "server", "start",
+         "--port", str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    missing: list[str] = []
+    try:
+        for _ in range(120):
+            try:
+                if _api(f"{base}/api/health") is True:
+                    break
+            except OSError:
+                time.sleep(1)
+        config = os.path.join(work, "ui.yaml")
+        with open(config, "w") as f:
+            yaml.safe_dump({**CONFIG, "root": os.path.join(work, "runs")}, f)
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "flows.cli", "run", "--config", config],
+                       env=env, check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+        print(f"eva run against {base}: {time.perf_counter() - started:.0f} s")
+        for suffix, texts in CHECKS.items():
+            key = f"{RUN}-{suffix}"
+            found = _api(f"{base}/api/artifacts/filter",
+                         {"artifacts": {"key": {"any_": [key]}}, "limit": 1})  # fmt: skip
+            if not found:
+                missing.append(f"{key}: no such artifact")
+                continue
+            url = f"{base}/artifacts/artifact/{found[0]['id']}"
+            dom = _chromium(["--dump-dom", url])
+            _chromium([f"--screenshot={os.path.join(args.out, suffix + '.png')}", url])
+            lacks = [t for t in texts if t not in dom]
+            if suffix == "charts":
+                images = dom.count('src="data:image/svg+xml;base64,')
+                if images < CHARTS:
+                    lacks.append(f"{CHARTS} chart images (rendered {images})")
+            print(f"{key}: {'ok' if not lacks else 'missing ' + ', '.join(lacks)}")
+            missing += [f"{key}: {t}" for t in lacks]
+        runs = _api(f"{base}/api/flow_runs/filter",
+                    {"flow_runs": {"name": {"like_": f"{RUN} @"}}, "limit": 1})  # fmt: skip
+        if runs:
+            _chromium([f"--screenshot={os.path.join(args.out, 'run.png')}",
+                       f"{base}/runs/flow-run/{runs[0]['id']}"])  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
+    if missing:
+        print("ui_check: FAILED\n  " + "\n  ".join(missing))
+        return 1
+    print(f"ui_check: every page shows what it should; screenshots in {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
