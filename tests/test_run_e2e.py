@@ -115,7 +115,8 @@ async def _task_run_states(run: str) -> list[str]:
 
     async with get_client() as client:
         flow_runs = await client.read_flow_runs()  # no limit: the call the fastapi pin protects
-        ids = {f.id for f in flow_runs if f.name == run or f.name.startswith(f"{run}-iter-")}
+        # The launch is named "{run} @{start time}", its iterations "{run}-iter-{t}".
+        ids = {f.id for f in flow_runs if f.name.startswith((f"{run} @", f"{run}-iter-"))}
         task_runs = await client.read_task_runs()
     return [t.state.name for t in task_runs if t.flow_run_id in ids and t.state]
 
