@@ -31,7 +31,13 @@ def _fmt(v: float) -> str:
     return f"{v:.3g}"
 
 
-def _frame(title: str, x: tuple[float, float], y: tuple[float, float], xlabel: str) -> list[str]:
+def _frame(
+    title: str,
+    x: tuple[float, float],
+    y: tuple[float, float],
+    xlabel: str,
+    xticks: Sequence[float] | None = None,
+) -> list[str]:
     (x0, x1), (y0, y1) = x, y
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" '
@@ -44,7 +50,7 @@ def _frame(title: str, x: tuple[float, float], y: tuple[float, float], xlabel: s
         parts.append(f'<line x1="{_LEFT}" x2="{_W - _RIGHT}" y1="{py:.1f}" y2="{py:.1f}" '
                      'stroke="#e5e7eb"/>')  # fmt: skip
         parts.append(f'<text x="{_LEFT - 6}" y="{py + 4:.1f}" text-anchor="end">{_fmt(v)}</text>')
-    for v in _ticks(x0, x1):
+    for v in _ticks(x0, x1) if xticks is None else xticks:
         px = _px(v, x)
         parts.append(
             f'<text x="{px:.1f}" y="{_H - _BOTTOM + 16}" text-anchor="middle">{_fmt(v)}</text>'
@@ -84,7 +90,10 @@ def line_chart(title: str, series: Series, xlabel: str, floor_zero: bool = False
     if not ys:
         return ""
     x, y = _range(xs, False), _range(ys, floor_zero)
-    parts = _frame(title, x, y, xlabel)
+    # Iterations and checkpoints are whole numbers: tick exactly those.
+    whole = all(float(v).is_integer() for v in xs) and max(xs) - min(xs) <= 20
+    ticks = list(range(int(min(xs)), int(max(xs)) + 1)) if whole else None
+    parts = _frame(title, x, y, xlabel, ticks)
     for i, (name, pts) in enumerate(points.items()):
         color = _COLORS[i % len(_COLORS)]
         path = " ".join(f"{_px(a, x):.1f},{_py(b, y):.1f}" for a, b in sorted(pts))
