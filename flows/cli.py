@@ -15,7 +15,7 @@ import argparse
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from flows.order import ALL_ARTIFACTS, OFFLINE_ORDER, ONLINE_ORDER
 
@@ -43,6 +43,16 @@ STORAGE_HELP = (
 )
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (got {value})")
+    return value
+
+
 def _json_object(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -53,8 +63,15 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with eva's error contract: one line, ``eva: error: ...``, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"eva: error: {message} (see `{self.prog} --help`)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="eva", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = p.add_subparsers(dest="command", required=True)
@@ -92,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--root", default="runs")
     show.add_argument("--iteration", type=_iteration)
     show.add_argument("--stage", choices=ALL_ARTIFACTS)
-    show.add_argument("--rows", type=int, default=10)
+    show.add_argument("--rows", type=_count, default=10, help="rows of a stage to print")
     show.add_argument("--storage-options", type=_json_object, help=STORAGE_HELP)
 
     serve = sub.add_parser("serve", help="serve the eva-run deployment to a Prefect API")
@@ -164,16 +181,28 @@ def stored_config(root: str, run: str, storage_options: dict[str, Any] | None = 
     root = os.path.abspath(root) if "://" not in root else root
     given = dict(storage_options or {})
     store = RunStore(root, run, given)
+    where = f"{store.base}/config.json"
     try:
-        with store.fs.open(f"{store.base}/config.json") as f:
+        with store.fs.open(where) as f:
             data = json.load(f)
     except FileNotFoundError:
         raise ConfigError(
             f"--run {run}: no run at {store.base} (start it with `eva run`)"
         ) from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--run {run}: {where} is not a run config ({exc.msg})") from None
+    except Exception as exc:  # a root that is a file, an S3 endpoint that does not answer
+        raise ConfigError(f"--root {root}: cannot read {where} ({_first_line(exc)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--run {run}: {where} is not a run config (not a mapping)")
     data["root"] = root
     data["storage_options"] = {**data.get("storage_options", {}), **given}
     return validate_config(data, OnlineRunConfig if "online" in data else RunConfig)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _is_online(config: Any) -> bool:
@@ -181,6 +210,8 @@ def _is_online(config: Any) -> bool:
 
 
 def _cmd_stage(args: argparse.Namespace) -> int:
+    from flows.config import ConfigError
+
     config = stored_config(args.root, args.run, args.storage_options)
     from flows.online import eva_online
     from flows.run import eva_run
@@ -193,10 +224,10 @@ def _cmd_stage(args: argparse.Namespace) -> int:
     else:
         last, entry = config.iterations, eva_run
     if args.iteration is not None and args.iteration > last:
-        raise SystemExit(f"eva: error: --iteration {args.iteration}: run has {last}")
+        raise ConfigError(f"--iteration {args.iteration}: run {args.run} has {last}")
     where = "setup" if args.iteration is None else f"iteration {args.iteration}"
     if args.name not in _stages_at(config, args.iteration):
-        raise SystemExit(f"eva: error: {args.name} does not run in {where} of {args.run}")
+        raise ConfigError(f"{args.name} does not run in {where} of {args.run}")
 
     plan = Plan(
         target_iteration=args.iteration,
@@ -232,6 +263,7 @@ def _stages_at(config: Any, iteration: int | None) -> set[str]:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
+    from flows.config import ConfigError
     from flows.summary import iteration_summary, online_summary, summary_table
     from tasks.store import RunStore
 
@@ -246,7 +278,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
         return 0
     manifest = store.read_manifest(args.iteration, args.stage)
     if manifest is None:
-        raise SystemExit(f"eva: error: no {args.stage} artifact in that iteration of {args.run}")
+        where = "setup" if args.iteration is None else f"iteration {args.iteration}"
+        raise ConfigError(f"no {args.stage} artifact in {where} of {args.run}")
     print(
         json.dumps(
             {k: manifest[k] for k in ("uri", "rows", "seconds", "stats", "content_hash")},
@@ -299,7 +332,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error, already printed in one line (2)
+        return int(exc.code or 0)
     from flows.config import ConfigError
     from tasks.backends.llm_client import LLMConfigError
     from tasks.stage import StageError

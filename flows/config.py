@@ -180,7 +180,8 @@ def read_config_file(path: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f) or {}
     except FileNotFoundError:
-        raise ConfigError(f"--config: no file at {path}") from None
+        named_by = f"{_seen[-1]}: extends" if _seen else "--config"
+        raise ConfigError(f"{named_by}: no file at {path}") from None
     except IsADirectoryError:
         raise ConfigError(f"--config: {path} is a directory, not a YAML/JSON file") from None
     except UnicodeDecodeError as exc:
@@ -205,6 +206,9 @@ def resolve_extends(
     base = data.pop("extends", None)
     if base is None:
         return data
+    if not isinstance(base, str) or not base.strip():
+        where = _seen[-1] if _seen else "config"
+        raise ConfigError(f"{where}: extends: expected a file name (got {base!r})")
     return deep_merge(read_config_file(os.path.join(base_dir, base), _seen), data)
 
 
@@ -235,7 +239,13 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {item!r}: {part} is not a section")
-        value = yaml.safe_load(raw)
+        if not raw.strip():
+            raise ConfigError(f"--set {item!r}: empty value (write {key}=null to unset it)")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or "not a YAML value"
+            raise ConfigError(f"--set {item!r}: {problem}") from None
         if parts[-1] == "kind" and node.get("kind") != value:
             node.clear()
         node[parts[-1]] = value

@@ -22,6 +22,15 @@ ROOT_TIMEOUT_S = 20.0
 
 
 def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
+    _check_checkpoint(config.bootstrap.init_checkpoint)
+    _check_api_keys(config)
+    if isinstance(config, RunConfig) and config.train.launcher == "accelerate":
+        from tasks.backends.launch import resolve_config
+
+        if not os.path.isfile(resolve_config(config.train.accelerate_config)):
+            raise ConfigError(
+                f"train.accelerate_config: no file at {config.train.accelerate_config!r}"
+            )
     for field, prompts in (("prompts", config.prompts), ("heldout", config.heldout)):
         if prompts.path is None:
             continue
@@ -49,13 +58,62 @@ def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: lis
 
     from tasks.backends.hf_generate import check_fits
 
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    except Exception as exc:
+        raise ConfigError(f"bootstrap.init_checkpoint: {checkpoint}: no usable tokenizer "
+                          f"({type(exc).__name__})") from None  # fmt: skip
     lengths = [len(tokenizer(p)["input_ids"]) for p in prompts]
     try:
         check_fits(AutoConfig.from_pretrained(checkpoint), lengths, backend.max_new_tokens)
     except ValueError as exc:
         path = getattr(config, field).path
         raise ConfigError(f"{field}.path: {path}: {exc}") from None
+
+
+_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
+            "pytorch_model.bin.index.json")  # fmt: skip
+
+
+def _check_checkpoint(checkpoint: str | None) -> None:
+    """A local starting checkpoint has a readable config and weights (a hub id is left to the
+    download, which names itself)."""
+    if checkpoint is None or not os.path.isdir(checkpoint):
+        return
+    import json
+
+    try:
+        with open(os.path.join(checkpoint, "config.json")) as f:
+            json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"bootstrap.init_checkpoint: {checkpoint}: no readable config.json "
+            f"({type(exc).__name__})"
+        ) from None
+    if not any(os.path.exists(os.path.join(checkpoint, w)) for w in _WEIGHTS):
+        raise ConfigError(
+            f"bootstrap.init_checkpoint: {checkpoint}: no weights ({', '.join(_WEIGHTS[:2])})"
+        )
+
+
+def _check_api_keys(config: Any) -> None:
+    """Every LLM endpoint in the config whose key variable is named has it set, checked before
+    the run writes anything rather than when its stage is reached."""
+    from pydantic import BaseModel
+
+    from tasks.backends.llm_client import LLMClientConfig, LLMConfigError, api_key
+
+    def visit(node: Any, path: str) -> None:
+        if isinstance(node, LLMClientConfig):
+            try:
+                api_key(node)
+            except LLMConfigError as exc:
+                raise ConfigError(f"{path}.{str(exc).removeprefix('llm.')}") from None
+        elif isinstance(node, BaseModel):
+            for name in type(node).model_fields:
+                visit(getattr(node, name), f"{path}.{name}" if path else name)
+
+    visit(config, "")
 
 
 def check_root(root: str, storage_options: dict[str, Any]) -> None:

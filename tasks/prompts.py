@@ -54,20 +54,45 @@ def _read_table(path: str, ext: str, storage_options: dict[str, Any]) -> pa.Tabl
             return pacsv.read_csv(f)
         data = f.read()
     text = data.decode("utf-8")  # a non-UTF-8 file fails here, and is named by the caller
-    if ext == ".json" and text.lstrip().startswith("["):
-        # A JSON array of objects, or of plain strings (each a prompt).
+    if ext == ".json":
+        # A JSON array of objects, or of plain strings (each a prompt); anything else is named
+        # rather than misread (a mapping of columns would silently become one row).
         rows = json.loads(text)
+        if not isinstance(rows, list):
+            raise ValueError(
+                "a JSON file must hold an array of objects or of strings (one per prompt); "
+                "for one object per line use .jsonl"
+            )
         if rows and all(isinstance(r, str) for r in rows):
             rows = [{"prompt": r} for r in rows]
+        for i, r in enumerate(rows):
+            if not isinstance(r, dict):
+                raise ValueError(
+                    f"row {i}: expected an object or a string like every row, got "
+                    f"{type(r).__name__}"
+                )
         return pa.Table.from_pylist(rows)
     return pajson.read_json(io.BytesIO(data))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def read_prompt_file(config: PromptsConfig) -> pa.Table:
     """Read and validate a user prompt file into prompt records; errors name the row or field."""
     assert config.path is not None
-    fs, fs_path = fsspec.core.url_to_fs(config.path, **config.storage_options)
-    if fs.isdir(fs_path):
+    if not config.path.strip():
+        raise ValueError("empty path (null uses the built-in world)")
+    try:
+        fs, fs_path = fsspec.core.url_to_fs(config.path, **config.storage_options)
+        is_dir = fs.isdir(fs_path)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # a remote store that refuses or does not answer
+        raise ValueError(f"{config.path}: cannot be reached ({_first_line(exc)})") from None
+    if is_dir:
         raise ValueError(f"{config.path} is a directory, not a prompt file")
     ext = os.path.splitext(config.path.split("?")[0])[1].lower()
     if ext not in (".parquet", ".jsonl", ".json", ".ndjson", ".csv"):
@@ -79,6 +104,12 @@ def read_prompt_file(config: PromptsConfig) -> pa.Table:
     except (pa.ArrowInvalid, json.JSONDecodeError, UnicodeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ValueError(f"{config.path}: cannot be read as {ext[1:]}: {first}") from None
+    except ValueError as exc:
+        raise ValueError(f"{config.path}: {exc}") from None
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise ValueError(f"{config.path}: cannot be read ({_first_line(exc)})") from None
     if config.prompt_column not in table.column_names:
         raise ValueError(
             f"{config.path}: no column {config.prompt_column!r} (columns: "

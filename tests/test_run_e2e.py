@@ -207,8 +207,15 @@ def test_sweep_removes_staging_copies_and_scratch_only(tmp_path) -> None:
 def test_a_stage_that_does_not_run_there_is_refused(finished_run, capsys) -> None:
     config, _ = finished_run
     args = ["stage", "evolve", "--run", "base", "--root", config.root, "--iteration", "setup"]
-    with pytest.raises(SystemExit, match="evolve does not run in setup of base"):
-        main(args)
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "eva: error: evolve does not run in setup of base"
+    # Misuse of the command line is one line too, with the same exit code.
+    assert main(["show", "--run", "base", "--root", config.root, "--rows", "-1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("eva: error: argument --rows: must be >= 0") and "\n" not in err
+    assert main(["show", "--run", "base", "--root", __file__]) == 2  # a file, not a root
+    assert capsys.readouterr().err.startswith("eva: error: --root ")
 
 
 def _cli(config_path: str, run: str) -> list[str]:
@@ -299,8 +306,15 @@ def _bad_files(tmp_path, policy_dir: str) -> dict[str, str]:
         "YAMLERROR": ("y.yaml", b"seed: [1,\n"),
         "YAMLLATIN": ("ly.yaml", "run: caf\u00e9\n".encode("latin-1")),
         "LONGPROMPT": ("long.jsonl", json.dumps({"prompt": "1" * 60}).encode() + b"\n"),
+        "INTARRAY": ("ints.json", b"[1, 2, 3]"),
+        "COLUMNS": ("cols.json", b'{"prompt": ["1+2=", "2+3="]}'),
+        "EXTENDSINT": ("ext.yaml", b"extends: 5\n"),
+        "EXTENDSMISSING": ("extm.yaml", b"extends: nowhere.yaml\n"),
     }
-    out = {"DIRECTORY": str(tmp_path), "POLICY": policy_dir}
+    no_weights = tmp_path / "noweights"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text("{}")
+    out = {"DIRECTORY": str(tmp_path), "POLICY": policy_dir, "NOWEIGHTS": str(no_weights)}
     for key, (name, data) in files.items():
         (tmp_path / name).write_bytes(data)
         out[key] = str(tmp_path / name)
@@ -323,6 +337,40 @@ def _bad_files(tmp_path, policy_dir: str) -> dict[str, str]:
             ["--set", "prompts.path=LONGPROMPT", "--set", "bootstrap.init_checkpoint=POLICY"],
             "prompt row 0 has 60 tokens; with max_new_tokens 10 it exceeds the model's 64",
         ),
+        # Found by a corpus of 156 bad inputs (2026-11-22): each used to pass or crash.
+        (["--set", "prompts.path=INTARRAY"], "ints.json: row 0: expected an object or a string"),
+        (["--set", "prompts.path=COLUMNS"], "cols.json: a JSON file must hold an array"),
+        (["--set", "prompts.path="], "--set 'prompts.path=': empty value"),
+        (["--set", "sample.fraction=[0.5"], "--set 'sample.fraction=[0.5':"),
+        (["--config", "EXTENDSINT"], "ext.yaml: extends: expected a file name (got 5)"),
+        (["--config", "EXTENDSMISSING"], "extm.yaml: extends: no file at"),
+        (["--set", "bootstrap.init_checkpoint=NOWEIGHTS"], "noweights: no weights"),
+        (["--set", "generate.backend.device=banana"], "unknown device 'banana'"),
+        (["--set", "train.solver.optim=bogus"], "unknown optimizer 'bogus'"),
+        (["--set", "train.solver.lr_scheduler_type=bogus"], "unknown scheduler 'bogus'"),
+        (
+            ["--set", "train.launcher=accelerate", "--set", "train.accelerate_config=/nope.yaml"],
+            "train.accelerate_config: no file at '/nope.yaml'",
+        ),
+        (
+            [
+                "--set",
+                "annotate.reward.kind=sequence_classifier",
+                "--set",
+                "annotate.reward.model=/nope-rm",
+            ],
+            "no checkpoint at '/nope-rm'",
+        ),
+        (
+            [
+                "--set",
+                "generate.backend.kind=openai",
+                "--set",
+                "generate.backend.llm.api_key_env=EVA_TEST_UNSET_KEY",
+            ],
+            "generate.backend.llm.api_key_env: environment variable EVA_TEST_UNSET_KEY is unset",
+        ),
+        (["--seed", "abc"], "argument --seed: invalid int value: 'abc'"),
     ],
 )
 def test_more_bad_input_is_one_line_and_writes_nothing(

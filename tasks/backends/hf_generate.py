@@ -26,6 +26,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from tasks.backends.devices import Device
 from tasks.backends.protocols import Progress, no_progress
 
 _M32 = 0xFFFFFFFF
@@ -95,7 +96,7 @@ class TransformersGeneration(BaseModel):
     batch_size: int = Field(
         default=64, ge=1, description="Prompts per forward batch (each expands to n rows)."
     )
-    device: str = Field(
+    device: Device = Field(
         default="auto", description='"auto" = cuda when available, else cpu; or a torch device.'
     )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(

@@ -35,6 +35,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
 
+from tasks.backends.devices import Device
 from tasks.backends.online_source import OnlinePromptSource
 from tasks.backends.protocols import Progress, RewardModel, no_progress
 from tasks.backends.trl_dpo import _numeric_row, _ProgressCallback, _quiet
@@ -69,7 +70,7 @@ class OnlineSolverConfig(BaseModel):
         "vllm-serve` running, see the recipe).",
     )
     vllm_mode: Literal["server", "colocate"] = Field(default="server")
-    device: str = Field(default="auto", description='"auto" = cuda when available, else "cpu".')
+    device: Device = Field(default="auto", description='"auto" = cuda when available, else "cpu".')
 
     @model_validator(mode="after")
     def _dpo_needs_beta(self) -> OnlineSolverConfig:

@@ -23,6 +23,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedTokenizerBase
 
+from tasks.backends.devices import Device, ModelRef
 from tasks.backends.protocols import Progress, no_progress
 
 
@@ -87,14 +88,14 @@ class SequenceClassifierReward(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     kind: Literal["sequence_classifier"] = "sequence_classifier"
-    model: str = Field(description="Checkpoint directory or hub id of the reward model.")
+    model: ModelRef = Field(description="Checkpoint directory or hub id of the reward model.")
     trust_remote_code: bool = Field(
         default=False,
         description="Run the checkpoint's own modelling code (ArmoRM needs it). Off unless set: "
         "it executes code shipped with the weights.",
     )
     batch_size: int = Field(default=8, ge=1, description="Sequences per forward pass.")
-    device: str = Field(default="auto", description='"auto" = cuda when available, else cpu.')
+    device: Device = Field(default="auto", description='"auto" = cuda when available, else cpu.')
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         default="auto", description='"auto" = bfloat16 on a CUDA device that supports it.'
     )

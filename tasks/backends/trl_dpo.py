@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import datasets
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -45,6 +45,7 @@ from transformers import (
 )
 from trl import DPOConfig, DPOTrainer
 
+from tasks.backends.devices import Device
 from tasks.backends.protocols import Progress, no_progress
 
 _log = logging.getLogger(__name__)
@@ -93,7 +94,27 @@ class TRLSolverConfig(BaseModel):
         description="Recompute activations to save memory; TRL turns it on by default, which "
         "only costs time on small models.",
     )
-    device: str = Field(default="auto", description='"auto" = cuda when available, else "cpu".')
+    device: Device = Field(default="auto", description='"auto" = cuda when available, else "cpu".')
+
+    @field_validator("optim")
+    @classmethod
+    def _known_optimizer(cls, value: str) -> str:
+        from transformers.training_args import OptimizerNames
+
+        names = [o.value for o in OptimizerNames]
+        if value not in names:
+            raise ValueError(f"unknown optimizer {value!r}; e.g. adamw_torch, rmsprop, sgd")
+        return value
+
+    @field_validator("lr_scheduler_type")
+    @classmethod
+    def _known_scheduler(cls, value: str) -> str:
+        from transformers.trainer_utils import SchedulerType
+
+        names = [t.value for t in SchedulerType]
+        if value not in names:
+            raise ValueError(f"unknown scheduler {value!r}; one of {', '.join(names)}")
+        return value
 
     def trainer_args(self, common: dict[str, Any]) -> TrainingArguments:
         """TRL's config object for this objective, from the shared ``common`` arguments."""
