@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -139,8 +140,11 @@ def _load(args: argparse.Namespace, model: type[T]) -> T:
 
     overrides = list(args.set)
     for field in ("run", "root", "iterations", "seed"):
-        if getattr(args, field, None) is not None:
-            overrides.append(f"{field}={getattr(args, field)}")
+        value = getattr(args, field, None)
+        if value is not None:
+            # Names and paths stay text: `--run 2024` is a name, not the number 2024.
+            text = json.dumps(value) if isinstance(value, str) else value
+            overrides.append(f"{field}={text}")
     config = load_config(args.config, overrides, model)
     check_inputs(config)  # before any artifact is written
     return config
@@ -178,6 +182,8 @@ def stored_config(root: str, run: str, storage_options: dict[str, Any] | None = 
     from flows.config import ConfigError, OnlineRunConfig, RunConfig, validate_config
     from tasks.store import RunStore
 
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", run):
+        raise ConfigError(f"--run {run!r}: a run name (letters, digits, '_', '.', '-'), not a path")
     root = os.path.abspath(root) if "://" not in root else root
     given = dict(storage_options or {})
     store = RunStore(root, run, given)

@@ -163,11 +163,27 @@ def validate_config(data: dict[str, Any], model: type[BaseModel] = RunConfig) ->
         return model.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "config"
-        got = f" (got {err['input']!r})" if err["type"] != "missing" and "input" in err else ""
+        field = ".".join(_settable_path(data, err["loc"])) or "config"
+        shown = repr(err.get("input"))
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        got = f" (got {shown})" if err["type"] != "missing" and "input" in err else ""
         msg = err["msg"].removeprefix("Value error, ")
         more = f" [+{exc.error_count() - 1} more]" if exc.error_count() > 1 else ""
         raise ConfigError(f"{field}: {msg}{got}{more}") from None
+
+
+def _settable_path(data: Any, loc: tuple[Any, ...]) -> list[str]:
+    """A pydantic error location as the key a user would --set: without the ``kind`` tag that
+    discriminated unions insert (``generate.backend.transformers.batch_size`` is
+    ``generate.backend.batch_size``)."""
+    out: list[str] = []
+    node = data
+    for part in loc:
+        if isinstance(node, dict) and node.get("kind") == part and part not in node:
+            continue  # the union's tag, not a field
+        out.append(str(part))
+        node = node.get(part) if isinstance(node, dict) else None
+    return out
 
 
 def read_config_file(path: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:

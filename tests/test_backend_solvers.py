@@ -147,12 +147,12 @@ def test_the_effective_batch_is_split_into_device_batch_and_accumulation(
     assert batch_layout(64, None, 8) == (8, 1)  # the paper's 8 GPUs x 8
     assert batch_layout(64, 2, 8) == (2, 4)  # 2 per device x 4 accumulation x 8 GPUs
     assert batch_layout(32, 4, 1) == (4, 8)
-    with pytest.raises(ValueError, match="effective_batch_size 8 is not a multiple of per-device"):
+    with pytest.raises(ValueError, match="effective_batch_size 8 cannot be split evenly over 3"):
         batch_layout(8, None, 3)  # 8 pairs cannot split over 3 GPUs
     with pytest.raises(ValueError, match="not a multiple of per-device batch 3 x 2 processes"):
         batch_layout(8, 3, 2)
     # Refused at the edge, before anything runs, with the launcher's process count.
-    with pytest.raises(ValidationError, match="effective_batch_size 8 is not a multiple"):
+    with pytest.raises(ValidationError, match="effective_batch_size 8 cannot be split evenly"):
         TrainConfig(launcher="accelerate", num_processes=3, solver={"kind": "dpo"})
     assert TrainConfig(num_processes=3, solver={"kind": "dpo"}).processes == 1  # in-process
     # The trainer gets the derived layout: 12 pairs, 6 per step as 3 x 2 accumulation.

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from flows.config import ConfigError, OnlineRunConfig, load_config
+from flows.config import RunConfig as RunConfigModel
 from tasks.backends.trl_dpo import batch_layout
 
 CONFIGS = Path(__file__).parent.parent / "configs"
@@ -136,3 +137,16 @@ def test_eva_config_prints_what_a_recipe_and_its_overrides_resolve_to(capsys) ->
     assert main(["config", "--online", "--set", "online.budget=2"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["online"]["budget"] == 2.0
     assert main(["config", "--set", "sample.fraction=3"]) == 2
+
+
+def test_run_names_stay_text_and_long_values_are_cut(tmp_path: Path) -> None:
+    from flows.cli import _load, _parser
+
+    args = _parser().parse_args(["run", "--run", "2024", "--root", str(tmp_path)])
+    assert _load(args, RunConfigModel).run == "2024"  # not the integer 2024
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["train.solver={kind: dpo, beta: -1}"])
+    assert str(err.value).startswith("train.solver.beta: Input should be greater than 0")
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["prompts=" + "x" * 500])
+    assert len(str(err.value)) < 200

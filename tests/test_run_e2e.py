@@ -216,6 +216,8 @@ def test_a_stage_that_does_not_run_there_is_refused(finished_run, capsys) -> Non
     assert err.startswith("eva: error: argument --rows: must be >= 0") and "\n" not in err
     assert main(["show", "--run", "base", "--root", __file__]) == 2  # a file, not a root
     assert capsys.readouterr().err.startswith("eva: error: --root ")
+    assert main(["show", "--run", "../base", "--root", config.root]) == 2
+    assert "a run name (letters, digits" in capsys.readouterr().err
 
 
 def _cli(config_path: str, run: str) -> list[str]:
@@ -371,6 +373,8 @@ def _bad_files(tmp_path, policy_dir: str) -> dict[str, str]:
             "generate.backend.llm.api_key_env: environment variable EVA_TEST_UNSET_KEY is unset",
         ),
         (["--seed", "abc"], "argument --seed: invalid int value: 'abc'"),
+        # The key a user would type back, not pydantic's path through the union's tag.
+        (["--set", "generate.backend.batch_size=0"], "generate.backend.batch_size: Input should"),
     ],
 )
 def test_more_bad_input_is_one_line_and_writes_nothing(

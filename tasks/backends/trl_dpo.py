@@ -133,8 +133,14 @@ def batch_layout(effective: int, per_device: int | None, processes: int) -> tupl
     optimizer step on ``processes`` devices; a ValueError naming the numbers when none does."""
     if processes < 1:
         raise ValueError(f"processes must be >= 1 (got {processes})")
-    per_device = per_device or effective // processes
-    if per_device < 1 or effective % (per_device * processes):
+    if per_device is None:
+        if effective % processes:
+            raise ValueError(
+                f"effective_batch_size {effective} cannot be split evenly over {processes} "
+                "processes"
+            )
+        per_device = effective // processes
+    if effective % (per_device * processes):
         raise ValueError(
             f"effective_batch_size {effective} is not a multiple of per-device batch "
             f"{per_device} x {processes} processes"
