@@ -65,7 +65,9 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     run: RunName = Field(default="demo", description="Run name: the folder under root.")
     root: RootPath = Field(
-        default="runs", description="Run root: a local path or fsspec URL (s3://...)."
+        default="runs",
+        validate_default=True,  # made absolute like a given root: workers may start elsewhere
+        description="Run root: a local path or fsspec URL (s3://...).",
     )
     storage_options: dict[str, Any] = Field(
         default_factory=dict, description="fsspec options for root (e.g. endpoint_url for S3)."
@@ -132,7 +134,9 @@ class OnlineRunConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     run: RunName = Field(default="online", description="Run name: the folder under root.")
-    root: RootPath = Field(default="runs", description="Run root: a local path or fsspec URL.")
+    root: RootPath = Field(
+        default="runs", validate_default=True, description="Run root: a local path or fsspec URL."
+    )
     storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options.")
     seed: int = Field(default=0, description="Seeds every stage (each derives its own).")
     torch_threads: int | None = Field(default=1, ge=1, description="torch CPU threads.")

@@ -157,7 +157,8 @@ def check_root(root: str, storage_options: dict[str, Any]) -> None:
 def _check_local_root(root: str) -> None:
     if os.path.exists(root) and not os.path.isdir(root):
         raise ConfigError(f"root: {root} is a file, not a folder")
-    existing = root
+    # Absolute first: the parent of a relative "runs" is "", which never exists.
+    existing = os.path.abspath(root)
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
     try:  # a real write, removed at once: os.access cannot see read-only mounts or /proc

@@ -150,3 +150,14 @@ def test_run_names_stay_text_and_long_values_are_cut(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_config(None, ["prompts=" + "x" * 500])
     assert len(str(err.value)) < 200
+
+
+def test_the_default_root_is_absolute_and_checked_from_a_relative_one(tmp_path, monkeypatch):
+    # Regression: the default root "runs" was never made absolute, and the write probe walked
+    # up from "runs" to "" forever: `eva run` with no --root hung before starting.
+    from flows.inputs import check_root
+
+    monkeypatch.chdir(tmp_path)
+    assert load_config(None).root == str(tmp_path / "runs")
+    check_root("runs", {})  # returns: "runs" does not exist yet, its parent is writable
+    assert not (tmp_path / "runs").exists()
