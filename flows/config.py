@@ -39,9 +39,18 @@ from tasks.train import TrainConfig
 
 # The embedded defaults are config files, layered exactly like a user's: `eva run` with no
 # --config reads WORLD_CONFIG, `eva online` WORLD_ONLINE_CONFIG.
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG_DIR = os.path.join(PROJECT_DIR, "configs")
 WORLD_CONFIG = os.path.join(CONFIG_DIR, "world.yaml")
 WORLD_ONLINE_CONFIG = os.path.join(CONFIG_DIR, "world-online.yaml")
+
+
+def _inline_extends(data: Any) -> Any:
+    """A config given as data (a deployment's parameter, a flow called from Python) may name
+    the file it layers on with ``extends:``, relative to the project root, as a file does."""
+    if isinstance(data, dict) and "extends" in data:
+        return resolve_extends(data, PROJECT_DIR, ("config",))
+    return data
 
 
 def _run_name(name: str) -> str:
@@ -118,6 +127,11 @@ class RunConfig(BaseModel):
     train: TrainConfig = Field(default_factory=TrainConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _extends(cls, data: Any) -> Any:
+        return _inline_extends(data)
+
     @model_validator(mode="after")
     def _fresh_needs_world(self) -> RunConfig:
         if self.prompt_strategy in ("fresh", "target") and self.prompts.path is not None:
@@ -148,6 +162,11 @@ class OnlineRunConfig(BaseModel):
     online: OnlineConfig = Field(default_factory=OnlineConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _extends(cls, data: Any) -> Any:
+        return _inline_extends(data)
+
 
 C = TypeVar("C", bound=BaseModel)
 
@@ -173,7 +192,8 @@ def validate_config(data: dict[str, Any], model: type[BaseModel] = RunConfig) ->
         got = f" (got {shown})" if err["type"] != "missing" and "input" in err else ""
         msg = err["msg"].removeprefix("Value error, ")
         more = f" [+{exc.error_count() - 1} more]" if exc.error_count() > 1 else ""
-        raise ConfigError(f"{field}: {msg}{got}{more}") from None
+        head = "" if msg.startswith(f"{field}:") else f"{field}: "
+        raise ConfigError(f"{head}{msg}{got}{more}") from None
 
 
 def _settable_path(data: Any, loc: tuple[Any, ...]) -> list[str]:

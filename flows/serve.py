@@ -17,11 +17,10 @@ PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def deployment_config(spec_path: str, parameters: dict) -> dict:
     """The deployment's ``config`` parameter resolved like a config file (its ``extends:`` is
-    relative to the spec), a relative ``root`` made absolute under the project root, validated,
-    and given in full, so the UI's form shows every field."""
-    data = resolve_extends(
-        parameters.get("config") or {}, os.path.dirname(os.path.abspath(spec_path))
-    )
+    relative to the project root, as for any config given as data), a relative ``root`` made
+    absolute under the project root, validated, and given in full, so the UI's form shows
+    every field."""
+    data = resolve_extends(parameters.get("config") or {}, PROJECT)
     root = str(data.get("root", "runs"))
     if "://" not in root:
         data["root"] = os.path.join(PROJECT, os.path.expanduser(root))

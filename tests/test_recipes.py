@@ -161,3 +161,17 @@ def test_the_default_root_is_absolute_and_checked_from_a_relative_one(tmp_path, 
     assert load_config(None).root == str(tmp_path / "runs")
     check_root("runs", {})  # returns: "runs" does not exist yet, its parent is writable
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_config_given_as_data_resolves_extends_from_the_project_root() -> None:
+    # A deployment's parameter or a Python call: no file to be relative to, so the project root.
+    from flows.config import validate_config
+
+    data = {"extends": "configs/world.yaml", "run": "x", "iterations": 1}
+    cfg = validate_config(data)
+    assert cfg.run == "x" and cfg.iterations == 1
+    assert cfg.train == load_config(None).train  # the world's solver, layered
+    online = validate_config({"extends": "configs/world-online.yaml"}, OnlineRunConfig)
+    assert online.online == load_config(None, None, OnlineRunConfig).online
+    with pytest.raises(ConfigError, match="extends: no file at"):
+        validate_config({"extends": "configs/nope.yaml"})
