@@ -38,7 +38,7 @@ class StageLike(BaseModel):
     [
         ({"kind": "world"}, WorldReward),
         (
-            {"kind": "sequence_classifier", "model": "/ckpt", "output": "score"},
+            {"kind": "sequence_classifier", "model": "org/rm", "output": "score"},
             SequenceClassifierReward,
         ),
         ({"kind": "vllm_pooling", "model": "/ckpt"}, VLLMPoolingReward),
