@@ -1,0 +1,85 @@
+"""The eva-run deployment through a Prefect *process work pool*, as a team running workers
+would: `prefect work-pool create`, `prefect deploy` from a prefect.yaml, a worker, and flow runs
+triggered through the API. The second trigger of the same run finds every stage cached."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.order import OFFLINE_ORDER
+from flows.serve import PROJECT
+from tests.conftest import tiny_run_config
+
+pytestmark = pytest.mark.usefixtures("prefect_api")
+POOL = "eva-test-pool"
+
+
+def _prefect(*args: str, env: dict[str, str], cwd: str = PROJECT) -> str:
+    exe = os.path.join(os.path.dirname(sys.executable), "prefect")
+    done = subprocess.run(
+        [exe, "--no-prompt", *args], env=env, cwd=cwd, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done.stdout
+
+
+def _trigger_and_work(name: str, env: dict[str, str]) -> object:
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    scheduled = run_deployment(name, timeout=0, as_subflow=False)
+    # One polling pass: the worker starts the scheduled run in a subprocess and waits for it.
+    _prefect("worker", "start", "--pool", POOL, "--type", "process", "--run-once", env=env)
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(scheduled.id)
+
+
+def test_a_process_work_pool_runs_the_deployment_and_a_rerun_is_cached(tmp_path: Path) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONPATH": PROJECT}
+    root = str(tmp_path / "runs")
+    spec = {
+        "name": "eva",
+        # The worker runs the flow from the project, wherever it was started.
+        "pull": [{"prefect.deployments.steps.set_working_directory": {"directory": PROJECT}}],
+        "deployments": [
+            {
+                "name": "eva-run-pool",
+                "entrypoint": "flows/run.py:eva_run",
+                "parameters": {"config": tiny_run_config(root, run="pooled")},
+                "work_pool": {"name": POOL},
+            }
+        ],
+    }
+    spec_path = tmp_path / "prefect.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    _prefect("work-pool", "create", POOL, "--type", "process", env=env)
+    _prefect("deploy", "--all", "--prefect-file", str(spec_path), env=env)
+
+    first = _trigger_and_work("eva-run/eva-run-pool", env)
+    assert first.state is not None and first.state.is_completed(), first.state
+    assert os.path.isdir(os.path.join(root, "pooled", "iter_1", "model"))
+    second = _trigger_and_work("eva-run/eva-run-pool", env)
+    assert second.state is not None and second.state.is_completed(), second.state
+    # Every stage of the second run came back Cached, in the launch and in its iterations.
+    with get_client(sync_client=True) as client:
+        subflows = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[second.id])
+            )
+        )
+        ids = {second.id, *(f.id for f in subflows)}
+        runs = [t for t in client.read_task_runs() if t.flow_run_id in ids and t.state]
+    # Stage task runs are named "{artifact}-{setup|iter-t}"; the rest track subflows.
+    stages = {t.name: t.state.name for t in runs if t.name.split("-")[0] in OFFLINE_ORDER}
+    assert len(stages) >= 10 and set(stages.values()) == {"Cached"}, stages
