@@ -25,11 +25,12 @@ from typing import Any
 
 import yaml
 
-PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from flows.config import PROJECT_DIR
+
 RUN = "ui"
 # The world demo, smaller: a minute of SFT, 200 prompts, two iterations.
 CONFIG = {
-    "extends": os.path.join(PROJECT, "configs", "world.yaml"),
+    "extends": os.path.join(PROJECT_DIR, "configs", "world.yaml"),
     "run": RUN,
     "iterations": 2,
     "prompts": {"world_size": 200},
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     work = tempfile.mkdtemp(prefix="eva-ui-")
     env = {**os.environ, "PREFECT_HOME": os.path.join(work, "prefect"),
            "PREFECT_UI_API_URL": f"{base}/api", "PREFECT_API_URL": f"{base}/api",
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONPATH": PROJECT}  # fmt: skip
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONPATH": PROJECT_DIR}  # fmt: skip
     server = subprocess.Popen(
         [os.path.join(os.path.dirname(sys.executable), "prefect"), "server", "start",
          "--port", str(port)],

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
@@ -179,10 +178,11 @@ def stored_config(root: str, run: str, storage_options: dict[str, Any] | None = 
     given here: a run copied elsewhere is shown and rerun where it now is, never at the root it
     was first launched under. ``storage_options`` open the root (an S3 endpoint, credentials)
     and take precedence over the stored ones."""
-    from flows.config import ConfigError, OnlineRunConfig, RunConfig, validate_config
+    from flows.config import RUN_NAME, ConfigError, OnlineRunConfig, RunConfig, validate_config
+    from tasks.stage import first_line
     from tasks.store import RunStore
 
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", run):
+    if not RUN_NAME.fullmatch(run):
         raise ConfigError(f"--run {run!r}: a run name (letters, digits, '_', '.', '-'), not a path")
     root = os.path.abspath(root) if "://" not in root else root
     given = dict(storage_options or {})
@@ -198,17 +198,12 @@ def stored_config(root: str, run: str, storage_options: dict[str, Any] | None = 
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--run {run}: {where} is not a run config ({exc.msg})") from None
     except Exception as exc:  # a root that is a file, an S3 endpoint that does not answer
-        raise ConfigError(f"--root {root}: cannot read {where} ({_first_line(exc)})") from None
+        raise ConfigError(f"--root {root}: cannot read {where} ({first_line(exc)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"--run {run}: {where} is not a run config (not a mapping)")
     data["root"] = root
     data["storage_options"] = {**data.get("storage_options", {}), **given}
     return validate_config(data, OnlineRunConfig if "online" in data else RunConfig)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def _is_online(config: Any) -> bool:

@@ -53,8 +53,12 @@ def _inline_extends(data: Any) -> Any:
     return data
 
 
+# A run names a folder under the root: never a path.
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
 def _run_name(name: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name):
+    if not RUN_NAME.fullmatch(name):
         raise ValueError("use letters, digits, '_', '.' and '-' (it names a folder)")
     return name
 

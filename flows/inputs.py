@@ -17,6 +17,7 @@ import fsspec
 
 from flows.config import ConfigError, OnlineRunConfig, RunConfig
 from tasks.prompts import read_prompt_file
+from tasks.stage import first_line
 
 ROOT_TIMEOUT_S = 20.0
 
@@ -150,8 +151,7 @@ def check_root(root: str, storage_options: dict[str, Any]) -> None:
     if not outcome:
         raise ConfigError(f"root: no answer from {where} within {ROOT_TIMEOUT_S:g} s")
     if (exc := outcome[0]) is not None:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"root: cannot reach {where}: {first}")
+        raise ConfigError(f"root: cannot reach {where}: {first_line(exc, with_type=False)}")
 
 
 def _check_local_root(root: str) -> None:

@@ -7,12 +7,12 @@ import os
 import yaml
 from prefect.schedules import Cron, Interval
 
-from flows.config import resolve_extends, validate_config
+from flows.config import PROJECT_DIR, resolve_extends, validate_config
 from flows.run import eva_run
 
-# The project root: entrypoints (flows/run.py) and relative run roots are read against it, so a
+# Entrypoints (flows/run.py) and relative run roots are read against the project root, so a
 # deployment writes where its config says whoever serves it and from wherever.
-PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROJECT = PROJECT_DIR
 
 
 def deployment_config(spec_path: str, parameters: dict) -> dict:

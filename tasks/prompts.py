@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core import world
 from eva_core.schema import PROMPT_COLUMNS, seed_records
-from tasks.stage import StageContext, StageOutput, stage, stage_seed
+from tasks.stage import StageContext, StageOutput, first_line, stage, stage_seed
 from tasks.store import hash_file
 
 
@@ -75,11 +75,6 @@ def _read_table(path: str, ext: str, storage_options: dict[str, Any]) -> pa.Tabl
     return pajson.read_json(io.BytesIO(data))
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
 def read_prompt_file(config: PromptsConfig) -> pa.Table:
     """Read and validate a user prompt file into prompt records; errors name the row or field."""
     assert config.path is not None
@@ -91,7 +86,7 @@ def read_prompt_file(config: PromptsConfig) -> pa.Table:
     except FileNotFoundError:
         raise
     except Exception as exc:  # a remote store that refuses or does not answer
-        raise ValueError(f"{config.path}: cannot be reached ({_first_line(exc)})") from None
+        raise ValueError(f"{config.path}: cannot be reached ({first_line(exc)})") from None
     if is_dir:
         raise ValueError(f"{config.path} is a directory, not a prompt file")
     ext = os.path.splitext(config.path.split("?")[0])[1].lower()
@@ -102,14 +97,14 @@ def read_prompt_file(config: PromptsConfig) -> pa.Table:
     except UnicodeDecodeError as exc:
         raise ValueError(f"{config.path}: not UTF-8 text (byte {exc.start})") from None
     except (pa.ArrowInvalid, json.JSONDecodeError, UnicodeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = first_line(exc, with_type=False)
         raise ValueError(f"{config.path}: cannot be read as {ext[1:]}: {first}") from None
     except ValueError as exc:
         raise ValueError(f"{config.path}: {exc}") from None
     except FileNotFoundError:
         raise
     except OSError as exc:
-        raise ValueError(f"{config.path}: cannot be read ({_first_line(exc)})") from None
+        raise ValueError(f"{config.path}: cannot be read ({first_line(exc)})") from None
     if config.prompt_column not in table.column_names:
         raise ValueError(
             f"{config.path}: no column {config.prompt_column!r} (columns: "

@@ -50,6 +50,15 @@ class StageError(RuntimeError):
     """A stage cannot run as asked (bad input columns, missing upstream artifact)."""
 
 
+def first_line(exc: BaseException, with_type: bool = True) -> str:
+    """An exception as one line for an ``eva: error:`` message: its first line of text
+    (prefixed by its type, unless ``with_type`` is False), or its type when it has no text."""
+    lines = str(exc).strip().splitlines()
+    if not lines:
+        return type(exc).__name__
+    return f"{type(exc).__name__}: {lines[0]}" if with_type else lines[0]
+
+
 class Plan(BaseModel):
     """Which stages to force, reuse only, or skip; the default runs whatever is not cached.
 
