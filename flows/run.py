@@ -56,7 +56,7 @@ def eva_run(config: RunConfig, plan: Plan | None = None, advance: int = 0) -> li
 
     rows = iteration_summary(run.store(), config)
     publish_summary(config.run, rows, f"eva run, iteration {config.iterations}")
-    publish_charts(config.run, run_charts(run.store(), config))
+    publish_charts(config.run, run_charts(run.store(), config, rows))
     return rows
 
 

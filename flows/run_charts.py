@@ -12,7 +12,6 @@ import numpy as np
 
 from flows.charts import bar_chart, embed, line_chart
 from flows.config import RunConfig
-from flows.summary import iteration_summary
 from tasks.store import RunStore
 
 
@@ -91,11 +90,11 @@ def _training(store: RunStore, iterations: range) -> str:
     )
 
 
-def run_charts(store: RunStore, config: RunConfig) -> str:
-    """The run's charts as markdown with embedded SVG images."""
+def run_charts(store: RunStore, config: RunConfig, rows: list[dict[str, Any]]) -> str:
+    """The run's charts as markdown with embedded SVG images; ``rows`` is its summary
+    (``flows.summary.iteration_summary``), already read by the caller."""
     first = 0 if config.iteration0_dpo else 1
     iterations = range(first, config.iterations + 1)
-    rows = iteration_summary(store, config)
     complexity, categories, depths = _curriculum(store, iterations)
     return "\n\n".join([
         f"## Charts of eva run `{config.run}`",

@@ -21,21 +21,27 @@ COLUMNS = (
 )
 
 
-def win_vs_theta0(store: RunStore, iteration: int) -> float | None:
+Rewards = tuple[list[Any], list[Any]]  # prompt ids and rewards of one evaluate table
+
+
+def evaluated_rewards(store: RunStore, iteration: int | None) -> Rewards | None:
+    """The prompt ids and rewards of the checkpoint evaluated at ``iteration`` (None: theta_0),
+    or None before it was evaluated."""
+    manifest = store.read_manifest(iteration, "evaluate")
+    if manifest is None:
+        return None
+    table = store.read_table(manifest["uri"])
+    return table.column("prompt_id").to_pylist(), table.column("reward").to_pylist()
+
+
+def win_vs_theta0(store: RunStore, iteration: int, reference: Rewards | None) -> float | None:
     """Win rate of the checkpoint evaluated at ``iteration`` against theta_0's held-out
-    responses, judged by the run's evaluation reward (ties half); None until both exist."""
-    reference, current = (
-        store.read_manifest(None, "evaluate"),
-        store.read_manifest(iteration, "evaluate"),
-    )
+    responses (``reference``, read once per summary), judged by the run's evaluation reward
+    (ties half); None until both exist."""
+    current = evaluated_rewards(store, iteration)
     if reference is None or current is None:
         return None
-    ref, cur = store.read_table(reference["uri"]), store.read_table(current["uri"])
-    ours, theirs = paired_by_id(
-        cur.column("prompt_id").to_pylist(), cur.column("reward").to_pylist(),
-        ref.column("prompt_id").to_pylist(), ref.column("reward").to_pylist(),
-    )  # fmt: skip
-    rate = win_rate(ours, theirs)
+    rate = win_rate(*paired_by_id(*current, *reference))
     return None if rate != rate else round(rate, 4)  # NaN: no prompt scored on both sides
 
 
@@ -53,6 +59,7 @@ def iteration_summary(store: RunStore, config: RunConfig) -> list[dict[str, Any]
         }
     ]
     first = 0 if config.iteration0_dpo else 1
+    reference = evaluated_rewards(store, None)
     for t in range(first, config.iterations + 1):
         rows.append({
             "iteration": t,
@@ -63,7 +70,7 @@ def iteration_summary(store: RunStore, config: RunConfig) -> list[dict[str, Any]
             "pairs": stat(t, "pairs", "pairs"),
             "heldout_score": stat(t, "evaluate", "score"),
             "heldout_solved": stat(t, "evaluate", "solved"),
-            "win_vs_theta_0": win_vs_theta0(store, t),
+            "win_vs_theta_0": win_vs_theta0(store, t, reference),
         })  # fmt: skip
     return rows
 
@@ -91,6 +98,7 @@ def online_summary(store: RunStore, segments: int) -> list[dict[str, Any]]:
         return {} if m is None else m["stats"]
 
     theta0 = stats(None, "evaluate")
+    reference = evaluated_rewards(store, None)
     rows = [{"segment": "theta_0", "heldout_score": theta0.get("score"),
              "heldout_solved": theta0.get("solved")}]  # fmt: skip
     for s in range(1, segments + 1):
@@ -108,7 +116,7 @@ def online_summary(store: RunStore, segments: int) -> list[dict[str, Any]]:
             "children": seg.get("children_added"),
             "heldout_score": ev.get("score"),
             "heldout_solved": ev.get("solved"),
-            "win_vs_theta_0": win_vs_theta0(store, s),
+            "win_vs_theta_0": win_vs_theta0(store, s, reference),
         })  # fmt: skip
     return rows
 

@@ -76,6 +76,9 @@ def test_stage_trains_through_accelerate_launch(policy_dir: str, cpu_yaml: str, 
     assert out.stats["pairs"] == 12 and out.stats["steps"] == 2
     assert seen[-1] == 1.0 and 0 < seen[0] < 1  # rank 0's progress markers crossed over
     assert not any(line.startswith("@@eva-progress") for line in log.lines)
+    # The stage says, once, how the effective batch is laid out on the processes.
+    split = "dpo: effective batch 6 = 6 per device x 1 accumulation x 1 processes"
+    assert log.lines.count(split) == 1
     before = AutoModelForCausalLM.from_pretrained(policy_dir).state_dict()
     after = AutoModelForCausalLM.from_pretrained(out.model_dir).state_dict()
     assert all(not torch.equal(before[k], after[k]) for k in before)

@@ -73,7 +73,7 @@ def test_run_produces_every_artifact_and_summary(finished_run) -> None:
     # Every chart of the run is drawn from its artifacts.
     from flows.run_charts import run_charts
 
-    charts = run_charts(store, config)
+    charts = run_charts(store, config, rows)
     assert charts.count("](data:image/svg+xml;base64,") == 6 and "nothing to draw" not in charts
     # X_1's complexity (the world's difficulty) is charted; it matches the prompts it scored.
     scored = store.read_table(store.read_manifest(1, "complexity")["uri"])

@@ -254,10 +254,6 @@ def build_trainer(
     per_device, accumulation = batch_layout(
         config.effective_batch_size, config.per_device_train_batch_size, processes
     )
-    _log.info(
-        "%s: effective batch %d = %d per device x %d accumulation x %d processes",
-        config.kind, config.effective_batch_size, per_device, accumulation, processes,
-    )  # fmt: skip
     use_cpu = config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
     max_length = config.max_length
     positions = getattr(AutoConfig.from_pretrained(policy_dir), "max_position_embeddings", None)
