@@ -101,8 +101,19 @@ class OpenAICompatibleServer:
             def log_message(self, *args: Any) -> None:  # keep test output quiet
                 pass
 
+            counted = False  # this request is in server.in_flight
+
+            def _answered(self) -> None:
+                # Before any byte of the answer leaves: a client that has its answer may send
+                # its next request at once, and that one must not overlap this one in the count.
+                if self.counted:
+                    self.counted = False
+                    with server._lock:
+                        server.in_flight -= 1
+
             def _send(self, status: int, body: dict[str, Any]) -> None:
                 data = json.dumps(body).encode()
+                self._answered()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -131,6 +142,7 @@ class OpenAICompatibleServer:
                     server.requests.append(record)
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                self.counted = True
                 try:
                     action = server.fail(request) if server.fail else None
                     if action and action[0] == "sleep":
@@ -142,8 +154,7 @@ class OpenAICompatibleServer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout test); nothing to answer
                 finally:
-                    with server._lock:
-                        server.in_flight -= 1
+                    self._answered()  # no answer was sent (the client gave up)
 
             def _answer(self, request: dict[str, Any]) -> None:
                 n = int(request.get("n") or 1)
