@@ -14,10 +14,11 @@ from flows.launch import open_run, publish_charts, publish_summary, run_name
 from flows.order import OFFLINE_ORDER
 from flows.run_charts import run_charts
 from flows.summary import iteration_summary
+from tasks.backends.engines import ENGINES
 from tasks.bootstrap import bootstrap
 from tasks.evaluate import evaluate
 from tasks.prompts import load_heldout, load_prompts, load_split
-from tasks.stage import Plan
+from tasks.stage import Plan, RunContext
 from tasks.store import RunStore
 
 
@@ -29,7 +30,13 @@ def eva_run(config: RunConfig, plan: Plan | None = None, advance: int = 0) -> li
         reached = finished_iterations(RunStore(config.root, config.run, config.storage_options))
         config = config.model_copy(update={"iterations": reached + advance})
     run = open_run(config, plan, OFFLINE_ORDER)
+    try:
+        return _iterations(run, config)
+    finally:
+        ENGINES.stop_all()  # the served policy kept for the next stage: no next stage now
 
+
+def _iterations(run: RunContext, config: RunConfig) -> list[dict[str, Any]]:
     prompts = load_prompts(run, None, config.prompts)  # X_0
     heldout = load_heldout(run, None, config.heldout, seed_set=prompts)
     policy = bootstrap(run, None, config.bootstrap, heldout=heldout)  # theta_0

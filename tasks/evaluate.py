@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.backends.generation import GenerationBackend
 from tasks.backends.hf_generate import TransformersGeneration
-from tasks.backends.protocols import close_after, stats_of
+from tasks.backends.protocols import close_after, engine_stats, stats_of
 from tasks.backends.reward import PointwiseRewardBackend
 from tasks.backends.world import WorldReward
 from tasks.stage import MODEL, StageContext, StageOutput, stage
@@ -43,10 +43,12 @@ def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> St
     prompts = heldout.column("prompt").to_pylist()
     model_dir = ctx.model_dir("policy")
     started = time.perf_counter()
-    # Closed before the reward model loads: a served policy gives its GPU back first.
+    # Closed before the reward model loads: an in-process policy gives its GPU back first (a
+    # served one stays up for the next iteration's creator unless its config says reuse: false).
     with close_after(config.generation.load(model_dir)) as generator:
         responses = [rs[0] for rs in generator.generate(prompts, 1, ctx.seed, ctx.progress)]
         requests = stats_of(generator) or None  # HTTP backends count their requests
+        engines = engine_stats(generator)
     rewards = np.array(
         [rs[0] for rs in config.reward.load().score(prompts, [[r] for r in responses])]
     )
@@ -70,5 +72,6 @@ def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> St
         "per_category": {c: round(float(np.nanmean(v)), 4) for c, v in sorted(by_cat.items())},
         "backend_seconds": round(seconds, 3),
         **({"requests": requests} if requests is not None else {}),
+        **engines,
     }
     return StageOutput(out, stats=stats, ui_tables={"responses": out.slice(0, 20).to_pylist()})

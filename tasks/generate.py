@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from eva_core.schema import PROMPT_COLUMNS
 from tasks.backends.generation import GenerationBackend
 from tasks.backends.hf_generate import TransformersGeneration
-from tasks.backends.protocols import close_after, stats_of
+from tasks.backends.protocols import close_after, engine_stats, stats_of
 from tasks.stage import MODEL, StageContext, StageOutput, stage
 
 ROLLOUT_COLUMNS = (*PROMPT_COLUMNS, "responses")
@@ -27,7 +27,8 @@ class GenerateConfig(BaseModel):
         default_factory=TransformersGeneration,
         description="transformers (CPU/GPU), vllm (in-process, GPU env), openai (any "
         "OpenAI-compatible endpoint: vllm serve, sglang, a hosted API), or served (starts "
-        "`vllm serve` from its own env on this stage's checkpoint, stops it after).",
+        "`vllm serve` from its own env on this stage's checkpoint, reused by the next stage that "
+        "samples it).",
     )
 
 
@@ -40,6 +41,7 @@ def generate(ctx: StageContext, config: GenerateConfig, prompts: pa.Table) -> St
     with close_after(config.backend.load(model_dir)) as generator:
         responses = generator.generate(texts, config.n, ctx.seed, ctx.progress)
         requests = stats_of(generator) or None  # HTTP backends count their requests
+        engines = engine_stats(generator)  # served: 0 when an earlier stage's server was reused
     seconds = time.perf_counter() - started
     out = prompts.append_column("responses", pa.array(responses, pa.list_(pa.string())))
     chars = sum(len(r) for rs in responses for r in rs)
@@ -48,6 +50,6 @@ def generate(ctx: StageContext, config: GenerateConfig, prompts: pa.Table) -> St
         "prompts": len(texts), "responses": len(texts) * config.n,
         "backend_seconds": round(seconds, 3), "response_chars": chars,
         "mean_distinct_responses": round(distinct, 3),
-        **({"requests": requests} if requests is not None else {}),
+        **({"requests": requests} if requests is not None else {}), **engines,
     }  # fmt: skip
     return StageOutput(out, stats=stats)

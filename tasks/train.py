@@ -16,6 +16,7 @@ from typing import Literal
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tasks.backends.engines import ENGINES
 from tasks.backends.launch import DEFAULT_ACCELERATE_CONFIG, launch_train
 from tasks.backends.rewriter import RewriterConfig
 from tasks.backends.solver import SolverBackend
@@ -74,6 +75,9 @@ def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutpu
         return StageOutput(
             empty, stats={"pairs": 0, "steps": 0, "no_pairs": True}, model_dir=policy_dir
         )
+    # Training needs the GPU that sampling engines kept for reuse, and their checkpoint is about
+    # to be superseded: stop them (a served backend starts one on the new checkpoint).
+    engines_stopped = ENGINES.stop_all()
     prompts = pairs.column("prompt").to_pylist()
     chosen = pairs.column("chosen").to_pylist()
     rejected = pairs.column("rejected").to_pylist()
@@ -132,6 +136,7 @@ def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutpu
         "gradient_accumulation": accumulation,
         "backend_seconds": round(seconds, 3),
         **rewrite_stats,
+        **({"engines_stopped": engines_stopped} if engines_stopped else {}),
         # The schedule's peak, not its last value (0.0 at the end of a cosine reads like a bug).
         **(
             {"peak_learning_rate": max(r.get("learning_rate", 0.0) for r in metrics)}

@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -18,6 +20,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from eva_core import world
 from eva_core.schema import seed_records
+from tasks.backends.engines import EnginePool
 from tasks.backends.generation import GenerationBackend
 from tasks.backends.hf_generate import TransformersGeneration
 from tasks.backends.llm_client import LLMConfigError
@@ -86,7 +89,7 @@ def drop_log(error: ServerStartError) -> None:
 
 def test_serves_the_stage_checkpoint_answers_and_stops(tmp_path: Path):
     ckpt = str(tmp_path / "iter_3" / "policy")
-    gen = served().load(ckpt)
+    gen = served(reuse=False).load(ckpt)
     try:
         assert isinstance(gen, Generator) and gen.running
         # The server was started on the stage's checkpoint, under the name requests use.
@@ -111,7 +114,7 @@ def test_close_kills_the_servers_children_too(tmp_path: Path):
     # Like vLLM's workers: a grandchild in the server's process group must go with it.
     pid_file = tmp_path / "child.pid"
     script = f'sleep 120 & echo $! > {pid_file}; exec "$@"'
-    with served(["sh", "-c", script, "sh", *SERVER]).load(str(tmp_path)) as gen:
+    with served(["sh", "-c", script, "sh", *SERVER], reuse=False).load(str(tmp_path)) as gen:
         child = int(pid_file.read_text())
         assert alive(child) and gen.generate(["1+1="], 1, seed=0) == [["2"]]
     assert not alive(gen.process.pid) and wait_gone(child)
@@ -237,7 +240,7 @@ def test_generate_stage_starts_and_stops_the_server(tmp_path: Path):
     pid_file = ckpt / "server.pid"
     # exec keeps the pid, so the file names the server process itself.
     command = ["sh", "-c", 'echo $$ > "$0"/server.pid; exec "$@"', "{model}", *SERVER]
-    config = GenerateConfig(n=2, backend=served(command))
+    config = GenerateConfig(n=2, backend=served(command, reuse=False))
     run = RunContext(root=str(tmp_path), run="t", seed=0)
     refs = {"policy": Ref("train", 0, "mem://x", "h", 0, model_uri=str(ckpt))}
     ctx = StageContext(run, 1, "generate", 7, refs, str(tmp_path), run.store(), lambda _: None)
@@ -245,6 +248,7 @@ def test_generate_stage_starts_and_stops_the_server(tmp_path: Path):
     responses = out.table.column("responses").to_pylist()
     assert responses == [[world.solve(p)] * 2 for p in PROMPTS[:3]]
     assert not alive(int(pid_file.read_text()))  # the stage closed it
+    assert out.stats["engine_starts"] == 1
     # One request per prompt (n in one request); the stand-in reports 1 + 1 tokens each.
     assert out.stats["requests"] == {
         "requests": 3, "retries": 0, "failures": 0, "prompt_tokens": 3, "completion_tokens": 3,
@@ -254,9 +258,78 @@ def test_generate_stage_starts_and_stops_the_server(tmp_path: Path):
 def test_garbage_collection_stops_a_forgotten_server(tmp_path: Path):
     import gc
 
-    gen: ServedGenerator | None = served().load(str(tmp_path))
+    gen: ServedGenerator | None = served(reuse=False).load(str(tmp_path))
     assert gen is not None
     pid, port = gen.process.pid, gen.port
     del gen
     gc.collect()
     assert wait_gone(pid) and refuses(port)
+
+
+# --- one engine per checkpoint, shared by the stages that sample it --------------------------
+
+
+def test_stages_on_one_checkpoint_share_one_server_and_a_new_checkpoint_replaces_it(
+    tmp_path: Path,
+):
+    pool = EnginePool()
+    first, second = str(tmp_path / "theta_1"), str(tmp_path / "theta_2")
+    a = served().load(first, pool=pool)  # e.g. evaluate of theta_1
+    a.close()
+    assert a.engine.running and not a.running  # kept for the next stage; this handle is done
+    greedy = served(client={**FAST_CLIENT, "temperature": 0.0})  # another client, same server
+    b = greedy.load(first, pool=pool)  # the next iteration's creator_generate
+    assert b.process.pid == a.process.pid and (a.engine_starts, b.engine_starts) == (1, 0)
+    assert b.generate(["2+2="], 1, seed=0) == [["4"]]
+    b.close()
+    c = served().load(second, pool=pool)  # after training: theta_2
+    assert c.engine_starts == 1 and c.process.pid != a.process.pid
+    assert wait_gone(a.process.pid) and refuses(a.port)  # the stale server made room
+    assert c.argv[c.argv.index("--checkpoint") + 1] == second
+    elsewhere = served(env={"PYTHONPATH": REPO, "CUDA_VISIBLE_DEVICES": "1"})
+    other_env = elsewhere.load(second, pool=pool)
+    assert other_env.engine_starts == 1 and c.engine.running  # other settings, other server
+    assert pool.starts == 3 and pool.stop_all() == 2
+    assert wait_gone(c.process.pid) and wait_gone(other_env.process.pid)
+    assert pool.stop_all() == 0
+
+
+def test_a_reused_server_that_died_is_started_again(tmp_path: Path):
+    pool = EnginePool()
+    with served().load(str(tmp_path), pool=pool) as gen:
+        os.killpg(gen.process.pid, signal.SIGKILL)
+        assert wait_gone(gen.process.pid)
+    again = served().load(str(tmp_path), pool=pool)
+    assert again.engine_starts == 1 and again.generate(["1+1="], 1, seed=0) == [["2"]]
+    pool.stop_all()
+
+
+KILLED_EVA = """
+import sys, time
+from tasks.backends.served_generate import ServedGeneration
+gen = ServedGeneration.model_validate({"command": sys.argv[2:], "env": {"PYTHONPATH": sys.argv[1]},
+                                       "stop_timeout_s": 1.0})
+gen = gen.load(sys.argv[1])
+print(gen.process.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_sigkill_of_eva_leaves_no_server_behind(tmp_path: Path):
+    # The server and a worker it forked (like vLLM's), in their own session: only the guard
+    # can stop them once eva is killed outright, since no finalizer of eva's runs.
+    pid_file = tmp_path / "worker.pid"
+    script = f'sleep 120 & echo $! > {pid_file}; exec "$@"'
+    eva = subprocess.Popen(
+        [sys.executable, "-c", KILLED_EVA, REPO, "sh", "-c", script, "sh", *SERVER],
+        stdout=subprocess.PIPE, cwd=REPO, text=True,
+    )  # fmt: skip
+    try:
+        assert eva.stdout is not None
+        guard = int(eva.stdout.readline())
+        worker = int(pid_file.read_text())
+        assert alive(guard) and alive(worker)
+    finally:
+        eva.kill()  # SIGKILL
+        eva.wait()
+    assert wait_gone(guard, 10.0) and wait_gone(worker, 10.0)

@@ -42,6 +42,19 @@ class Closable(Protocol):
     def close(self) -> None: ...
 
 
+@runtime_checkable
+class StartsEngines(Protocol):
+    """A backend that serves from an inference engine: started for this stage (1) or reused
+    from an earlier stage on the same checkpoint (0)."""
+
+    engine_starts: int
+
+
+def engine_stats(backend: object) -> dict[str, int]:
+    """``{"engine_starts": n}`` for a backend that serves from an engine, else {}."""
+    return {"engine_starts": backend.engine_starts} if isinstance(backend, StartsEngines) else {}
+
+
 def stats_of(backend: object) -> dict[str, int]:
     """The backend's counts, or {} for one that does not report any."""
     return backend.stats() if isinstance(backend, ReportsStats) else {}

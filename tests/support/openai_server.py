@@ -13,10 +13,12 @@ concurrency and that an API key was sent.
 Run as a module it is a stand-in for ``vllm serve`` in its own process (the ``served`` backend's
 tests start it the way that backend starts vLLM)::
 
-    python -m tests.support.openai_server --port P --model NAME --answer world|echo \\
-        [--checkpoint DIR]
+    python -m tests.support.openai_server --port P --model NAME --answer world|echo|mixed \\
+        [--checkpoint DIR] [--record FILE]
 
-``--answer world`` replies with the world's reference answer (echo for other prompts);
+``--answer world`` replies with the world's reference answer (echo for other prompts), ``mixed``
+with it for sample 0 and an echo for the others; ``--record`` appends the checkpoint to a file at
+each start, so a test can count starts;
 ``--checkpoint`` is listed as the model's ``root`` in ``/v1/models``, as vLLM lists the path it
 loaded, so a test can see which checkpoint the server was started on.
 """
@@ -47,6 +49,14 @@ def world_answer(prompt: str, index: int, request: dict[str, Any]) -> str:
         return world.solve(prompt)
     except ValueError:
         return echo(prompt, index, request)
+
+
+def mixed_answer(prompt: str, index: int, request: dict[str, Any]) -> str:
+    """Sample 0 right, the others an echo: rollouts a preference pair can be built from."""
+    return world_answer(prompt, index, request) if index == 0 else echo(prompt, index, request)
+
+
+ANSWERS: dict[str, Respond] = {"world": world_answer, "echo": echo, "mixed": mixed_answer}
 
 
 class _Server(ThreadingHTTPServer):
@@ -206,10 +216,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="A stand-in for `vllm serve`, for tests.")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model", default="tiny", help="served model name")
-    parser.add_argument("--answer", choices=("world", "echo"), default="world")
+    parser.add_argument("--answer", choices=tuple(ANSWERS), default="world")
     parser.add_argument("--checkpoint", default=None, help="listed as the model's root")
+    parser.add_argument("--record", help="a file each start appends its checkpoint to")
     args = parser.parse_args(argv)
-    respond = world_answer if args.answer == "world" else echo
+    respond = ANSWERS[args.answer]
+    if args.record:
+        with open(args.record, "a") as f:
+            f.write(f"{args.checkpoint}\n")
     server = OpenAICompatibleServer(respond, model=args.model, port=args.port, root=args.checkpoint)
     print(f"serving {args.model!r} ({args.checkpoint}) on {server.base_url}", flush=True)
     server.serve_forever()
