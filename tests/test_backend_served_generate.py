@@ -333,3 +333,49 @@ def test_a_sigkill_of_eva_leaves_no_server_behind(tmp_path: Path):
         eva.kill()  # SIGKILL
         eva.wait()
     assert wait_gone(guard, 10.0) and wait_gone(worker, 10.0)
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_a_run_starts_one_server_per_checkpoint(tmp_path: Path):
+    from flows.config import validate_config
+    from flows.run import eva_run
+    from tasks.backends.engines import ENGINES
+    from tasks.store import RunStore
+    from tests.conftest import tiny_run_config
+
+    record = tmp_path / "starts.txt"
+    command = [*SERVER, "--record", str(record)]
+    command[command.index("world")] = "mixed"  # a right and a wrong answer: pairs to train on
+    backend = served(command).model_dump()
+    greedy = {**backend, "client": {**FAST_CLIENT, "temperature": 0.0}}
+    root = str(tmp_path / "runs")
+    cfg = tiny_run_config(root, run="served", generate={"n": 2, "backend": backend})
+    cfg["evaluate"] = {"generation": greedy}
+    starts_before = ENGINES.starts
+    eva_run(validate_config(cfg))
+
+    store = RunStore(root, "served")
+
+    def manifest(t: int | None, stage: str) -> dict[str, Any]:
+        found = store.read_manifest(t, stage)
+        assert found is not None, (t, stage)
+        return found
+
+    checkpoints = [
+        manifest(t, s)["model_uri"] for t, s in [(None, "bootstrap"), (0, "train"), (1, "train")]
+    ]
+    # theta_0, theta_1, theta_2: each started once, in order, whatever stages sampled it.
+    started = record.read_text().splitlines()
+    assert len(started) == len(checkpoints) == ENGINES.starts - starts_before == 3
+    assert all(p.endswith(os.path.normpath(u)) for p, u in zip(started, checkpoints, strict=True))
+    engine_starts = {
+        (t, stage): manifest(t, stage)["stats"]["engine_starts"]
+        for t, stage in [(None, "evaluate"), (0, "generate"), (0, "evaluate"),
+                         (1, "creator_generate"), (1, "generate"), (1, "evaluate")]
+    }  # fmt: skip
+    assert engine_starts == {
+        (None, "evaluate"): 1, (0, "generate"): 0, (0, "evaluate"): 1,
+        (1, "creator_generate"): 0, (1, "generate"): 0, (1, "evaluate"): 1,
+    }  # fmt: skip
+    assert manifest(1, "train")["stats"]["engines_stopped"] == 1
+    assert ENGINES.stop_all() == 0  # the run stopped the last one itself
