@@ -337,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error, already printed in one line (2)
         return int(exc.code or 0)
+    from flows.api import prefect_api
     from flows.config import ConfigError
     from tasks.backends.llm_client import LLMConfigError
     from tasks.stage import StageError
@@ -351,7 +352,10 @@ def main(argv: list[str] | None = None) -> int:
         "bench": _cmd_bench,
     }
     try:
-        return handlers[args.command](args)
+        if args.command in ("show", "config"):  # no flow runs
+            return handlers[args.command](args)
+        with prefect_api():  # PREFECT_API_URL, else a running local server, else a temporary one
+            return handlers[args.command](args)
     except (ConfigError, StageError, LLMConfigError) as exc:  # the last: an unset API key
         print(f"eva: error: {exc}", file=sys.stderr)
         return 2

@@ -100,3 +100,66 @@ def test_each_trigger_of_the_served_deployment_advances_the_run(tmp_path: Path) 
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_eva_run_reports_to_a_local_server_that_is_already_running(tmp_path: Path) -> None:
+    # The suite's Prefect API stands in for `prefect server start`: eva, given no API URL, finds
+    # it where such a server listens, runs there (no temporary server) and the run stays in it.
+    from urllib.parse import urlsplit
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.settings import PREFECT_API_URL
+
+    api = urlsplit(str(PREFECT_API_URL.value()))
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(tiny_run_config(str(tmp_path / "runs"), run="found")))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(PREFECT_SERVER_API_HOST=str(api.hostname), PREFECT_SERVER_API_PORT=str(api.port))
+    cli = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main())"]
+    done = subprocess.run(
+        [*cli, "run", "--config", str(config), "--set", "iterations=0"],
+        env=env, cwd=PROJECT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert f"already running at http://{api.hostname}:{api.port}/api" in out
+    assert "Starting temporary server" not in out
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_="found @"))
+        )
+    assert [r.state.type.value for r in runs if r.state] == ["COMPLETED"]
+
+
+def test_the_probe_finds_a_prefect_api_and_nothing_else(monkeypatch) -> None:
+    from urllib.parse import urlsplit
+
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_SERVER_API_HOST,
+        PREFECT_SERVER_API_PORT,
+        temporary_settings,
+    )
+
+    from flows.api import local_server_url, prefect_api
+    from tests.support.openai_server import OpenAICompatibleServer
+
+    api = urlsplit(str(PREFECT_API_URL.value()))
+    at = {PREFECT_SERVER_API_HOST: api.hostname, PREFECT_SERVER_API_PORT: api.port}
+    with temporary_settings(updates=at):
+        assert local_server_url() == f"http://{api.hostname}:{api.port}/api"
+    # An HTTP server that is not Prefect's (404 on /api/health), then nothing on that port.
+    with OpenAICompatibleServer() as other:
+        port = int(urlsplit(other.base_url).port or 0)
+        with temporary_settings(updates={**at, PREFECT_SERVER_API_PORT: port}):
+            assert local_server_url() is None
+    with temporary_settings(updates={**at, PREFECT_SERVER_API_PORT: port}):  # now closed
+        assert local_server_url() is None
+    # No API configured: the running server is used, unless told to start a temporary one.
+    with temporary_settings(updates=at, restore_defaults={PREFECT_API_URL}):
+        with prefect_api(say=False) as url:
+            assert url == f"http://{api.hostname}:{api.port}/api" == PREFECT_API_URL.value()
+        monkeypatch.setenv("EVA_PREFECT_SERVER", "temporary")
+        with prefect_api(say=False) as url:
+            assert url is None and not PREFECT_API_URL.value()

@@ -1,0 +1,54 @@
+"""Which Prefect API a command's flows report to: the configured one, else a local server that is
+already running, else Prefect's temporary server.
+
+Without ``PREFECT_API_URL`` every ``eva run`` starts Prefect's temporary server (about 15 s on
+2 cores) and stops it when the run ends, and the UI shows the run only while it lasts. A user who
+keeps ``prefect server start`` running wants the run there: it costs nothing to start and the run
+stays in the UI. So, when no API is configured, the commands that run flows ask the address a
+local ``prefect server start`` listens on (``PREFECT_SERVER_API_HOST``/``PORT``, 127.0.0.1:4200
+by default) for ``/api/health`` and, if it answers, use it for this command only.
+``EVA_PREFECT_SERVER=temporary`` keeps the temporary server regardless.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+
+
+def local_server_url(timeout_s: float = 0.5) -> str | None:
+    """The API URL of a Prefect server answering on this machine's configured address, or
+    None (nothing listening, or something that is not a Prefect API)."""
+    from prefect.settings import get_current_settings
+
+    api = get_current_settings().server.api
+    host = "127.0.0.1" if api.host in ("0.0.0.0", "::") else api.host
+    url = f"http://{host}:{api.port}/api"
+    try:
+        resp = httpx.get(f"{url}/health", timeout=timeout_s, trust_env=False)
+    except httpx.HTTPError:
+        return None
+    return url if resp.status_code == 200 and resp.text.strip() == "true" else None
+
+
+@contextmanager
+def prefect_api(say: bool = True) -> Iterator[str | None]:
+    """Run the body against the configured API, else a running local server (yields its URL),
+    else the temporary server (yields None)."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    configured = PREFECT_API_URL.value()
+    if configured or os.environ.get("EVA_PREFECT_SERVER") == "temporary":
+        yield configured or None
+        return
+    url = local_server_url()
+    if url is None:
+        yield None
+        return
+    if say:
+        print(f"eva: reporting to the Prefect server already running at {url}", flush=True)
+    with temporary_settings(updates={PREFECT_API_URL: url}):
+        yield url
