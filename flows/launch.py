@@ -1,5 +1,7 @@
 """What every eva flow does first and last: check inputs, open the run, publish its summary."""
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from prefect.artifacts import create_markdown_artifact
@@ -7,15 +9,33 @@ from prefect.artifacts import create_markdown_artifact
 from flows.config import OnlineRunConfig, RunConfig
 from flows.inputs import check_inputs
 from flows.summary import summary_markdown
+from tasks.backends.engines import ENGINES
 from tasks.stage import Plan, RunContext
+from tasks.ui import LATER
 
 
-def open_run(
+@contextmanager
+def opened_run(
+    config: RunConfig | OnlineRunConfig, plan: Plan | None, order: tuple[str, ...]
+) -> Iterator[RunContext]:
+    """The run, opened for the flow's body and closed after it, whatever the body raised.
+
+    Opening checks inputs (again: a run started from the UI never passed through the CLI), sets
+    the torch threads, sweeps what a killed launch left, and records the config being run.
+    ``order`` is the flow's artifact order, which the plan of ``eva stage`` needs. Closing stops
+    the inference servers kept for a next stage (there is none now) and waits until every
+    stage's UI artifacts are posted."""
+    run = _open(config, plan, order)
+    try:
+        yield run
+    finally:
+        ENGINES.stop_all()
+        LATER.flush()
+
+
+def _open(
     config: RunConfig | OnlineRunConfig, plan: Plan | None, order: tuple[str, ...]
 ) -> RunContext:
-    """Check inputs (again: a run started from the UI never passed through the CLI), set the
-    torch threads, sweep what a killed launch left, and record the config being run. ``order``
-    is the flow's artifact order, which the plan of ``eva stage`` needs."""
     check_inputs(config)
     # The flow's own order, whatever the caller built the plan with.
     plan = Plan.model_validate({**(plan.model_dump() if plan else {}), "order": order})

@@ -23,7 +23,6 @@ import importlib.util
 import inspect
 import json
 import logging
-import re
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eva_core.schema import missing_columns
 from tasks.store import Ref, RunStore, checkpoint_hash, iteration_dir
+from tasks.ui import ProgressArtifact, artifact_key, link_reused, publish_stage, readable
 
 MODEL = None  # an input that is consumed as a checkpoint, not read as a table
 _PACKAGES = ("eva", "prefect", "torch", "transformers", "trl", "pyarrow", "numpy")
@@ -245,7 +245,7 @@ class Stage:
         if decision != "force":
             manifest = store.read_manifest(iteration, artifact)
             if manifest and manifest["key"] == key and store.is_complete(manifest):
-                _link_reused(run.run, iteration, artifact, manifest)
+                link_reused(run.run, iteration, artifact, manifest)
                 return Completed(
                     name="Cached", message=f"reused {manifest['uri']}", data=_ref(manifest)
                 )
@@ -269,7 +269,7 @@ class Stage:
             tables[name] = table
 
         store.invalidate(iteration, artifact)
-        progress = _ProgressArtifact(_artifact_key(run.run, iteration, artifact, "progress"))
+        progress = ProgressArtifact(artifact_key(run.run, iteration, artifact, "progress"))
         # Scratch lives in the run's own scratch area, which the next launch sweeps: a killed
         # stage leaves nothing in the system's temporary folder.
         with tempfile.TemporaryDirectory(prefix=f"{artifact}-", dir=store.scratch_dir()) as scratch:
@@ -313,7 +313,7 @@ class Stage:
             "%s %s: %d rows in %.1f s; %s", artifact, iteration_dir(iteration),
             out.table.num_rows, seconds, readable(out.stats),
         )  # fmt: skip
-        _publish_ui(run.run, iteration, artifact, manifest, out.ui_tables, out.ui_notes)
+        publish_stage(run.run, iteration, artifact, manifest, out.ui_tables, out.ui_notes)
         return _ref(manifest)
 
 
@@ -451,116 +451,3 @@ def _task_run_name() -> str:
 
     p = task_run.parameters
     return f"{p['artifact']}-{iteration_dir(p['iteration']).replace('_', '-')}"
-
-
-def _artifact_key(run: str, iteration: int | None, artifact: str, suffix: str = "") -> str:
-    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
-    raw = "-".join(p for p in (run, iteration_dir(iteration), artifact, suffix) if p)
-    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", raw.lower())).strip("-")
-
-
-class _ProgressArtifact:
-    """A Prefect progress artifact, updated at most once a second; silent outside a flow."""
-
-    def __init__(self, key: str):
-        self.key, self.last, self.disabled = key, 0.0, False
-        self.id: Any = None
-
-    def __call__(self, fraction: float) -> None:
-        now = time.monotonic()
-        if self.disabled or (fraction < 1.0 and now - self.last < 1.0):
-            return
-        self.last = now
-        try:
-            from prefect.artifacts import create_progress_artifact, update_progress_artifact
-
-            pct = round(100 * min(max(fraction, 0.0), 1.0), 1)
-            if self.id is None:
-                self.id = create_progress_artifact(pct, key=self.key)
-            else:
-                update_progress_artifact(self.id, pct)
-        except Exception:  # no Prefect API here (a plain call): progress is best-effort
-            self.disabled = True
-
-
-def readable(value: Any) -> str:
-    """A stat as a person reads it: 4 significant digits, mappings as ``k: v`` lists, text as
-    is (no JSON quotes), nothing as "-"."""
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, float):
-        return "nan" if value != value else f"{value:.4g}"
-    if isinstance(value, dict):
-        return ", ".join(f"{k}: {readable(v)}" for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(readable(v) for v in value) + "]"
-    return str(value)
-
-
-def _cell(value: Any) -> Any:
-    """A table cell: floats rounded to 4 significant digits, containers as readable text."""
-    if isinstance(value, float):
-        return value if value != value else float(f"{value:.4g}")
-    if isinstance(value, dict | list | tuple):
-        return readable(value)
-    return value
-
-
-def _link_reused(run: str, iteration: int | None, artifact: str, manifest: dict) -> None:
-    """On a cached stage's task run: what it reused and a link to the summary published when
-    that artifact was made, so a rerun's page leads to the tables it did not recompute."""
-    try:
-        from prefect.artifacts import create_markdown_artifact
-        from prefect.settings import PREFECT_UI_URL
-
-        key = _artifact_key(run, iteration, artifact)
-        ui = PREFECT_UI_URL.value()
-        where = f"[{key}]({ui}/artifacts/key/{key})" if ui else f"`{key}`"
-        create_markdown_artifact(
-            f"Cached: reused `{manifest['uri']}` ({manifest['rows']} rows, made "
-            f"{manifest.get('created_at', '?')}); its summary and tables: {where}",
-            description=f"{artifact} {iteration_dir(iteration)}: reused",
-        )
-    except Exception as exc:  # a view of the run; never fails the stage
-        logging.getLogger("eva").debug("could not link the reused artifact: %s", exc)
-
-
-def _publish_ui(
-    run: str,
-    iteration: int | None,
-    artifact: str,
-    manifest: dict[str, Any],
-    tables: Mapping[str, list[dict[str, Any]]],
-    notes: Mapping[str, str] | None = None,
-) -> None:
-    try:
-        from prefect.artifacts import create_markdown_artifact, create_table_artifact
-    except ImportError:  # pragma: no cover
-        return
-    stats = manifest["stats"]
-    lines = [
-        f"### {artifact} · {iteration_dir(iteration)}",
-        f"{manifest['rows']} rows in {manifest['seconds']:.2f} s → `{manifest['uri']}`",
-        "",
-        "| stat | value |",
-        "| --- | --- |",
-        *(f"| {k} | {readable(v)} |" for k, v in stats.items()),
-    ]
-    try:
-        create_markdown_artifact(
-            "\n".join(lines),
-            key=_artifact_key(run, iteration, artifact),
-            description=f"{artifact} summary",
-        )
-        for suffix, rows in tables.items():
-            if rows:
-                create_table_artifact(
-                    [{k: _cell(v) for k, v in row.items()} for row in rows],
-                    key=_artifact_key(run, iteration, artifact, suffix),
-                    description=f"{artifact} {iteration_dir(iteration)}: "
-                    + (notes or {}).get(suffix, f"{len(rows)} of {manifest['rows']} rows"),
-                )
-    except Exception as exc:  # the artifact on disk is what matters; the UI is a view of it
-        logging.getLogger("eva").debug("could not publish UI artifacts: %s", exc)
