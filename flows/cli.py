@@ -5,6 +5,7 @@ eva online [--config FILE] [--set key=value ...]     online eva: RLOO fed by the
 eva stage NAME --run R --iteration T [--force] [--downstream]
 eva show --run R [--iteration T --stage NAME]        manifests and artifact rows
 eva serve [--file infra/prefect.yaml]                serve the deployment to a Prefect API
+eva train-node --run R [--root ROOT] [--machine-rank K]   machine K of multi-node training
 eva config                                           print the default config as YAML
 eva bench [--quick]                                  the method and cost benchmarks (docs/bench)
 """
@@ -111,6 +112,23 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--stage", choices=ALL_ARTIFACTS)
     show.add_argument("--rows", type=_count, default=10, help="rows of a stage to print")
     show.add_argument("--storage-options", type=_json_object, help=STORAGE_HELP)
+
+    node = sub.add_parser(
+        "train-node",
+        help="take part in a run's multi-node trainings as machine K (machine 0 is the flow)",
+    )
+    node.add_argument("--run", required=True)
+    node.add_argument("--root", default="runs", help="the run root, as every machine mounts it")
+    node.add_argument(
+        "--machine-rank",
+        type=_count,
+        help="this machine's rank, 1..machines-1 (default: $EVA_MACHINE_RANK, else a "
+        "Kubernetes indexed Job's $JOB_COMPLETION_INDEX + 1)",
+    )
+    node.add_argument("--once", action="store_true", help="exit after one training")
+    node.add_argument(
+        "--wait", type=float, metavar="SECONDS", help="give up when no training starts in time"
+    )
 
     serve = sub.add_parser("serve", help="serve the eva-run deployment to a Prefect API")
     serve.add_argument("--file", default=os.path.join("infra", "prefect.yaml"))
@@ -303,6 +321,22 @@ def _seed_count(config: Any) -> int:
     return int(manifest["rows"]) if manifest else 0
 
 
+def _cmd_train_node(args: argparse.Namespace) -> int:
+    from flows.config import RUN_NAME, ConfigError
+    from tasks.backends.follow import FollowError, follow, request_dir
+
+    if not RUN_NAME.fullmatch(args.run):
+        raise ConfigError(f"--run {args.run!r}: a run name (letters, digits, '_', '.', '-')")
+    if "://" in args.root:
+        raise ConfigError(f"--root {args.root}: multi-node training needs a shared filesystem path")
+    folder = request_dir(os.path.join(os.path.abspath(args.root), args.run))
+    try:
+        status = follow(folder, rank=args.machine_rank, once=args.once, wait_s=args.wait)
+    except FollowError as exc:
+        raise ConfigError(str(exc)) from None
+    return 0 if status == 0 else 1
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from flows.serve import serve
 
@@ -348,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         "stage": _cmd_stage,
         "show": _cmd_show,
         "serve": _cmd_serve,
+        "train-node": _cmd_train_node,
         "config": _cmd_config,
         "bench": _cmd_bench,
     }

@@ -32,6 +32,13 @@ def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
             raise ConfigError(
                 f"train.accelerate_config: no file at {config.train.accelerate_config!r}"
             )
+        if config.train.nodes.machines > 1 and "://" in config.root:
+            # The other machines read the pairs and the policy, and machine 0's launch
+            # request, by path (tasks/backends/follow.py).
+            raise ConfigError(
+                f"train.nodes.machines={config.train.nodes.machines} needs a run root on a "
+                f"filesystem every machine mounts at the same path, not {config.root}"
+            )
     for field, prompts in (("prompts", config.prompts), ("heldout", config.heldout)):
         if prompts.path is None:
             continue

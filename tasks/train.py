@@ -17,7 +17,8 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tasks.backends.engines import ENGINES
-from tasks.backends.launch import DEFAULT_ACCELERATE_CONFIG, launch_train
+from tasks.backends.follow import request_dir
+from tasks.backends.launch import DEFAULT_ACCELERATE_CONFIG, NodesConfig, launch_train
 from tasks.backends.rewriter import RewriterConfig
 from tasks.backends.solver import SolverBackend
 from tasks.backends.trl_dpo import DPOSolverConfig, batch_layout
@@ -36,10 +37,20 @@ class TrainConfig(BaseModel):
     launcher: Literal["inprocess", "accelerate"] = Field(
         default="inprocess", description='"accelerate" trains in a subprocess per device.'
     )
-    num_processes: int = Field(default=1, ge=1, description="Processes (GPUs) for accelerate.")
+    num_processes: int = Field(
+        default=1,
+        ge=1,
+        description="Processes (GPUs) for accelerate, in total over all machines (16 for 2 "
+        "machines x 8 GPUs), as accelerate's --num_processes counts them.",
+    )
     accelerate_config: str = Field(
         default=DEFAULT_ACCELERATE_CONFIG,
         description="accelerate yaml; a relative path missing here is read from the repo.",
+    )
+    nodes: NodesConfig = Field(
+        default_factory=NodesConfig,
+        description="Machines for accelerate (multi-node: every other machine runs "
+        "`eva train-node`, and the run root must be a filesystem all of them mount).",
     )
     on_no_pairs: Literal["keep_policy", "fail"] = Field(
         default="keep_policy",
@@ -51,6 +62,18 @@ class TrainConfig(BaseModel):
     @property
     def processes(self) -> int:
         return self.num_processes if self.launcher == "accelerate" else 1
+
+    @model_validator(mode="after")
+    def _machines_fit(self) -> TrainConfig:
+        machines = self.nodes.machines
+        if machines > 1 and self.launcher != "accelerate":
+            raise ValueError(f"nodes.machines={machines} needs launcher: accelerate")
+        if self.processes % machines:
+            raise ValueError(
+                f"num_processes={self.num_processes} is the total over nodes.machines="
+                f"{machines}: it must be a multiple of it (processes per machine x machines)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _batch_divides(self) -> TrainConfig:
@@ -117,6 +140,9 @@ def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutpu
             scratch=os.path.join(ctx.scratch, "launch"),
             accelerate_config=config.accelerate_config,
             num_processes=config.num_processes,
+            nodes=config.nodes,
+            # Machine 0's request for the others lives in the run, which every machine mounts.
+            request_dir=request_dir(ctx.store.base) if config.nodes.machines > 1 else None,
             log=lambda line: log.info("%s", line),
             progress=progress,
         )

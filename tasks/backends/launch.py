@@ -9,6 +9,13 @@ default config (``infra/accelerate/zero3.yaml``) is DeepSpeed ZeRO-3 on 8 GPUs; 
 
 Progress crosses the process boundary as marker lines on rank 0's stdout; the metrics as a JSON
 file rank 0 writes after the checkpoint is saved.
+
+Several machines (``NodesConfig.machines > 1``): every machine must run ``accelerate launch``
+with its own ``--machine_rank``. The stage is machine 0; before it launches, it writes a launch
+request (``train-request.json``) into a folder every machine sees, and each other machine runs
+``eva train-node``, which waits for the request and launches the same command with its own rank
+(``tasks/backends/follow.py``). The paths in the request (pairs, policy, output) must therefore
+mean the same on every machine: a run root on a shared filesystem mounted at the same path.
 """
 
 from __future__ import annotations
@@ -18,12 +25,14 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from transformers.utils import logging as hf_logging
 
 from tasks.backends.protocols import Progress, no_progress
@@ -32,6 +41,47 @@ from tasks.backends.solver import SolverBackend
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_ACCELERATE_CONFIG = "infra/accelerate/zero3.yaml"
 _PROGRESS = "@@eva-progress "  # a line rank 0 prints; never forwarded to the log
+REQUEST_FILE = "train-request.json"  # what machine 0 publishes for the others (multi-node)
+
+
+class NodesConfig(BaseModel):
+    """The machines one training spans. Which machine this is (its rank) is not configured: the
+    stage is always machine 0, and ``eva train-node`` on every other machine reads its rank from
+    ``--machine-rank``, ``EVA_MACHINE_RANK`` or a Kubernetes indexed Job's index."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    machines: int = Field(
+        default=1,
+        ge=1,
+        description="Machines (nodes) of one training; train.num_processes is the total over "
+        "all of them, split evenly. Over 1, every other machine runs `eva train-node`.",
+    )
+    main_process_ip: str | None = Field(
+        default=None,
+        description="Address of machine 0, reachable from every machine (a stable DNS name, "
+        "e.g. a Kubernetes headless service); required when machines > 1.",
+    )
+    main_process_port: int = Field(
+        default=29500, ge=1, le=65535, description="Rendezvous port on machine 0."
+    )
+    same_network: bool = Field(
+        default=True,
+        description="Machines share a network: machine 0's address is the torch master address "
+        "(false: it is a rendezvous endpoint, for rdzv_backend c10d across networks).",
+    )
+    rdzv_backend: Literal["static", "c10d"] = Field(
+        default="static",
+        description="torch.distributed.run rendezvous: static (fixed ranks, accelerate's "
+        "default) or c10d.",
+    )
+
+    @model_validator(mode="after")
+    def _address_when_several(self) -> NodesConfig:
+        if self.machines > 1 and not self.main_process_ip:
+            raise ValueError(
+                f"machines={self.machines} needs main_process_ip (machine 0's address)"
+            )
+        return self
 
 
 class LaunchError(RuntimeError):
@@ -71,12 +121,16 @@ def launch_train(
     scratch: str,
     accelerate_config: str = DEFAULT_ACCELERATE_CONFIG,
     num_processes: int = 1,
+    nodes: NodesConfig | None = None,
+    request_dir: str | None = None,
     log: Callable[[str], None] = print,
     progress: Progress = no_progress,
     tail_lines: int = 40,
 ) -> list[dict[str, float]]:
     """Train like ``solver.load().train(...)``, but in ``num_processes`` processes started by
-    ``accelerate launch``; ``scratch`` receives the pairs file and the metrics file."""
+    ``accelerate launch``; ``scratch`` receives the pairs file and the metrics file. With several
+    ``nodes``, this is machine 0 and the request for the others is written to ``request_dir``."""
+    nodes = nodes or NodesConfig()
     os.makedirs(scratch, exist_ok=True)
     spec = LaunchSpec(
         solver=solver,
@@ -88,25 +142,24 @@ def launch_train(
     )
     table = pa.table({"prompt": list(prompts), "chosen": list(chosen), "rejected": list(rejected)})
     pq.write_table(table, spec.pairs_path)
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",  # the venv's accelerate, whatever PATH says
-        "--config_file",
-        resolve_config(accelerate_config),
-        "--num_processes",
-        str(num_processes),
-        # The solver config decides precision; a yaml that disagrees would make the Trainer
-        # and DeepSpeed disagree, so the command line overrides it.
-        "--mixed_precision",
-        "bf16" if solver.bf16 else "no",
-        "-m",
-        "tasks.backends.launch",
+    cmd = accelerate_command(
         spec.model_dump_json(),
-    ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    returncode, tail = _stream(cmd, env, scratch, log, progress, tail_lines)
+        accelerate_config=accelerate_config,
+        num_processes=num_processes,
+        bf16=solver.bf16,
+        nodes=nodes,
+        machine_rank=0,
+    )
+    request = None
+    if nodes.machines > 1:
+        if request_dir is None:
+            raise ValueError("several machines need a request_dir every machine can read")
+        request = write_request(request_dir, spec, accelerate_config, num_processes, nodes)
+    try:
+        returncode, tail = _stream(cmd, child_env(), scratch, log, progress, tail_lines)
+    finally:
+        if request is not None:  # a machine whose follower starts later must not join it
+            Path(request).unlink(missing_ok=True)
     if returncode != 0:
         raise LaunchError(
             f"accelerate launch exited with status {returncode}; last output:\n" + "\n".join(tail)
@@ -115,6 +168,85 @@ def launch_train(
         rows: list[dict[str, float]] = json.load(f)
     progress(1.0)
     return rows
+
+
+def accelerate_command(
+    spec_json: str,
+    *,
+    accelerate_config: str,
+    num_processes: int,
+    bf16: bool,
+    nodes: NodesConfig,
+    machine_rank: int,
+) -> list[str]:
+    """The ``accelerate launch`` command of one machine. Everything eva decides is on the
+    command line, so the yaml cannot disagree with the run's config."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",  # the venv's accelerate, whatever PATH says
+        "--config_file",
+        resolve_config(accelerate_config),
+        # The total over all machines (accelerate splits it evenly across them).
+        "--num_processes",
+        str(num_processes),
+        # Always given: a yaml written for two machines must not turn a one-machine run into
+        # half of a two-machine one that waits for a partner forever.
+        "--num_machines",
+        str(nodes.machines),
+        "--machine_rank",
+        str(machine_rank),
+        # The solver config decides precision; a yaml that disagrees would make the Trainer
+        # and DeepSpeed disagree, so the command line overrides it.
+        "--mixed_precision",
+        "bf16" if bf16 else "no",
+    ]
+    if nodes.machines > 1:
+        cmd += [
+            "--main_process_ip",
+            str(nodes.main_process_ip),
+            "--main_process_port",
+            str(nodes.main_process_port),
+            # accelerate 1.x takes neither of these two from the yaml (their command-line
+            # defaults are not None, so the yaml's value never applies): they must be flags.
+            "--rdzv_backend",
+            nodes.rdzv_backend,
+            *(["--same_network"] if nodes.same_network else []),
+        ]
+    return [*cmd, "-m", "tasks.backends.launch", spec_json]
+
+
+def child_env() -> dict[str, str]:
+    """The launched processes' environment: unbuffered, and this checkout importable."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def write_request(
+    request_dir: str,
+    spec: LaunchSpec,
+    accelerate_config: str,
+    num_processes: int,
+    nodes: NodesConfig,
+) -> str:
+    """Publish machine 0's launch for the other machines; returns the request's path. Written
+    whole (a rename), so a follower never reads half a request."""
+    os.makedirs(request_dir, exist_ok=True)
+    path = os.path.join(request_dir, REQUEST_FILE)
+    request_id = uuid.uuid4().hex
+    request = {
+        "id": request_id,
+        "spec": spec.model_dump(mode="json"),
+        "accelerate_config": accelerate_config,
+        "num_processes": num_processes,
+        "nodes": nodes.model_dump(mode="json"),
+    }
+    tmp = f"{path}.tmp-{request_id[:8]}"
+    with open(tmp, "w") as f:
+        json.dump(request, f)
+    os.replace(tmp, path)
+    return path
 
 
 def _stream(
