@@ -1,5 +1,5 @@
 """The eva-run deployment through a Prefect *process work pool*, as a team running workers
-would: `prefect work-pool create`, `prefect deploy` from a prefect.yaml, a worker, and flow runs
+would: `prefect work-pool create`, `prefect deploy` of infra/prefect.yaml, a worker, and flow runs
 triggered through the API. The second trigger of the same run finds every stage cached."""
 
 from __future__ import annotations
@@ -10,14 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from flows.order import OFFLINE_ORDER
 from flows.serve import PROJECT
 from tests.conftest import tiny_run_config
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
-POOL = "eva-test-pool"
+POOL = "eva-local"  # the pool infra/prefect.yaml names
 
 
 def _prefect(*args: str, env: dict[str, str], cwd: str = PROJECT) -> str:
@@ -30,11 +29,11 @@ def _prefect(*args: str, env: dict[str, str], cwd: str = PROJECT) -> str:
     return done.stdout
 
 
-def _trigger_and_work(name: str, env: dict[str, str]) -> object:
+def _trigger_and_work(name: str, env: dict[str, str], parameters: dict) -> object:
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
-    scheduled = run_deployment(name, timeout=0, as_subflow=False)
+    scheduled = run_deployment(name, parameters=parameters, timeout=0, as_subflow=False)
     # One polling pass: the worker starts the scheduled run in a subprocess and waits for it.
     _prefect("worker", "start", "--pool", POOL, "--type", "process", "--run-once", env=env)
     with get_client(sync_client=True) as client:
@@ -48,28 +47,17 @@ def test_a_process_work_pool_runs_the_deployment_and_a_rerun_is_cached(tmp_path:
 
     env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONPATH": PROJECT}
     root = str(tmp_path / "runs")
-    spec = {
-        "name": "eva",
-        # The worker runs the flow from the project, wherever it was started.
-        "pull": [{"prefect.deployments.steps.set_working_directory": {"directory": PROJECT}}],
-        "deployments": [
-            {
-                "name": "eva-run-pool",
-                "entrypoint": "flows/run.py:eva_run",
-                "parameters": {"config": tiny_run_config(root, run="pooled")},
-                "work_pool": {"name": POOL},
-            }
-        ],
-    }
-    spec_path = tmp_path / "prefect.yaml"
-    spec_path.write_text(yaml.safe_dump(spec))
     _prefect("work-pool", "create", POOL, "--type", "process", env=env)
-    _prefect("deploy", "--all", "--prefect-file", str(spec_path), env=env)
+    # The project's own deployment file, as the README says to deploy it (from the project:
+    # prefect records it as the runs' working directory). A trigger from the UI or the API may
+    # replace parameters; here a tiny run instead of the demo world.
+    _prefect("deploy", "--all", "--prefect-file", "infra/prefect.yaml", env=env)
+    tiny = {"config": tiny_run_config(root, run="pooled"), "advance": 0}
 
-    first = _trigger_and_work("eva-run/eva-run-pool", env)
+    first = _trigger_and_work("eva-run/eva-run", env, tiny)
     assert first.state is not None and first.state.is_completed(), first.state
     assert os.path.isdir(os.path.join(root, "pooled", "iter_1", "model"))
-    second = _trigger_and_work("eva-run/eva-run-pool", env)
+    second = _trigger_and_work("eva-run/eva-run", env, tiny)
     assert second.state is not None and second.state.is_completed(), second.state
     # Every stage of the second run came back Cached, in the launch and in its iterations.
     with get_client(sync_client=True) as client:
