@@ -12,8 +12,3 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 # Its telemetry heartbeat races the run for the SQLite lock ("database is locked" tracebacks).
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-# After the defaults above (importing it imports prefect): heartbeats that end with their run.
-from flows import heartbeats
-
-heartbeats.install()

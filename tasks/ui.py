@@ -1,14 +1,16 @@
-"""What a stage shows in the Prefect UI: its summary, tables, progress, and links to reused work.
+"""What a stage shows in the Prefect UI: its summary, tables, progress, and what it reused.
 
 All of it is a view of the run: the parquet artifacts and manifests are the record, so nothing
-here may fail a stage. Summaries, tables and links are posted by one background thread
-(``LATER``) instead of the stage's own: each post is a round trip to the API server (tens of
-milliseconds, more while the server is busy), and a cached rerun of a demo run made 33 of them
-in a row, about a third of its time. A post keeps the task run, flow run and API of the caller
-(read when it is queued), so the UI shows it exactly where a direct post would. Flows
-call ``LATER.flush()`` before they return, so a finished run has all of its artifacts; the
-queue is flushed at interpreter exit too. Progress bars stay synchronous: they are throttled to
-one update a second, and a bar that lags its stage is worse than none.
+here may fail a stage. Summaries and tables are posted by one background thread (``LATER``)
+instead of the stage's own: each post is a round trip to the API server (tens of milliseconds,
+more while the server is busy), which can run while the next stage computes. A post keeps the
+task run, flow run and API of its caller (read when it is queued), so the UI shows it exactly
+where a direct post would. Cached stages are listed in one "reused" table per flow run instead
+of one artifact each: a cached rerun of a demo run made 33 such posts, and the server's writes,
+not eva, were most of its time. Flows call ``LATER.flush()`` before they return, so a finished
+run has all of its artifacts; the queue is flushed at interpreter exit too. Progress bars stay
+synchronous: they are throttled to one update a second, and a bar that lags its stage is worse
+than none.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ class Later:
         self._queue: queue.Queue[_Post] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        # Cached stages, per flow run: one table each at flush(), not one artifact per stage.
+        self._reused: dict[UUID | None, tuple[list[dict[str, Any]], Any]] = {}
 
     def markdown(self, text: str, *, key: str | None = None, description: str) -> None:
         self._submit("markdown", text, key, description)
@@ -62,13 +66,28 @@ class Later:
 
         self._submit("table", json.dumps(TableArtifact._sanitize(rows)), key, description)
 
+    def reused(self, row: dict[str, Any]) -> None:
+        """A cached stage: listed with the other cached stages of its flow run, in one table
+        posted at ``flush()`` (a cached rerun would otherwise post one artifact per stage, and
+        the API server's writes, not eva, were most of its time)."""
+        from prefect.context import SettingsContext
+        from prefect.utilities.context import get_task_and_flow_run_ids
+
+        _, flow_run_id = get_task_and_flow_run_ids()
+        with self._lock:
+            rows, _ = self._reused.setdefault(flow_run_id, ([], SettingsContext.get()))
+            rows.append(row)
+
     def _submit(self, type_: str, data: str, key: str | None, description: str | None) -> None:
         from prefect.context import SettingsContext
         from prefect.utilities.context import get_task_and_flow_run_ids
 
         task_run_id, flow_run_id = get_task_and_flow_run_ids()
         settings = SettingsContext.get()
-        self._queue.put(_Post(type_, data, key, description, task_run_id, flow_run_id, settings))
+        self._put(_Post(type_, data, key, description, task_run_id, flow_run_id, settings))
+
+    def _put(self, post: _Post) -> None:
+        self._queue.put(post)
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._work, name="eva-ui", daemon=True)
@@ -85,7 +104,16 @@ class Later:
                 self._queue.task_done()
 
     def flush(self, timeout_s: float = 60.0) -> bool:
-        """Wait until every queued artifact is created (False if ``timeout_s`` passed first)."""
+        """Post the tables of reused stages, then wait until every queued artifact is created
+        (False if ``timeout_s`` passed first)."""
+        with self._lock:
+            groups, self._reused = self._reused, {}
+        for flow_run_id, (rows, settings) in groups.items():
+            where = ", ".join(sorted({r["iteration"] for r in rows}))
+            description = f"reused (Cached): {len(rows)} stage(s) of {where}"
+            self._put(
+                _Post("table", json.dumps(rows), None, description, None, flow_run_id, settings)
+            )
         deadline = time.monotonic() + timeout_s
         while self._queue.unfinished_tasks:
             if time.monotonic() > deadline:
@@ -174,17 +202,17 @@ def _cell(value: Any) -> Any:
 
 
 def link_reused(run: str, iteration: int | None, artifact: str, manifest: dict) -> None:
-    """On a cached stage's task run: what it reused and a link to the summary published when
-    that artifact was made, so a rerun's page leads to the tables it did not recompute."""
-    from prefect.settings import PREFECT_UI_URL
-
-    key = artifact_key(run, iteration, artifact)
-    ui = PREFECT_UI_URL.value()
-    where = f"[{key}]({ui}/artifacts/key/{key})" if ui else f"`{key}`"
-    LATER.markdown(
-        f"Cached: reused `{manifest['uri']}` ({manifest['rows']} rows, made "
-        f"{manifest.get('created_at', '?')}); its summary and tables: {where}",
-        description=f"{artifact} {iteration_dir(iteration)}: reused",
+    """A cached stage, in its flow run's "reused" table: what it reused, when that was made, and
+    the key of the summary published then, so a rerun's page leads to what it did not redo."""
+    LATER.reused(
+        {
+            "iteration": iteration_dir(iteration),
+            "stage": artifact,
+            "reused": manifest["uri"],
+            "rows": manifest["rows"],
+            "made": manifest.get("created_at", "?"),
+            "summary artifact": artifact_key(run, iteration, artifact),
+        }
     )
 
 

@@ -44,20 +44,23 @@ def test_cached_in_a_new_call_and_rerun_on_config_change(tmp_path) -> None:
     first = score(run, 1, ScoreConfig(), annotated=annotated)
     state = score.task(run, 1, ScoreConfig(), "score", {"annotated": annotated}, return_state=True)
     assert state.name == "Cached" and state.result() == first
-    # The cached task run links to what it reused, on its own page in the UI (posted in the
-    # background: a flow flushes the queue before it returns, this plain call does it here).
+    # What it reused is listed, with the other cached stages of its flow run, in one table
+    # posted when the flow ends (this plain call has no flow: flushed here).
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterTaskRunId
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterType
 
     from tasks.ui import LATER
 
     assert LATER.flush()
     with get_client(sync_client=True) as client:
-        task_run = ArtifactFilterTaskRunId(any_=[state.state_details.task_run_id])
-        notes = client.read_artifacts(artifact_filter=ArtifactFilter(task_run_id=task_run))
-    assert [n.description for n in notes] == ["score iter_1: reused"]
-    assert "reused `iter_1/score.parquet` (8 rows" in str(notes[0].data)
-    assert "r-iter-1-score" in str(notes[0].data)
+        tables = client.read_artifacts(
+            artifact_filter=ArtifactFilter(type=ArtifactFilterType(any_=["table"]))
+        )
+    reused = [t for t in tables if t.description == "reused (Cached): 1 stage(s) of iter_1"]
+    assert [json.loads(str(t.data)) for t in reused][-1:] == [[{
+        "iteration": "iter_1", "stage": "score", "reused": "iter_1/score.parquet", "rows": 8,
+        "made": store.read_manifest(1, "score")["created_at"], "summary artifact": "r-iter-1-score",
+    }]]  # fmt: skip
     created = store.read_manifest(1, "score")["created_at"]
     # A different metric is a different key: the stage runs again and its output changes.
     state = score.task(
