@@ -1,30 +1,19 @@
 """What a stage shows in the Prefect UI: its summary, tables, progress, and what it reused.
 
 All of it is a view of the run: the parquet artifacts and manifests are the record, so nothing
-here may fail a stage. Summaries and tables are posted by one background thread (``LATER``)
-instead of the stage's own: each post is a round trip to the API server (tens of milliseconds,
-more while the server is busy), which can run while the next stage computes. A post keeps the
-task run, flow run and API of its caller (read when it is queued), so the UI shows it exactly
-where a direct post would. Cached stages are listed in one "reused" table per flow run instead
-of one artifact each: a cached rerun of a demo run made 33 such posts, and the server's writes,
-not eva, were most of its time. Flows call ``LATER.flush()`` before they return, so a finished
-run has all of its artifacts; the queue is flushed at interpreter exit too. Progress bars stay
-synchronous: they are throttled to one update a second, and a bar that lags its stage is worse
-than none.
+here may fail a stage. A cached stage is listed in its flow run's "reused" table, posted when
+the run closes (``REUSED.flush()``), instead of getting an artifact of its own: a cached rerun
+of a demo run posted 33 of those, one API round trip each, about a seventh of its time.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextvars
 import json
 import logging
-import queue
 import re
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
@@ -33,117 +22,48 @@ from tasks.store import iteration_dir
 log = logging.getLogger("eva")
 
 
-@dataclass(frozen=True)
-class _Post:
-    """One artifact to create, with the run it belongs to and the API it goes to."""
-
-    type: str  # "markdown" or "table"
-    data: str
-    key: str | None
-    description: str | None
-    task_run_id: UUID | None
-    flow_run_id: UUID | None
-    settings: Any  # the caller's prefect SettingsContext (its API URL), or None
-
-
-class Later:
-    """Creates artifacts on one daemon thread, in submission order. Each keeps the task run,
-    flow run and API of the thread that asked for it (the worker thread has none of its own:
-    it must not borrow the caller's client, which is closed when the task run ends)."""
+class ReusedTables:
+    """Cached stages, listed per flow run and posted as one table each when the run closes."""
 
     def __init__(self) -> None:
-        self._queue: queue.Queue[_Post] = queue.Queue()
-        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        # Cached stages, per flow run: one table each at flush(), not one artifact per stage.
-        self._reused: dict[UUID | None, tuple[list[dict[str, Any]], Any]] = {}
+        self._rows: dict[UUID | None, list[dict[str, Any]]] = {}
 
-    def markdown(self, text: str, *, key: str | None = None, description: str) -> None:
-        self._submit("markdown", text, key, description)
+    def add(self, row: dict[str, Any]) -> None:
+        from prefect.utilities.context import get_flow_run_id
 
-    def table(self, rows: list[dict[str, Any]], *, key: str, description: str) -> None:
-        from prefect.artifacts import TableArtifact
-
-        self._submit("table", json.dumps(TableArtifact._sanitize(rows)), key, description)
-
-    def reused(self, row: dict[str, Any]) -> None:
-        """A cached stage: listed with the other cached stages of its flow run, in one table
-        posted at ``flush()`` (a cached rerun would otherwise post one artifact per stage, and
-        the API server's writes, not eva, were most of its time)."""
-        from prefect.context import SettingsContext
-        from prefect.utilities.context import get_task_and_flow_run_ids
-
-        _, flow_run_id = get_task_and_flow_run_ids()
         with self._lock:
-            rows, _ = self._reused.setdefault(flow_run_id, ([], SettingsContext.get()))
-            rows.append(row)
+            self._rows.setdefault(get_flow_run_id(), []).append(row)
 
-    def _submit(self, type_: str, data: str, key: str | None, description: str | None) -> None:
-        from prefect.context import SettingsContext
-        from prefect.utilities.context import get_task_and_flow_run_ids
+    def flush(self) -> int:
+        """Post one table per flow run that reused stages (on that flow run's page); returns
+        how many were posted."""
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.actions import ArtifactCreate
 
-        task_run_id, flow_run_id = get_task_and_flow_run_ids()
-        settings = SettingsContext.get()
-        self._put(_Post(type_, data, key, description, task_run_id, flow_run_id, settings))
-
-    def _put(self, post: _Post) -> None:
-        self._queue.put(post)
         with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._work, name="eva-ui", daemon=True)
-                self._thread.start()
-
-    def _work(self) -> None:
-        while True:
-            post = self._queue.get()
-            try:
-                contextvars.Context().run(_create, post)
-            except Exception as exc:  # a view of the run; never fails anything
-                log.debug("could not publish %s to the UI: %s", post.key or post.description, exc)
-            finally:
-                self._queue.task_done()
-
-    def flush(self, timeout_s: float = 60.0) -> bool:
-        """Post the tables of reused stages, then wait until every queued artifact is created
-        (False if ``timeout_s`` passed first)."""
-        with self._lock:
-            groups, self._reused = self._reused, {}
-        for flow_run_id, (rows, settings) in groups.items():
-            where = ", ".join(sorted({r["iteration"] for r in rows}))
-            description = f"reused (Cached): {len(rows)} stage(s) of {where}"
-            self._put(
-                _Post("table", json.dumps(rows), None, description, None, flow_run_id, settings)
-            )
-        deadline = time.monotonic() + timeout_s
-        while self._queue.unfinished_tasks:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.01)
-        return True
+            groups, self._rows = self._rows, {}
+        if not groups:
+            return 0
+        try:
+            with get_client(sync_client=True) as client:
+                for flow_run_id, rows in groups.items():
+                    where = ", ".join(sorted({r["iteration"] for r in rows}))
+                    client.create_artifact(
+                        artifact=ArtifactCreate(
+                            type="table",
+                            data=json.dumps(rows),
+                            description=f"reused (Cached): {len(rows)} stage(s) of {where}",
+                            flow_run_id=flow_run_id,
+                        )
+                    )
+        except Exception as exc:  # a view of the run; never fails it
+            log.debug("could not post the reused-stage tables: %s", exc)
+            return 0
+        return len(groups)
 
 
-def _create(post: _Post) -> None:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import ArtifactCreate
-    from prefect.context import SettingsContext
-
-    if post.settings is not None:
-        SettingsContext.__var__.set(post.settings)  # this fresh context's only variable
-    with get_client(sync_client=True) as client:
-        client.create_artifact(
-            artifact=ArtifactCreate(
-                type=post.type,
-                key=post.key,
-                description=post.description,
-                data=post.data,
-                task_run_id=post.task_run_id,
-                flow_run_id=post.flow_run_id,
-            )
-        )
-
-
-LATER = Later()
-atexit.register(LATER.flush, 30.0)
+REUSED = ReusedTables()
 
 
 def artifact_key(run: str, iteration: int | None, artifact: str, suffix: str = "") -> str:
@@ -204,7 +124,7 @@ def _cell(value: Any) -> Any:
 def link_reused(run: str, iteration: int | None, artifact: str, manifest: dict) -> None:
     """A cached stage, in its flow run's "reused" table: what it reused, when that was made, and
     the key of the summary published then, so a rerun's page leads to what it did not redo."""
-    LATER.reused(
+    REUSED.add(
         {
             "iteration": iteration_dir(iteration),
             "stage": artifact,
@@ -226,6 +146,8 @@ def publish_stage(
 ) -> None:
     """A finished stage's summary (its stats) and its tables, keyed by run, iteration and
     artifact, so the UI's artifact pages track each across reruns."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
     lines = [
         f"### {artifact} · {iteration_dir(iteration)}",
         f"{manifest['rows']} rows in {manifest['seconds']:.2f} s → `{manifest['uri']}`",
@@ -234,16 +156,19 @@ def publish_stage(
         "| --- | --- |",
         *(f"| {k} | {readable(v)} |" for k, v in manifest["stats"].items()),
     ]
-    LATER.markdown(
-        "\n".join(lines),
-        key=artifact_key(run, iteration, artifact),
-        description=f"{artifact} summary",
-    )
-    for suffix, rows in tables.items():
-        if rows:
-            LATER.table(
-                [{k: _cell(v) for k, v in row.items()} for row in rows],
-                key=artifact_key(run, iteration, artifact, suffix),
-                description=f"{artifact} {iteration_dir(iteration)}: "
-                + (notes or {}).get(suffix, f"{len(rows)} of {manifest['rows']} rows"),
-            )
+    try:
+        create_markdown_artifact(
+            "\n".join(lines),
+            key=artifact_key(run, iteration, artifact),
+            description=f"{artifact} summary",
+        )
+        for suffix, rows in tables.items():
+            if rows:
+                create_table_artifact(
+                    [{k: _cell(v) for k, v in row.items()} for row in rows],
+                    key=artifact_key(run, iteration, artifact, suffix),
+                    description=f"{artifact} {iteration_dir(iteration)}: "
+                    + (notes or {}).get(suffix, f"{len(rows)} of {manifest['rows']} rows"),
+                )
+    except Exception as exc:  # the artifact on disk is what matters; the UI is a view of it
+        log.debug("could not publish UI artifacts: %s", exc)
