@@ -181,11 +181,26 @@ class TransformersGenerator:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def generate(
-        self, prompts: Sequence[str], n: int, seed: int, progress: Progress = no_progress
+        self,
+        prompts: Sequence[str],
+        n: int,
+        seed: int,
+        progress: Progress = no_progress,
+        *,
+        indices: Sequence[int] | None = None,
     ) -> list[list[str]]:
-        """``n`` responses per prompt (new tokens only, cut at eos, special tokens removed)."""
+        """``n`` responses per prompt (new tokens only, cut at eos, special tokens removed).
+
+        ``indices`` are the prompts' positions in the whole stage input (default 0, 1, ...):
+        they address the sampling noise, so a shard of the prompts, generated on its own with
+        its positions, gives exactly the responses the whole set would (a Ray worker's shard).
+        """
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
+        if indices is None:
+            indices = range(len(prompts))
+        elif len(indices) != len(prompts):
+            raise ValueError(f"{len(indices)} indices for {len(prompts)} prompts")
         cfg = self.config
         greedy = cfg.temperature == 0.0
         rows_per_prompt = 1 if greedy else n
@@ -213,7 +228,8 @@ class TransformersGenerator:
             attention = attention.repeat_interleave(rows_per_prompt, dim=0).to(device)
             processors = LogitsProcessorList()
             if not greedy:
-                prompt_idx = torch.tensor(chunk).repeat_interleave(rows_per_prompt)
+                prompt_idx = torch.tensor([indices[i] for i in chunk])
+                prompt_idx = prompt_idx.repeat_interleave(rows_per_prompt)
                 sample_idx = torch.arange(rows_per_prompt).repeat(len(chunk))
                 keys = _row_keys(seed, prompt_idx, sample_idx)
                 processors.append(_GumbelSampling(keys, width, cfg.temperature, cfg.top_p))
