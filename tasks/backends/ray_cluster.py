@@ -216,7 +216,7 @@ class _LogFollower:
             if PROGRESS_MARK in line:
                 self.done += int(line.rsplit(PROGRESS_MARK, 1)[1].split()[0])
                 self.ctx.progress(min(1.0, self.done / self.total))
-            elif ERROR_MARK in line:
+            elif ERROR_MARK in line and self.error is None:  # the first: a worker's, if any
                 error = json.loads(line.split(ERROR_MARK, 1)[1])
                 self.error = first_line(
                     RuntimeError(f"{error['type']}: {error['message']}"), with_type=False

@@ -22,7 +22,7 @@ import os
 import sys
 import tempfile
 import traceback
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,7 +37,6 @@ PROGRESS_MARK = "eva-ray-rows-done"
 ERROR_MARK = "eva-ray-error"
 VALUE_COLUMN = {"generate": "response", "annotate": "reward"}
 CLUSTER_BACKENDS = ("transformers", "vllm")  # generation backends a cluster can run
-
 
 
 class JobSpec(BaseModel):
@@ -143,9 +142,26 @@ def _local_model(spec: JobSpec) -> str:
 
 
 class StageWorker:
-    """A Ray Data worker: loads the stage's backend once, then runs it on block after block."""
+    """A Ray Data worker: loads the stage's backend once, then runs it on block after block.
+
+    Its errors reach the job's driver wrapped by Ray (``UserCodeException: UDF failed to process
+    a data block``), their own type and text only inside a traceback: a worker raises them as
+    its error line, which the driver's traceback prints and the stage picks out.
+    """
 
     def __init__(self, spec_json: str):
+        try:
+            self._load(spec_json)
+        except Exception as exc:
+            raise RuntimeError(error_line(exc)) from exc
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        try:
+            return self._run(batch)
+        except Exception as exc:
+            raise RuntimeError(error_line(exc)) from exc
+
+    def _load(self, spec_json: str) -> None:
         # torch and the backends are imported here, in the workers: the job's driver only
         # moves tables, and starts seconds sooner without them.
         import torch
@@ -156,15 +172,13 @@ class StageWorker:
         self.spec = spec = JobSpec.model_validate_json(spec_json)
         torch.set_num_threads(max(1, int(spec.cpus_per_worker)))
         if spec.task == "generate":
-            generation = TypeAdapter(
-                Annotated[TransformersGeneration | VLLMGeneration, Field(discriminator="kind")]
-            )
-            backend = generation.validate_python(spec.backend)
+            # (vllm stages never get here: Ray Data LLM runs them, see _vllm)
+            backend = TransformersGeneration.model_validate(spec.backend)
             self.generator = backend.load(_local_model(spec))
         else:
             self.scorer = TypeAdapter(RewardBackend).validate_python(spec.backend).load()
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
+    def _run(self, batch: pa.Table) -> pa.Table:
         spec, rows = self.spec, batch.column("row").to_pylist()
         prompts = batch.column("prompt").to_pylist()
         if spec.task == "generate":
@@ -259,24 +273,14 @@ def main(argv: list[str] | None = None) -> int:
         run(spec)
     except Exception as exc:
         traceback.print_exc()
-        cause = root_cause(exc)
-        error = {"type": type(cause).__name__, "message": str(cause)}
-        print(f"{ERROR_MARK} {json.dumps(error)}", flush=True)
+        print(error_line(exc), flush=True)
         return 1
     return 0
 
 
-def root_cause(exc: BaseException) -> BaseException:
-    """The exception a worker raised, under Ray's wrappers (a task error's ``cause``, Ray
-    Data's ``UserCodeException`` chained from it)."""
-    seen = set()
-    while id(exc) not in seen:
-        seen.add(id(exc))
-        inner = getattr(exc, "cause", None) or exc.__cause__
-        if not isinstance(inner, BaseException):
-            break
-        exc = inner
-    return exc
+def error_line(exc: BaseException) -> str:
+    """The line that tells the stage why the job failed: the exception's type and text."""
+    return f"{ERROR_MARK} {json.dumps({'type': type(exc).__name__, 'message': str(exc)})}"
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ class LocalRayCluster:
         self.address = ""
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir = ""
+        self.processes: list[psutil.Process] = []  # what stop() stopped, for callers to check
 
     def __enter__(self) -> LocalRayCluster:
         # Short: Ray's unix sockets live under it, and their paths must fit in 107 bytes.
@@ -55,7 +56,7 @@ class LocalRayCluster:
             "--ray-client-server-port", str(_free_port()),
             "--temp-dir", self._dir,
         ]  # fmt: skip
-        log = open(os.path.join(self._dir, "ray-start.log"), "wb")  # noqa: SIM115  closed below
+        log = open(os.path.join(self._dir, "ray-start.log"), "wb")
         # Its own session: whatever it starts, and does not move to another session, is found
         # by session id at stop, even once reparented (no ray stop: that stops every cluster).
         self._proc = subprocess.Popen(
@@ -131,3 +132,4 @@ class LocalRayCluster:
             psutil.wait_procs(alive, timeout=10)
         self._proc.wait()
         self._proc = None
+        self.processes = list(procs.values())

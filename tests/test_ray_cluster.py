@@ -1,0 +1,126 @@
+"""Stages as Ray jobs on a real local cluster of two CPU workers, started and stopped here:
+the same bytes as in this process, failures in one line with no artifact, nothing left running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from eva_core import world
+from eva_core.schema import seed_records
+from tasks.annotate import AnnotateConfig, annotate
+from tasks.backends.ray_local import LocalRayCluster
+from tasks.backends.tiny_lm import (
+    TinyModelConfig,
+    build_char_tokenizer,
+    build_tiny_model,
+    save_checkpoint,
+)
+from tasks.generate import GenerateConfig, generate
+from tasks.stage import RunContext, StageError
+from tasks.store import Ref, hash_directory
+
+pytestmark = pytest.mark.usefixtures("prefect_api")
+
+BACKEND = {"max_new_tokens": 10, "batch_size": 16}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with LocalRayCluster(num_cpus=2) as running:
+        yield running
+    leftovers = [p for p in running.processes if p.is_running() and p.status() != "zombie"]
+    assert not leftovers, f"the cluster left {[p.name() for p in leftovers]} running"
+
+
+def _inputs(root: Path, run: str) -> tuple[RunContext, Ref, Ref]:
+    """A run with 40 world prompts in iter_1 and an untrained tiny policy (varied, wrong
+    answers: the rewards spread over [0, 1])."""
+    policy = root / "policy"
+    if not policy.exists():
+        tok = build_char_tokenizer(world.ALPHABET)
+        save_checkpoint(build_tiny_model(TinyModelConfig(), tok, seed=0), tok, str(policy))
+    ctx = RunContext(root=str(root), run=run, seed=3)
+    texts = world.sample_prompts(world.SEED_DISTRIBUTION, 40, seed=0)
+    table = seed_records(texts, [world.category_of(p) for p in texts])
+    uri, digest, _ = ctx.store().write_table(1, "prompts", table)
+    prompts = Ref("prompts", 1, uri, digest, table.num_rows)
+    model = Ref("policy", 0, "", hash_directory(str(policy)), 0, model_uri=str(policy))
+    return ctx, prompts, model
+
+
+@contextlib.contextmanager
+def _unused_port() -> Iterator[int]:
+    """A localhost port that is bound (so nothing else takes it) but not listening."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield int(sock.getsockname()[1])
+
+
+def _files(root: Path, run: str) -> list[str]:
+    return sorted(os.listdir(root / run / "iter_1"))
+
+
+def test_rollouts_and_rewards_through_the_cluster_are_byte_identical(cluster, tmp_path: Path):
+    ray = {"address": cluster.address, "workers": 2, "rows_per_task": 8}
+    local, prompts, policy = _inputs(tmp_path, "local")
+    rollouts = generate(
+        local, 1, GenerateConfig(n=4, backend=BACKEND), prompts=prompts, policy=policy
+    )
+    annotate(local, 1, AnnotateConfig(), rollouts=rollouts)
+
+    run, prompts, policy = _inputs(tmp_path, "ray")
+    # A job that fails (no prompt fits 64 new tokens in the policy's 64 positions) fails the
+    # stage in one line that names the workers' error, and leaves no artifact, not even staging.
+    too_long = GenerateConfig(n=4, backend={**BACKEND, "max_new_tokens": 64}, ray=ray)
+    with pytest.raises(StageError) as failed:
+        generate(run, 1, too_long, prompts=prompts, policy=policy)
+    message = str(failed.value)
+    assert "\n" not in message and message.startswith("generate: Ray job eva-ray-iter_1-generate")
+    assert "failed: ValueError: prompt row 0 has" in message and "64 positions" in message
+    assert _files(tmp_path, "ray") == ["prompts.parquet"]
+
+    # The rerun goes through; its rollouts, then its rewards, are the in-process bytes.
+    config = GenerateConfig(n=4, backend=BACKEND, ray=ray)
+    rollouts = generate(run, 1, config, prompts=prompts, policy=policy)
+    annotate(run, 1, AnnotateConfig(ray=ray), rollouts=rollouts)
+    for name in ("generate.parquet", "annotate.parquet"):
+        ours, theirs = (tmp_path / r / "iter_1" / name for r in ("ray", "local"))
+        assert ours.read_bytes() == theirs.read_bytes(), name
+    manifest = run.store().read_manifest(1, "generate")
+    assert manifest["stats"]["ray_workers"] == 2 and manifest["stats"]["responses"] == 160
+    assert manifest["stats"]["ray_job"].startswith("eva-ray-iter_1-generate-")
+    assert not [f for f in _files(tmp_path, "ray") if ".tmp-" in f]
+    # A finished stage is cached like any other: no second job.
+    again = generate.task(
+        run, 1, config, "generate", {"prompts": prompts, "policy": policy}, return_state=True
+    )
+    assert again.name == "Cached"
+
+
+def test_an_unreachable_cluster_fails_the_stage_at_once_in_one_line(tmp_path: Path):
+    with _unused_port() as port:
+        ray = {"address": f"http://127.0.0.1:{port}", "connect_timeout_s": 5}
+        run, prompts, policy = _inputs(tmp_path, "r")
+        with pytest.raises(StageError) as failed:
+            generate(run, 1, GenerateConfig(ray=ray), prompts=prompts, policy=policy)
+    message = str(failed.value)
+    assert "\n" not in message
+    assert message.startswith(f"generate: Ray cluster at http://127.0.0.1:{port} is unreachable")
+    assert _files(tmp_path, "r") == ["prompts.parquet"]
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValidationError, match="not a Jobs API address"):
+        GenerateConfig.model_validate({"ray": {"address": "ray://head:10001"}})
+    with pytest.raises(ValidationError, match="run the transformers or vllm backend, not 'openai'"):
+        GenerateConfig.model_validate(
+            {"backend": {"kind": "openai", "llm": {"model": "m"}}, "ray": {"address": "http://h"}}
+        )
