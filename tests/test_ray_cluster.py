@@ -10,12 +10,15 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from pydantic import ValidationError
 
 from eva_core import world
 from eva_core.schema import seed_records
 from tasks.annotate import AnnotateConfig, annotate
+from tasks.backends.openai_generate import derive_seed
+from tasks.backends.ray_job import JobSpec, fan_out, vllm_processor_kwargs, vllm_requests
 from tasks.backends.ray_local import LocalRayCluster
 from tasks.backends.tiny_lm import (
     TinyModelConfig,
@@ -23,11 +26,10 @@ from tasks.backends.tiny_lm import (
     build_tiny_model,
     save_checkpoint,
 )
+from tasks.backends.vllm_generate import VLLMGeneration
 from tasks.generate import GenerateConfig, generate
 from tasks.stage import RunContext, StageError
 from tasks.store import Ref, hash_directory
-
-pytestmark = pytest.mark.usefixtures("prefect_api")
 
 BACKEND = {"max_new_tokens": 10, "batch_size": 16}
 
@@ -68,6 +70,7 @@ def _files(root: Path, run: str) -> list[str]:
     return sorted(os.listdir(root / run / "iter_1"))
 
 
+@pytest.mark.usefixtures("prefect_api")
 def test_rollouts_and_rewards_through_the_cluster_are_byte_identical(cluster, tmp_path: Path):
     ray = {"address": cluster.address, "workers": 2, "rows_per_task": 8}
     local, prompts, policy = _inputs(tmp_path, "local")
@@ -79,7 +82,8 @@ def test_rollouts_and_rewards_through_the_cluster_are_byte_identical(cluster, tm
     run, prompts, policy = _inputs(tmp_path, "ray")
     # A job that fails (no prompt fits 64 new tokens in the policy's 64 positions) fails the
     # stage in one line that names the workers' error, and leaves no artifact, not even staging.
-    too_long = GenerateConfig(n=4, backend={**BACKEND, "max_new_tokens": 64}, ray=ray)
+    one = {**ray, "workers": 1}  # one worker is enough to fail, and starts sooner
+    too_long = GenerateConfig(n=4, backend={**BACKEND, "max_new_tokens": 64}, ray=one)
     with pytest.raises(StageError) as failed:
         generate(run, 1, too_long, prompts=prompts, policy=policy)
     message = str(failed.value)
@@ -105,6 +109,7 @@ def test_rollouts_and_rewards_through_the_cluster_are_byte_identical(cluster, tm
     assert again.name == "Cached"
 
 
+@pytest.mark.usefixtures("prefect_api")
 def test_an_unreachable_cluster_fails_the_stage_at_once_in_one_line(tmp_path: Path):
     with _unused_port() as port:
         ray = {"address": f"http://127.0.0.1:{port}", "connect_timeout_s": 5}
@@ -124,3 +129,47 @@ def test_config_errors_name_the_field():
         GenerateConfig.model_validate(
             {"backend": {"kind": "openai", "llm": {"model": "m"}}, "ray": {"address": "http://h"}}
         )
+
+
+def test_a_vllm_stage_becomes_ray_data_llm_engine_replicas():
+    # The GPU path, checked as far as a machine without vLLM can: the processor config a vllm
+    # stage asks for, and the requests that reproduce the in-process vLLM backend's seeds.
+    from ray.data.llm import vLLMEngineProcessorConfig
+
+    backend = VLLMGeneration(tensor_parallel_size=2, max_tokens=512, enforce_eager=True)
+    spec = JobSpec(
+        task="generate", root="s3://b/runs", run="r", input="iter_1/prompts.parquet",
+        output="iter_1/x", backend=backend.model_dump(mode="json"), n=3, seed=7, workers=4,
+        rows_per_task=64,
+    )  # fmt: skip
+    kwargs = vllm_processor_kwargs(backend, spec, "s3://b/runs/r/iter_0/model", use_chat=True)
+    config = vLLMEngineProcessorConfig(**kwargs)
+    assert config.model_source == "s3://b/runs/r/iter_0/model"
+    assert config.engine_kwargs["tensor_parallel_size"] == 2  # GPUs per engine replica
+    assert config.engine_kwargs["enforce_eager"] is True and config.engine_kwargs["seed"] == 0
+    assert config.concurrency == 4 and config.batch_size == 64  # replicas, requests per call
+    assert config.chat_template_stage is True
+    assert vllm_processor_kwargs(backend, spec, "m", use_chat=False)["chat_template_stage"] is False
+
+    requests = vllm_requests({"row": 5, "prompt": "1+2="}, backend, spec)
+    params = [r["sampling_params"] for r in requests]
+    # In-process, prompt 5's n=3 request has seed derive_seed(7, 5); vLLM seeds its sample j
+    # with that + j: here each sample is its own request, seeded the same way.
+    assert [p["seed"] for p in params] == [derive_seed(7, 5) + j for j in range(3)]
+    assert {(p["n"], p["temperature"], p["top_p"], p["max_tokens"]) for p in params} == {
+        (1, 0.7, 0.9, 512)
+    }
+    assert [(r["row"], r["sample"], r["copies"]) for r in requests] == [(5, j, 1) for j in range(3)]
+    assert requests[0]["messages"] == [{"role": "user", "content": "1+2="}]
+
+    greedy = VLLMGeneration(temperature=0.0)
+    (request,) = vllm_requests({"row": 2, "prompt": "x"}, greedy, spec)
+    assert request["copies"] == 3 and request["sampling_params"]["temperature"] == 0.0
+    done = pa.table({"row": [2, 5], "sample": [0, 1], "copies": [3, 1], "response": ["a", "b"]})
+    out = fan_out(done)
+    assert out.to_pylist() == [
+        {"row": 2, "sample": 0, "response": "a"},
+        {"row": 2, "sample": 1, "response": "a"},
+        {"row": 2, "sample": 2, "response": "a"},
+        {"row": 5, "sample": 1, "response": "b"},
+    ]
