@@ -147,7 +147,7 @@ def test_a_vllm_stage_becomes_ray_data_llm_engine_replicas():
     assert config.model_source == "s3://b/runs/r/iter_0/model"
     assert config.engine_kwargs["tensor_parallel_size"] == 2  # GPUs per engine replica
     assert config.engine_kwargs["enforce_eager"] is True and config.engine_kwargs["seed"] == 0
-    assert config.concurrency == 4 and config.batch_size == 64  # replicas, requests per call
+    assert config.concurrency == (4, 4) and config.batch_size == 64  # replicas, requests a call
     assert config.chat_template_stage is True
     assert vllm_processor_kwargs(backend, spec, "m", use_chat=False)["chat_template_stage"] is False
 

@@ -145,7 +145,7 @@ def run_on_ray(
         return [], stats
     staging = ctx.store.resolve(spec.output)
     try:
-        stats["ray_job"] = _submit_and_follow(ctx, ray, spec, total=sum(counts))
+        stats.update(_submit_and_follow(ctx, ray, spec, total=sum(counts)))
         return _assemble(ctx, staging, VALUE_COLUMN[task], counts), stats
     finally:
         if ctx.store.fs.exists(staging):
@@ -156,7 +156,8 @@ def _token() -> str:
     return uuid.uuid4().hex[:8]
 
 
-def _submit_and_follow(ctx: StageContext, ray: RayJob, spec: JobSpec, total: int) -> str:
+def _submit_and_follow(ctx: StageContext, ray: RayJob, spec: JobSpec, total: int) -> dict[str, Any]:
+    """Submit the job, follow it to its end; its id and timings, or a one-line StageError."""
     from ray.job_submission import JobSubmissionClient
 
     what = f"{ctx.artifact}: Ray cluster at {ray.address}"
@@ -172,7 +173,7 @@ def _submit_and_follow(ctx: StageContext, ray: RayJob, spec: JobSpec, total: int
         runtime_env=ray.job_runtime_env(),
     )
     ctx.log.info("%s: submitted Ray job %s to %s", ctx.artifact, job_id, ray.address)
-    follower = _LogFollower(ctx, total)
+    follower = _LogFollower(ctx, total, time.monotonic())
     deadline = None if ray.timeout_s is None else time.monotonic() + ray.timeout_s
     status = "PENDING"
     try:
@@ -197,25 +198,43 @@ def _submit_and_follow(ctx: StageContext, ray: RayJob, spec: JobSpec, total: int
             RuntimeError(client.get_job_info(job_id).message or "no message"), with_type=False
         )
         raise StageError(f"{ctx.artifact}: Ray job {job_id} {status.lower()}: {reason}")
-    return job_id
+    return {"ray_job": job_id, **follower.timings()}
 
 
 class _LogFollower:
     """Forwards the job's new log lines to the stage's logger, turns its progress marks into
-    the stage's progress, and keeps the error line the job prints when it fails."""
+    the stage's progress, keeps the error line the job prints when it fails, and times the
+    marks: a job's start-up (submission, driver, workers loading the backend) is fixed, its
+    throughput once the workers are up is what more workers buy."""
 
-    def __init__(self, ctx: StageContext, total: int):
-        self.ctx, self.total = ctx, total
+    def __init__(self, ctx: StageContext, total: int, submitted: float):
+        self.ctx, self.total, self.submitted = ctx, total, submitted
         self.seen, self.done = 0, 0
         self.error: str | None = None
+        self.first: tuple[float, int] | None = None  # (when, values done) at the first mark
+        self.last = submitted
+
+    def timings(self) -> dict[str, float]:
+        """``ray_startup_s``: submission to the first values done (within ``poll_s``);
+        ``ray_steady_per_s``: values per second after that, when there was an after."""
+        if self.first is None:
+            return {}
+        out = {"ray_startup_s": round(self.first[0] - self.submitted, 2)}
+        if self.last > self.first[0] and self.done > self.first[1]:
+            out["ray_steady_per_s"] = round(
+                (self.done - self.first[1]) / (self.last - self.first[0]), 1
+            )
+        return out
 
     def feed(self, text: str, final: bool = False) -> None:
         end = len(text) if final else text.rfind("\n") + 1  # whole lines only, until the end
         lines, self.seen = text[self.seen : end].splitlines(), max(self.seen, end)
+        now = time.monotonic()
         for line in lines:
             if PROGRESS_MARK in line:
                 self.done += int(line.rsplit(PROGRESS_MARK, 1)[1].split()[0])
                 self.ctx.progress(min(1.0, self.done / self.total))
+                self.last = now
             elif ERROR_MARK in line and self.error is None:  # the first: a worker's, if any
                 error = json.loads(line.split(ERROR_MARK, 1)[1])
                 self.error = first_line(
@@ -223,6 +242,8 @@ class _LogFollower:
                 )
             elif line.strip():
                 self.ctx.log.info("[ray] %s", line)
+        if self.first is None and self.done:
+            self.first = (now, self.done)
 
 
 def _assemble(

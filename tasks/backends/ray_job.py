@@ -86,7 +86,7 @@ def vllm_processor_kwargs(
 ) -> dict[str, Any]:
     """The ``ray.data.llm.vLLMEngineProcessorConfig`` arguments for a vLLM stage: one engine
     replica per ``tensor_parallel_size`` GPUs, ``workers`` replicas (Ray places them across
-    nodes), the in-process backend's engine settings."""
+    nodes), the in-process backend's engine settings, ``rows_per_task`` requests per call."""
     return {
         "model_source": model_source,
         "engine_kwargs": {
@@ -97,7 +97,7 @@ def vllm_processor_kwargs(
             "enforce_eager": backend.enforce_eager,
             "seed": 0,  # as in-process: sampling is seeded per request
         },
-        "concurrency": spec.workers,
+        "concurrency": (spec.workers, spec.workers),  # all replicas up: an int autoscales 1..n
         "batch_size": spec.rows_per_task,
         "chat_template_stage": use_chat,
         "tokenize_stage": True,
@@ -257,13 +257,15 @@ def run(spec: JobSpec) -> None:
             fn_constructor_kwargs={"spec_json": spec.model_dump_json()},
             batch_size=None,  # one block per call
             batch_format="pyarrow",
-            concurrency=spec.workers,
+            compute=ray.data.ActorPoolStrategy(size=spec.workers),
             num_cpus=spec.cpus_per_worker,
             num_gpus=spec.gpus_per_worker or None,
         )
     path = store.resolve(spec.output)
     fs = None if store.is_local else PyFileSystem(FSSpecHandler(store.fs))
-    ds.write_parquet(path, filesystem=fs)
+    # Writing is I/O: with no CPU of its own it runs beside the workers rather than waiting
+    # for them to finish when they hold every CPU (on a 2-CPU cluster, 2 workers do).
+    ds.write_parquet(path, filesystem=fs, ray_remote_args={"num_cpus": 0})
 
 
 def main(argv: list[str] | None = None) -> int:
