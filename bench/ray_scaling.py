@@ -1,6 +1,7 @@
 """Benchmark: the generate stage on a local Ray cluster with 1 and 2 CPU workers.
 
-    python -m bench.ray_scaling [--prompts 6000] [--n 6] [--cpus 2] [--rows-per-task 250] [--verbose]
+    python -m bench.ray_scaling [--prompts 6000] [--n 6] [--cpus 2] [--rows-per-task 250]
+                                [--verbose]
 
 On the world's demo policy shape (untrained, so the figures do not depend on a training run;
 10 new tokens, as configs/world.yaml) it times the stage in this process, then as a Ray job on a
