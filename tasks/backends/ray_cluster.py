@@ -158,8 +158,12 @@ def _token() -> str:
 
 def _submit_and_follow(ctx: StageContext, ray: RayJob, spec: JobSpec, total: int) -> dict[str, Any]:
     """Submit the job, follow it to its end; its id and timings, or a one-line StageError."""
-    from ray.job_submission import JobSubmissionClient
-
+    try:
+        from ray.job_submission import JobSubmissionClient
+    except ImportError:
+        raise StageError(
+            f"{ctx.artifact}: ray is set but Ray is not installed here: pip install 'eva[ray]'"
+        ) from None
     what = f"{ctx.artifact}: Ray cluster at {ray.address}"
     try:  # the client has no timeout of its own: a silent address would hang the stage
         httpx.get(f"{ray.address}/api/version", timeout=ray.connect_timeout_s).raise_for_status()
