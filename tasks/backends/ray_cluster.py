@@ -169,13 +169,17 @@ def _submit_and_follow(ctx: StageContext, ray: RayJob, spec: JobSpec, total: int
         httpx.get(f"{ray.address}/api/version", timeout=ray.connect_timeout_s).raise_for_status()
     except httpx.HTTPError as exc:
         raise StageError(f"{what} is unreachable ({first_line(exc)})") from None
-    client = JobSubmissionClient(ray.address)
     job_id = f"eva-{ctx.run.run}-{iteration_dir(ctx.iteration)}-{ctx.artifact}-{_token()}"
-    client.submit_job(
-        entrypoint=f"{ray.python} -m tasks.backends.ray_job {shlex.quote(spec.model_dump_json())}",
-        submission_id=job_id,
-        runtime_env=ray.job_runtime_env(),
-    )
+    try:
+        client = JobSubmissionClient(ray.address)
+        client.submit_job(
+            entrypoint=f"{ray.python} -m tasks.backends.ray_job "
+            + shlex.quote(spec.model_dump_json()),
+            submission_id=job_id,
+            runtime_env=ray.job_runtime_env(),
+        )
+    except Exception as exc:  # a runtime_env it rejects, a version it does not speak
+        raise StageError(f"{what} refused the job: {first_line(exc)}") from None
     ctx.log.info("%s: submitted Ray job %s to %s", ctx.artifact, job_id, ray.address)
     follower = _LogFollower(ctx, total, time.monotonic())
     deadline = None if ray.timeout_s is None else time.monotonic() + ray.timeout_s
@@ -187,20 +191,23 @@ def _submit_and_follow(ctx: StageContext, ray: RayJob, spec: JobSpec, total: int
             follower.feed(client.get_job_logs(job_id))
             if deadline is not None and time.monotonic() > deadline:
                 raise StageError(f"{ctx.artifact}: Ray job {job_id} ran past {ray.timeout_s:g} s")
-    except Exception as exc:
-        if status not in _TERMINAL:  # a stage that gives up must not leave its job running
+        follower.feed(client.get_job_logs(job_id), final=True)
+        info_message = client.get_job_info(job_id).message if status != "SUCCEEDED" else None
+    except StageError:
+        raise
+    except Exception as exc:  # the cluster went away mid-job
+        raise StageError(f"{what} failed while following {job_id}: {first_line(exc)}") from None
+    finally:
+        if status not in _TERMINAL:  # a stage that gives up (or is cancelled) stops its job
             try:
                 client.stop_job(job_id)
             except Exception as stop_exc:
                 ctx.log.warning("could not stop Ray job %s: %s", job_id, first_line(stop_exc))
-        if isinstance(exc, StageError):
-            raise
-        raise StageError(f"{what} failed while following {job_id}: {first_line(exc)}") from None
-    follower.feed(client.get_job_logs(job_id), final=True)
     if status != "SUCCEEDED":
-        reason = follower.error or first_line(
-            RuntimeError(client.get_job_info(job_id).message or "no message"), with_type=False
-        )
+        # The job's own error line; else its log's last line (a shell's "python: not found");
+        # else Ray's message.
+        message = first_line(RuntimeError(info_message or "no message"), with_type=False)
+        reason = follower.error or follower.last_line or message
         raise StageError(f"{ctx.artifact}: Ray job {job_id} {status.lower()}: {reason}")
     return {"ray_job": job_id, **follower.timings()}
 
@@ -215,6 +222,7 @@ class _LogFollower:
         self.ctx, self.total, self.submitted = ctx, total, submitted
         self.seen, self.done = 0, 0
         self.error: str | None = None
+        self.last_line: str | None = None
         self.first: tuple[float, int] | None = None  # (when, values done) at the first mark
         self.last = submitted
 
@@ -246,6 +254,7 @@ class _LogFollower:
                 )
             elif line.strip():
                 self.ctx.log.info("[ray] %s", line)
+                self.last_line = line.strip()
         if self.first is None and self.done:
             self.first = (now, self.done)
 

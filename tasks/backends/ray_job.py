@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from tasks.backends.openai_generate import derive_seed
 from tasks.backends.vllm_generate import VLLMGeneration
-from tasks.store import RunStore
+from tasks.store import RunStore, is_hub_id
 
 # Lines the job prints for the stage that follows its log: responses done, and why it failed.
 PROGRESS_MARK = "eva-ray-rows-done"
@@ -246,11 +246,10 @@ def run(spec: JobSpec) -> None:
     ds: Any = ray.data.from_arrow(blocks(table, spec.rows_per_task))
     kind = spec.backend.get("kind", "transformers")
     if spec.task == "generate" and kind == "vllm":
-        assert spec.model_uri is not None
-        source = (
-            spec.model_uri if spec.model_uri.startswith("/") else store.absolute(spec.model_uri)
-        )
-        ds = _vllm(ds, spec, source)
+        # Ray Data LLM fetches a remote checkpoint (s3://...) to each node itself.
+        uri = spec.model_uri
+        assert uri is not None
+        ds = _vllm(ds, spec, uri if uri.startswith("/") or is_hub_id(uri) else store.absolute(uri))
     else:
         ds = ds.map_batches(
             StageWorker,
