@@ -45,7 +45,8 @@ class LocalRayCluster:
         # Short: Ray's unix sockets live under it, and their paths must fit in 107 bytes.
         self._dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
         dashboard = _free_port()
-        ray = os.path.join(os.path.dirname(sys.executable), "ray")
+        bin_dir = os.path.dirname(sys.executable)
+        ray = os.path.join(bin_dir, "ray")
         argv = [
             ray, "start", "--head", "--block", "--disable-usage-stats",
             "--node-ip-address", "127.0.0.1", "--port", str(_free_port()),
@@ -59,8 +60,10 @@ class LocalRayCluster:
         log = open(os.path.join(self._dir, "ray-start.log"), "wb")
         # Its own session: whatever it starts, and does not move to another session, is found
         # by session id at stop, even once reparented (no ray stop: that stops every cluster).
+        # This Python's bin first on its PATH: a job's `python` is then this environment's.
+        env = {**os.environ, "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")])}
         self._proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
         log.close()  # the child holds its own descriptor
         self.address = f"http://127.0.0.1:{dashboard}"
