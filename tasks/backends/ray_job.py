@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from tasks.backends.openai_generate import derive_seed
+from tasks.backends.protocols import RewardModel
 from tasks.backends.vllm_generate import VLLMGeneration
 from tasks.store import RunStore, is_hub_id
 
@@ -162,21 +163,27 @@ class StageWorker:
             raise RuntimeError(error_line(exc)) from exc
 
     def _load(self, spec_json: str) -> None:
-        # torch and the backends are imported here, in the workers: the job's driver only
-        # moves tables, and starts seconds sooner without them.
-        import torch
-
-        from tasks.backends.hf_generate import TransformersGeneration
-        from tasks.backends.reward import RewardBackend
-
+        # The backends are imported here, in the workers: the job's driver only moves tables,
+        # and starts seconds sooner without torch.
         self.spec = spec = JobSpec.model_validate_json(spec_json)
-        torch.set_num_threads(max(1, int(spec.cpus_per_worker)))
+        self.scorer: RewardModel
         if spec.task == "generate":
+            from tasks.backends.hf_generate import TransformersGeneration
+
             # (vllm stages never get here: Ray Data LLM runs them, see _vllm)
             backend = TransformersGeneration.model_validate(spec.backend)
             self.generator = backend.load(_local_model(spec))
+        elif spec.backend.get("kind") == "world":
+            # Plain Python: importing every reward backend would import torch, for nothing.
+            from tasks.backends.world import WorldReward
+
+            self.scorer = WorldReward.model_validate(spec.backend).load()
         else:
+            from tasks.backends.reward import RewardBackend
+
             self.scorer = TypeAdapter(RewardBackend).validate_python(spec.backend).load()
+        if "torch" in sys.modules:  # one intra-op thread per CPU the worker reserved
+            sys.modules["torch"].set_num_threads(max(1, int(spec.cpus_per_worker)))
 
     def _run(self, batch: pa.Table) -> pa.Table:
         spec, rows = self.spec, batch.column("row").to_pylist()
