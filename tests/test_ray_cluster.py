@@ -34,6 +34,7 @@ from tasks.stage import RunContext, StageError
 from tasks.store import Ref, hash_directory
 
 BACKEND = {"max_new_tokens": 10, "batch_size": 16}
+STAGES = ("generate", "annotate")
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +51,16 @@ def _alive(process: psutil.Process) -> bool:
         return False
 
 
-def _inputs(root: Path, run: str) -> tuple[RunContext, Ref, Ref]:
-    """A run with 40 world prompts in iter_1 and an untrained tiny policy (varied, wrong
-    answers, so the rewards vary)."""
+def _inputs(
+    root: Path, run: str, runs: str | None = None, opts: dict | None = None
+) -> tuple[RunContext, Ref, Ref]:
+    """A run (under ``runs``, default ``root``) with 40 world prompts in iter_1, and an untrained
+    tiny policy in ``root`` (varied, wrong answers, so the rewards vary)."""
     policy = root / "policy"
     if not policy.exists():
         tok = build_char_tokenizer(world.ALPHABET)
         save_checkpoint(build_tiny_model(TinyModelConfig(), tok, seed=0), tok, str(policy))
-    ctx = RunContext(root=str(root), run=run, seed=3)
+    ctx = RunContext(root=runs or str(root), run=run, seed=3, storage_options=opts or {})
     texts = world.sample_prompts(world.SEED_DISTRIBUTION, 40, seed=0)
     table = seed_records(texts, [world.category_of(p) for p in texts])
     uri, digest, _ = ctx.store().write_table(1, "prompts", table)
@@ -185,3 +188,37 @@ def test_a_vllm_stage_becomes_ray_data_llm_engine_replicas():
         {"row": 2, "sample": 2, "response": "a"},
         {"row": 5, "sample": 1, "response": "b"},
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_an_s3_run_root_through_the_cluster(cluster, tmp_path: Path):
+    # The job reads its input from, and writes its staging output to, a run root on S3 (a
+    # local S3 server here) with the run's storage_options; the stage removes the staging.
+    moto = pytest.importorskip("moto.server")
+    import s3fs
+
+    server = moto.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        opts = {
+            "key": "k",
+            "secret": "s",
+            "client_kwargs": {"endpoint_url": f"http://{host}:{port}"},
+        }
+        s3fs.S3FileSystem(**opts).mkdir("eva-bucket")
+        ray = {"address": cluster.address, "workers": 2, "rows_per_task": 8, "poll_s": 0.5}
+        tables = {}
+        for name, where in (("local", None), ("ray", ray)):
+            run, prompts, policy = _inputs(tmp_path, name, "s3://eva-bucket/runs", opts)
+            config = GenerateConfig(n=2, backend=BACKEND, ray=where)
+            rollouts = generate(run, 1, config, prompts=prompts, policy=policy)
+            annotate(run, 1, AnnotateConfig(ray=where), rollouts=rollouts)
+            store = run.store()
+            tables[name] = [store.read_table(f"iter_1/{s}.parquet") for s in STAGES]
+            store.fs.invalidate_cache()
+            assert not [p for p in store.fs.ls(f"eva-bucket/runs/{name}/iter_1") if ".tmp" in p]
+        assert all(a.equals(b) for a, b in zip(tables["ray"], tables["local"], strict=True))
+    finally:
+        server.stop()

@@ -41,8 +41,8 @@ CLUSTER_BACKENDS = ("transformers", "vllm")  # generation backends a cluster can
 
 
 class JobSpec(BaseModel):
-    """Everything the job needs, passed on its command line (no secrets: the cluster reads
-    the run root with its own credentials)."""
+    """Everything the job needs, passed on its command line (so: no secrets in the run's
+    storage_options; the cluster should reach the run root with credentials of its own)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     task: Literal["generate", "annotate"]
