@@ -14,9 +14,10 @@ no artifact (a killed stage's staging folder is a ``*.tmp-*`` that the next laun
 
 What the cluster needs: the run root readable and writable from every node (S3, or a shared
 filesystem for a local root; ``storage_options`` travel in the job's entrypoint, visible in the
-Ray dashboard: credentials belong in the cluster's environment), and eva's dependencies in its Python (``python``) or its
-``runtime_env``; this side uploads the ``tasks`` and ``eva_core`` packages with each job
-(``py_modules``), so the cluster always runs the code this run hashed into its cache keys.
+Ray dashboard: credentials belong in the cluster's environment), and eva's dependencies in its
+Python (``python``) or its ``runtime_env``; this side uploads the ``tasks`` and ``eva_core``
+packages with each job (``py_modules``), so the cluster runs the code this run hashed into its
+cache keys.
 """
 
 from __future__ import annotations
