@@ -94,6 +94,9 @@ def test_a_shard_with_its_indices_reproduces_the_whole_set(model_dir: str):
     assert shard == [whole[i] for i in odd]
     # Without its indices the shard samples as if it were the whole input: other responses.
     assert gen.generate([prompts[i] for i in odd], n=3, seed=5) != shard
+    # A prompt that cannot fit is named by its position in the whole input.
+    with pytest.raises(ValueError, match="prompt row 7 has"):
+        gen.generate(["1+2=", "1" * 59 + "="], n=1, seed=0, indices=[3, 7])
     with pytest.raises(ValueError, match="2 indices for 3 prompts"):
         gen.generate(prompts[:3], n=1, seed=0, indices=[0, 1])
 

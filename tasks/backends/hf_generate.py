@@ -126,17 +126,24 @@ class TransformersGeneration(BaseModel):
         return TransformersGenerator(model, tokenizer, self)
 
 
-def check_fits(model_config: Any, prompt_tokens: Sequence[int], max_new_tokens: int) -> None:
-    """Raise, naming the first prompt (by row), when a prompt plus ``max_new_tokens`` exceeds
-    the model's position table, instead of truncating answers or crashing mid-batch."""
+def check_fits(
+    model_config: Any,
+    prompt_tokens: Sequence[int],
+    max_new_tokens: int,
+    rows: Sequence[int] | None = None,
+) -> None:
+    """Raise, naming the first prompt (by row: its position in ``rows`` if given, as a Ray
+    worker's shard gives them), when a prompt plus ``max_new_tokens`` exceeds the model's
+    position table, instead of truncating answers or crashing mid-batch."""
     limit = getattr(model_config, "max_position_embeddings", None)
     if limit is None:
         return
     over = [i for i, n in enumerate(prompt_tokens) if n + max_new_tokens > limit]
     if over:
         i = over[0]
+        row = i if rows is None else rows[i]
         raise ValueError(
-            f"prompt row {i} has {prompt_tokens[i]} tokens; with max_new_tokens "
+            f"prompt row {row} has {prompt_tokens[i]} tokens; with max_new_tokens "
             f"{max_new_tokens} it exceeds the model's {limit} positions ({len(over)} prompts "
             "do): shorten the prompts or lower max_new_tokens"
         )
@@ -210,7 +217,8 @@ class TransformersGenerator:
         # Longest first, so batches hold similar lengths (little padding) and a batch that does
         # not fit in memory fails at the start rather than at the end of a long run.
         order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
-        check_fits(self.model.config, [len(ids) for ids in encoded], cfg.max_new_tokens)
+        lengths = [len(ids) for ids in encoded]
+        check_fits(self.model.config, lengths, cfg.max_new_tokens, rows=indices)
         results: list[list[str]] = [[] for _ in prompts]
         device = self.model.device
         for start in range(0, len(order), cfg.batch_size):
