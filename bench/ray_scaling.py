@@ -73,7 +73,19 @@ def main() -> None:
     # --verbose: the jobs' logs as the stage forwards them, timestamped (where the time goes).
     level = logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(message)s")
-    root = tempfile.mkdtemp(prefix="eva-ray-bench-")
+    with tempfile.TemporaryDirectory(prefix="eva-ray-bench-") as root:
+        rows, rollouts = _measure(args, root)
+    print(f"generate: {args.prompts} prompts x n={args.n}, {platform.machine()}, "
+          f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}; Ray rollouts identical to "
+          "in-process: yes")  # fmt: skip
+    print("\n| where | stage seconds | rollouts/s (whole stage) | start-up s | steady rollouts/s |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, seconds, startup, steady in rows:
+        print(f"| {name} | {seconds:.1f} | {rollouts / seconds:.0f} | {startup} | {steady:.0f} |")
+
+
+def _measure(args: argparse.Namespace, root: str) -> tuple[list[tuple], int]:
+    """In-process, then 1 and 2 Ray workers: (name, seconds, start-up, steady) rows."""
     policy = os.path.join(root, "policy")
     tok = build_char_tokenizer(world.ALPHABET)
     save_checkpoint(build_tiny_model(TinyModelConfig(), tok, seed=0), tok, policy)
@@ -96,13 +108,7 @@ def main() -> None:
             name = f"Ray job, {workers} worker{'s' * (workers > 1)}"
             rows.append((name, seconds, f"{stats['ray_startup_s']:.1f}", stats["ray_steady_per_s"]))
 
-    print(f"generate: {args.prompts} prompts x n={args.n}, {platform.machine()}, "
-          f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}; Ray rollouts identical to "
-          "in-process: yes")  # fmt: skip
-    print("\n| where | stage seconds | rollouts/s (whole stage) | start-up s | steady rollouts/s |")
-    print("| --- | --- | --- | --- | --- |")
-    for name, seconds, startup, steady in rows:
-        print(f"| {name} | {seconds:.1f} | {rollouts / seconds:.0f} | {startup} | {steady:.0f} |")
+    return rows, rollouts
 
 
 if __name__ == "__main__":
