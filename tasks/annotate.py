@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.informativeness import reward_matrix
 from tasks.backends.protocols import stats_of
+from tasks.backends.ray_cluster import RayJob, run_on_ray
 from tasks.backends.reward import RewardBackend
 from tasks.backends.world import WorldReward
 from tasks.generate import ROLLOUT_COLUMNS
@@ -38,17 +39,29 @@ class AnnotateConfig(BaseModel):
         description="Fail when every scored prompt's rewards are all equal (no preference "
         "signal, nothing to learn); by default this is reported and the run goes on.",
     )
+    ray: RayJob | None = Field(
+        default=None,
+        description="Score on a Ray cluster: its workers run `reward` on shards of the "
+        "rollouts, with the rewards in-process scoring gives wherever a response's score does "
+        "not depend on its batch-mates (the world's verifier; see README). None: in this "
+        "process.",
+    )
 
 
 @stage("annotate", inputs={"rollouts": ROLLOUT_COLUMNS}, outputs=ANNOTATED_COLUMNS)
 def annotate(ctx: StageContext, config: AnnotateConfig, rollouts: pa.Table) -> StageOutput:
     started = time.perf_counter()  # load included, as in every stage's backend_seconds
-    model = config.reward.load()
-    rewards = model.score(
-        rollouts.column("prompt").to_pylist(),
-        rollouts.column("responses").to_pylist(),
-        ctx.progress,
-    )
+    prompts = rollouts.column("prompt").to_pylist()
+    responses = rollouts.column("responses").to_pylist()
+    if config.ray is not None:
+        counts = [len(rs) for rs in responses]
+        rewards, backend_stats = run_on_ray(
+            ctx, config.ray, "annotate", "rollouts", config.reward, counts
+        )
+    else:
+        model = config.reward.load()
+        rewards = model.score(prompts, responses, ctx.progress)
+        backend_stats = stats_of(model)
     seconds = time.perf_counter() - started
     flat = np.array([r for rs in rewards for r in rs], dtype=np.float64)
     out = rollouts.append_column("rewards", pa.array(rewards, pa.list_(pa.float64())))
@@ -73,7 +86,8 @@ def annotate(ctx: StageContext, config: AnnotateConfig, rollouts: pa.Table) -> S
         "unscored_prompts": int(n - scored.sum()), "tied_prompts": int(tied.sum()),
         "mean_reward": round(float(finite.mean()), 4) if finite.size else None,
         "backend_seconds": round(seconds, 3),
-        # Backend-specific counts (failures, too-long conversations, unreadable verdicts).
-        **stats_of(model),
+        # Backend-specific counts (failures, too-long conversations, unreadable verdicts; on a
+        # Ray cluster they stay with its workers) or the Ray job that scored.
+        **backend_stats,
     }  # fmt: skip
     return StageOutput(out, stats=stats)

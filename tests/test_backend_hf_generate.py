@@ -83,6 +83,24 @@ def test_sampling_is_seeded_and_independent_of_batching(model_dir: str):
             assert "<" not in r and not r.startswith(prompt)  # no special tokens, no echo
 
 
+def test_a_shard_with_its_indices_reproduces_the_whole_set(model_dir: str):
+    # What a Ray worker does: generate an interleaved shard on its own, given each prompt's
+    # position in the stage input; the shards together are the in-process result.
+    prompts = [p for p, _ in ADDITION[:30]] + MIXED
+    gen = _load(model_dir, temperature=2.0, top_p=1.0, max_new_tokens=8)
+    whole = gen.generate(prompts, n=3, seed=5)
+    odd = list(range(1, len(prompts), 2))
+    shard = gen.generate([prompts[i] for i in odd], n=3, seed=5, indices=odd)
+    assert shard == [whole[i] for i in odd]
+    # Without its indices the shard samples as if it were the whole input: other responses.
+    assert gen.generate([prompts[i] for i in odd], n=3, seed=5) != shard
+    # A prompt that cannot fit is named by its position in the whole input.
+    with pytest.raises(ValueError, match="prompt row 7 has"):
+        gen.generate(["1+2=", "1" * 59 + "="], n=1, seed=0, indices=[3, 7])
+    with pytest.raises(ValueError, match="2 indices for 3 prompts"):
+        gen.generate(prompts[:3], n=1, seed=0, indices=[0, 1])
+
+
 def test_first_token_frequencies_match_the_tempered_nucleus(model_dir: str):
     gen = _load(model_dir, temperature=2.0, top_p=0.8, max_new_tokens=1)
     prompt = "  3+4="  # off-distribution, so the next-token distribution is spread out

@@ -126,17 +126,24 @@ class TransformersGeneration(BaseModel):
         return TransformersGenerator(model, tokenizer, self)
 
 
-def check_fits(model_config: Any, prompt_tokens: Sequence[int], max_new_tokens: int) -> None:
-    """Raise, naming the first prompt (by row), when a prompt plus ``max_new_tokens`` exceeds
-    the model's position table, instead of truncating answers or crashing mid-batch."""
+def check_fits(
+    model_config: Any,
+    prompt_tokens: Sequence[int],
+    max_new_tokens: int,
+    rows: Sequence[int] | None = None,
+) -> None:
+    """Raise, naming the first prompt (by row: its position in ``rows`` if given, as a Ray
+    worker's shard gives them), when a prompt plus ``max_new_tokens`` exceeds the model's
+    position table, instead of truncating answers or crashing mid-batch."""
     limit = getattr(model_config, "max_position_embeddings", None)
     if limit is None:
         return
     over = [i for i, n in enumerate(prompt_tokens) if n + max_new_tokens > limit]
     if over:
         i = over[0]
+        row = i if rows is None else rows[i]
         raise ValueError(
-            f"prompt row {i} has {prompt_tokens[i]} tokens; with max_new_tokens "
+            f"prompt row {row} has {prompt_tokens[i]} tokens; with max_new_tokens "
             f"{max_new_tokens} it exceeds the model's {limit} positions ({len(over)} prompts "
             "do): shorten the prompts or lower max_new_tokens"
         )
@@ -181,11 +188,26 @@ class TransformersGenerator:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def generate(
-        self, prompts: Sequence[str], n: int, seed: int, progress: Progress = no_progress
+        self,
+        prompts: Sequence[str],
+        n: int,
+        seed: int,
+        progress: Progress = no_progress,
+        *,
+        indices: Sequence[int] | None = None,
     ) -> list[list[str]]:
-        """``n`` responses per prompt (new tokens only, cut at eos, special tokens removed)."""
+        """``n`` responses per prompt (new tokens only, cut at eos, special tokens removed).
+
+        ``indices`` are the prompts' positions in the whole stage input (default 0, 1, ...):
+        they address the sampling noise, so a shard of the prompts, generated on its own with
+        its positions, gives exactly the responses the whole set would (a Ray worker's shard).
+        """
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
+        if indices is None:
+            indices = range(len(prompts))
+        elif len(indices) != len(prompts):
+            raise ValueError(f"{len(indices)} indices for {len(prompts)} prompts")
         cfg = self.config
         greedy = cfg.temperature == 0.0
         rows_per_prompt = 1 if greedy else n
@@ -195,7 +217,8 @@ class TransformersGenerator:
         # Longest first, so batches hold similar lengths (little padding) and a batch that does
         # not fit in memory fails at the start rather than at the end of a long run.
         order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
-        check_fits(self.model.config, [len(ids) for ids in encoded], cfg.max_new_tokens)
+        lengths = [len(ids) for ids in encoded]
+        check_fits(self.model.config, lengths, cfg.max_new_tokens, rows=indices)
         results: list[list[str]] = [[] for _ in prompts]
         device = self.model.device
         for start in range(0, len(order), cfg.batch_size):
@@ -213,7 +236,8 @@ class TransformersGenerator:
             attention = attention.repeat_interleave(rows_per_prompt, dim=0).to(device)
             processors = LogitsProcessorList()
             if not greedy:
-                prompt_idx = torch.tensor(chunk).repeat_interleave(rows_per_prompt)
+                prompt_idx = torch.tensor([indices[i] for i in chunk])
+                prompt_idx = prompt_idx.repeat_interleave(rows_per_prompt)
                 sample_idx = torch.arange(rows_per_prompt).repeat(len(chunk))
                 keys = _row_keys(seed, prompt_idx, sample_idx)
                 processors.append(_GumbelSampling(keys, width, cfg.temperature, cfg.top_p))
