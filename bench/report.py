@@ -262,6 +262,7 @@ def write_costs_report(results: dict[str, Any], out_dir: str, name: str, command
         for label, run in runs.items()
     ]
     cached = results["cached_rerun"]
+    best = 100 * cached.get("best_share", cached["share"])
     roll = [
         [label, str(r["prompts"]), str(r["tokens"]), f"{r['direct_tokens_per_s']:.0f}",
          f"{r['stage_tokens_per_s']:.0f}", f"{100 * r['efficiency']:.1f}%",
@@ -308,8 +309,12 @@ def write_costs_report(results: dict[str, Any], out_dir: str, name: str, command
             "",
             "### Cached rerun of the finished demo run",
             "",
-            f"{cached['seconds']:.2f} s against {results['demo']['total']:.2f} s for the "
-            f"original run ({100 * cached['share']:.1f}%); {cached['stages']} stage manifests, "
+            f"{cached['seconds']:.2f} s (median of "
+            f"{', '.join(f'{x:.2f}' for x in cached.get('runs', [cached['seconds']]))} s) "
+            f"against {results['demo']['total']:.2f} s for the original run "
+            f"({100 * cached['share']:.1f}%; best {best:.1f}%), "
+            f"with {cached.get('retries_503', 0)} request(s) retried after a 503 from the API "
+            f"server (SQLite contention; 2 s back-off each); {cached['stages']} stage manifests, "
             f"re-executed: {', '.join(cached['reexecuted']) or 'none'}. The "
             f"{cached['cached_tasks']} stage tasks (each a cache check) took "
             f"{cached['cached_tasks_seconds']:.2f} s together; the rest is the "
