@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
+from flows.api import prefect_api
 from flows.config import RunConfig, deep_merge, load_config, validate_config
 from flows.order import OFFLINE_ORDER
 from tasks.store import RunStore, iteration_dir
@@ -336,7 +337,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=os.path.join("docs", "bench"))
     args = ap.parse_args(argv)
     root = os.path.abspath(os.path.join(args.root, "quick" if args.quick else "full"))
-    results = run_costs(root, args.quick)
+    # As `eva bench` runs it: the configured or a running server, else a temporary one.
+    with prefect_api(say=False):
+        results = run_costs(root, args.quick)
     from bench.report import write_costs_report
 
     os.makedirs(args.out, exist_ok=True)

@@ -139,6 +139,7 @@ def test_the_probe_finds_a_prefect_api_and_nothing_else(monkeypatch) -> None:
         PREFECT_API_URL,
         PREFECT_SERVER_API_HOST,
         PREFECT_SERVER_API_PORT,
+        get_current_settings,
         temporary_settings,
     )
 
@@ -160,6 +161,10 @@ def test_the_probe_finds_a_prefect_api_and_nothing_else(monkeypatch) -> None:
     with temporary_settings(updates=at, restore_defaults={PREFECT_API_URL}):
         with prefect_api(say=False) as url:
             assert url == f"http://{api.hostname}:{api.port}/api" == PREFECT_API_URL.value()
+            assert get_current_settings().flows.heartbeat_frequency == 180  # a lasting server
         monkeypatch.setenv("EVA_PREFECT_SERVER", "temporary")
         with prefect_api(say=False) as url:
             assert url is None and not PREFECT_API_URL.value()
+            # Nothing reads heartbeats on the temporary server, and each costs a flow run
+            # up to a second at its end: off.
+            assert get_current_settings().flows.heartbeat_frequency is None
