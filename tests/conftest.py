@@ -51,6 +51,28 @@ def prefect_api():
         yield
 
 
+@pytest.fixture
+def local_s3() -> Any:
+    """A real S3 server on localhost (moto) with an empty bucket ``eva-bucket``; yields the
+    ``storage_options`` that reach it."""
+    moto = pytest.importorskip("moto.server")
+    import s3fs
+
+    server = moto.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    try:
+        host, port = server.get_host_and_port()
+        opts = {
+            "key": "k",
+            "secret": "s",
+            "client_kwargs": {"endpoint_url": f"http://{host}:{port}"},
+        }
+        s3fs.S3FileSystem(**opts).mkdir("eva-bucket")
+        yield opts
+    finally:
+        server.stop()
+
+
 def tiny_run_config(root: str, run: str = "t", **overrides: Any) -> dict[str, Any]:
     """A run small enough for a test: a few dozen prompts, a few seconds of SFT."""
     gen = {"max_new_tokens": 10, "batch_size": 256}

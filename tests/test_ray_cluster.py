@@ -193,33 +193,19 @@ def test_a_vllm_stage_becomes_ray_data_llm_engine_replicas():
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
-def test_an_s3_run_root_through_the_cluster(cluster, tmp_path: Path):
+def test_an_s3_run_root_through_the_cluster(cluster, tmp_path: Path, local_s3):
     # The job reads its input from, and writes its staging output to, a run root on S3 (a
     # local S3 server here) with the run's storage_options; the stage removes the staging.
-    moto = pytest.importorskip("moto.server")
-    import s3fs
-
-    server = moto.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        opts = {
-            "key": "k",
-            "secret": "s",
-            "client_kwargs": {"endpoint_url": f"http://{host}:{port}"},
-        }
-        s3fs.S3FileSystem(**opts).mkdir("eva-bucket")
-        ray = {"address": cluster.address, "workers": 2, "rows_per_task": 8, "poll_s": 0.5}
-        tables = {}
-        for name, where in (("local", None), ("ray", ray)):
-            run, prompts, policy = _inputs(tmp_path, name, "s3://eva-bucket/runs", opts)
-            config = GenerateConfig(n=2, backend=BACKEND, ray=where)
-            rollouts = generate(run, 1, config, prompts=prompts, policy=policy)
-            annotate(run, 1, AnnotateConfig(ray=where), rollouts=rollouts)
-            store = run.store()
-            tables[name] = [store.read_table(f"iter_1/{s}.parquet") for s in STAGES]
-            store.fs.invalidate_cache()
-            assert not [p for p in store.fs.ls(f"eva-bucket/runs/{name}/iter_1") if ".tmp" in p]
-        assert all(a.equals(b) for a, b in zip(tables["ray"], tables["local"], strict=True))
-    finally:
-        server.stop()
+    opts = local_s3
+    ray = {"address": cluster.address, "workers": 2, "rows_per_task": 8, "poll_s": 0.5}
+    tables = {}
+    for name, where in (("local", None), ("ray", ray)):
+        run, prompts, policy = _inputs(tmp_path, name, "s3://eva-bucket/runs", opts)
+        config = GenerateConfig(n=2, backend=BACKEND, ray=where)
+        rollouts = generate(run, 1, config, prompts=prompts, policy=policy)
+        annotate(run, 1, AnnotateConfig(ray=where), rollouts=rollouts)
+        store = run.store()
+        tables[name] = [store.read_table(f"iter_1/{s}.parquet") for s in STAGES]
+        store.fs.invalidate_cache()
+        assert not [p for p in store.fs.ls(f"eva-bucket/runs/{name}/iter_1") if ".tmp" in p]
+    assert all(a.equals(b) for a, b in zip(tables["ray"], tables["local"], strict=True))

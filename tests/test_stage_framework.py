@@ -164,49 +164,33 @@ def test_plan_targets_one_stage(tmp_path) -> None:
         plan_run.plan.decide(1, "pairs")
 
 
-def test_s3_root_through_a_local_s3_server(tmp_path, capsys) -> None:
-    moto = pytest.importorskip("moto.server")
-    server = moto.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        opts = {
-            "key": "k",
-            "secret": "s",
-            "client_kwargs": {"endpoint_url": f"http://{host}:{port}"},
-        }
-        import s3fs
+def test_s3_root_through_a_local_s3_server(tmp_path, capsys, local_s3) -> None:
+    opts = local_s3
+    run = RunContext(root="s3://eva-bucket/runs", run="r", seed=1, storage_options=opts)
+    store = run.store()
+    annotated = _input(store, 1, "creator_annotate", _annotated())
+    assert annotated.uri.startswith("iter_1/")  # relative: the run can move
+    ref = score(run, 1, ScoreConfig(), annotated=annotated)
+    assert ref.uri == "iter_1/score.parquet"
+    assert store.absolute(ref.uri) == "s3://eva-bucket/runs/r/iter_1/score.parquet"
+    assert store.read_table(ref.uri).num_rows == 8
+    state = score.task(run, 1, ScoreConfig(), "score", {"annotated": annotated}, return_state=True)
+    assert state.name == "Cached"
+    with store.fs.open("eva-bucket/runs/r/iter_1/score.manifest.json") as f:
+        assert json.load(f)["content_hash"] == ref.content_hash
+    # `eva show` opens the run with the endpoint given on the command line, then uses the
+    # run's stored options (here: the credentials) for everything else.
+    from flows import cli
+    from flows.config import RunConfig
 
-        s3fs.S3FileSystem(**opts).mkdir("eva-bucket")
-        run = RunContext(root="s3://eva-bucket/runs", run="r", seed=1, storage_options=opts)
-        store = run.store()
-        annotated = _input(store, 1, "creator_annotate", _annotated())
-        assert annotated.uri.startswith("iter_1/")  # relative: the run can move
-        ref = score(run, 1, ScoreConfig(), annotated=annotated)
-        assert ref.uri == "iter_1/score.parquet"
-        assert store.absolute(ref.uri) == "s3://eva-bucket/runs/r/iter_1/score.parquet"
-        assert store.read_table(ref.uri).num_rows == 8
-        state = score.task(
-            run, 1, ScoreConfig(), "score", {"annotated": annotated}, return_state=True
-        )
-        assert state.name == "Cached"
-        with store.fs.open("eva-bucket/runs/r/iter_1/score.manifest.json") as f:
-            assert json.load(f)["content_hash"] == ref.content_hash
-        # `eva show` opens the run with the endpoint given on the command line, then uses the
-        # run's stored options (here: the credentials) for everything else.
-        from flows import cli
-        from flows.config import RunConfig
-
-        stored = RunConfig(root="s3://eva-bucket/runs", run="r", storage_options=opts)
-        with store.fs.open("eva-bucket/runs/r/config.json", "w") as f:
-            f.write(stored.model_dump_json())
-        argv = ["show", "--run", "r", "--root", "s3://eva-bucket/runs", "--iteration", "1"]
-        assert cli.main([*argv, "--stage", "score", "--storage-options", json.dumps(opts)]) == 0
-        printed = capsys.readouterr().out
-        assert '"rows": 8' in printed and '"uri": "iter_1/score.parquet"' in printed
-        assert cli.stored_config("s3://eva-bucket/runs", "r", opts).storage_options == opts
-    finally:
-        server.stop()
+    stored = RunConfig(root="s3://eva-bucket/runs", run="r", storage_options=opts)
+    with store.fs.open("eva-bucket/runs/r/config.json", "w") as f:
+        f.write(stored.model_dump_json())
+    argv = ["show", "--run", "r", "--root", "s3://eva-bucket/runs", "--iteration", "1"]
+    assert cli.main([*argv, "--stage", "score", "--storage-options", json.dumps(opts)]) == 0
+    printed = capsys.readouterr().out
+    assert '"rows": 8' in printed and '"uri": "iter_1/score.parquet"' in printed
+    assert cli.stored_config("s3://eva-bucket/runs", "r", opts).storage_options == opts
 
 
 def test_init_checkpoint_local_or_hub_id(tmp_path) -> None:
