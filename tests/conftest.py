@@ -56,18 +56,18 @@ def local_s3() -> Any:
     """A real S3 server on localhost (moto) with an empty bucket ``eva-bucket``; yields the
     ``storage_options`` that reach it."""
     moto = pytest.importorskip("moto.server")
+    import httpx
     import s3fs
 
     server = moto.ThreadedMotoServer(ip_address="127.0.0.1", port=0)
     server.start()
     try:
         host, port = server.get_host_and_port()
-        opts = {
-            "key": "k",
-            "secret": "s",
-            "client_kwargs": {"endpoint_url": f"http://{host}:{port}"},
-        }
-        s3fs.S3FileSystem(**opts).mkdir("eva-bucket")
+        endpoint = f"http://{host}:{port}"
+        # moto keeps its buckets in the process, across servers: start each test empty.
+        httpx.post(f"{endpoint}/moto-api/reset", trust_env=False).raise_for_status()
+        opts = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": endpoint}}
+        s3fs.S3FileSystem(**opts, skip_instance_cache=True).mkdir("eva-bucket")
         yield opts
     finally:
         server.stop()
