@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from typing import Any
 import yaml
 
 from flows.config import PROJECT_DIR
+from tasks.backends.engines import free_port
 
 RUN = "ui"
 # The world demo, smaller: a minute of SFT, 200 prompts, two iterations.
@@ -47,12 +47,6 @@ CHECKS: dict[str, tuple[str, ...]] = {
     "iter-1-score-most-informative": ("informativeness", "parent_id"),
 }
 CHARTS = 6
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _api(url: str, body: dict[str, Any] | None = None) -> Any:
@@ -79,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.path.join("docs", "ui"), help="screenshots here")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     work = tempfile.mkdtemp(prefix="eva-ui-")
     env = {**os.environ, "PREFECT_HOME": os.path.join(work, "prefect"),

@@ -5,7 +5,6 @@ this host (machine 0 the train stage, machine 1 `eva train-node`, both CPU proce
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 import yaml
 
 from flows.config import ConfigError, load_config, validate_config
+from tasks.backends.engines import free_port
 from tasks.backends.follow import FollowError, follow, machine_rank
 from tasks.backends.launch import REPO_ROOT, NodesConfig, accelerate_command
 from tasks.backends.trl_dpo import DPOSolverConfig
@@ -181,12 +181,6 @@ def test_a_follower_without_a_request_gives_up_in_one_line(tmp_path: Path) -> No
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_two_machines_train_together(
     policy_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -224,7 +218,7 @@ def test_two_machines_train_together(
             num_processes=2,
             accelerate_config=str(yaml_path),
             nodes=NodesConfig(
-                machines=2, main_process_ip="127.0.0.1", main_process_port=_free_port()
+                machines=2, main_process_ip="127.0.0.1", main_process_port=free_port()
             ),
         )
         pairs = pa.table({"prompt": PROMPTS, "chosen": ["abc"] * 12, "rejected": ["ghij"] * 12})

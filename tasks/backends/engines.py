@@ -163,8 +163,13 @@ class Engine:
         log.info("started %s (pid %d, log %s)", " ".join(self.argv), self.process.pid, log_dir)
 
     @property
+    def stopped(self) -> bool:
+        """Stopped by eva (``stop()``, the pool, exit), as opposed to a server that died."""
+        return not self._finalizer.alive
+
+    @property
     def running(self) -> bool:
-        return self._finalizer.alive and self.process.poll() is None
+        return not self.stopped and self.process.poll() is None
 
     def stop(self, *, keep_log: bool = False) -> None:
         self._state.keep_log = self._state.keep_log or keep_log

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,11 +22,7 @@ from types import TracebackType
 import httpx
 import psutil
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tasks.backends.engines import free_port
 
 
 class LocalRayCluster:
@@ -44,17 +39,17 @@ class LocalRayCluster:
     def __enter__(self) -> LocalRayCluster:
         # Short: Ray's unix sockets live under it, and their paths must fit in 107 bytes.
         self._dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-        dashboard = _free_port()
+        dashboard = free_port()
         bin_dir = os.path.dirname(sys.executable)
         ray = os.path.join(bin_dir, "ray")
         argv = [
             ray, "start", "--head", "--block", "--disable-usage-stats",
-            "--node-ip-address", "127.0.0.1", "--port", str(_free_port()),
+            "--node-ip-address", "127.0.0.1", "--port", str(free_port()),
             "--num-cpus", str(self.num_cpus), "--num-gpus", "0",
             "--include-dashboard", "true", "--dashboard-host", "127.0.0.1",
             "--dashboard-port", str(dashboard),
-            "--dashboard-agent-listen-port", str(_free_port()),
-            "--ray-client-server-port", str(_free_port()),
+            "--dashboard-agent-listen-port", str(free_port()),
+            "--ray-client-server-port", str(free_port()),
             "--temp-dir", self._dir,
         ]  # fmt: skip
         log = open(os.path.join(self._dir, "ray-start.log"), "wb")

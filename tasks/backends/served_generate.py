@@ -223,7 +223,7 @@ class ServedGenerator:
         self, prompts: Sequence[str], n: int, seed: int, progress: Progress = no_progress
     ) -> list[list[str]]:
         """``n`` responses per prompt from the served checkpoint (see ``OpenAIGenerator``)."""
-        if self._closed or not self.engine._finalizer.alive:
+        if self._closed or self.engine.stopped:
             raise RuntimeError(f"{self!r} is closed: load the backend again")
         try:
             return self._client.generate(prompts, n, seed, progress)
