@@ -16,7 +16,7 @@ import shutil
 import time
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
-from bench.costs import DEMO
+from bench.costs import DEMO, cached_rerun
 from flows.api import temporary_server
 from flows.config import validate_config
 
@@ -33,21 +33,15 @@ def main(argv: list[str] | None = None) -> None:
     eva_run(cfg)
     first = time.perf_counter() - started
 
-    def reruns() -> list[float]:
-        out = []
-        for _ in range(3):
-            started = time.perf_counter()
-            eva_run(cfg)
-            out.append(round(time.perf_counter() - started, 2))
-        return out
-
-    on = reruns()
+    on = cached_rerun(cfg, first)
     with temporary_server():  # heartbeats off
-        off = reruns()
+        off = cached_rerun(cfg, first)
     print(f"original run {first:.2f} s")
-    for label, times in (("heartbeats on", on), ("heartbeats off", off)):
-        median = sorted(times)[1]
-        print(f"cached rerun, {label}: {times} s, median {100 * median / first:.1f}% of it")
+    for label, rerun in (("heartbeats on", on), ("heartbeats off", off)):
+        print(
+            f"cached rerun, {label}: {rerun['runs']} s, median {100 * rerun['share']:.1f}% of "
+            f"it; {rerun['retries_503']} request(s) retried after a 503"
+        )
 
 
 if __name__ == "__main__":
