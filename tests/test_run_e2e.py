@@ -112,13 +112,24 @@ def test_second_launch_reuses_every_stage(finished_run) -> None:
 
 async def _task_run_states(run: str) -> list[str]:
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterName,
+        TaskRunFilter,
+        TaskRunFilterFlowRunId,
+    )
 
     async with get_client() as client:
-        flow_runs = await client.read_flow_runs()  # no limit: the call the fastapi pin protects
+        assert await client.read_flow_runs()  # no limit: the call the fastapi pin protects
+        # The API pages (200 by default) and the suite shares it: ask for this run's flow runs.
         # The launch is named "{run} @{start time}", its iterations "{run}-iter-{t}".
-        ids = {f.id for f in flow_runs if f.name.startswith((f"{run} @", f"{run}-iter-"))}
-        task_runs = await client.read_task_runs()
-    return [t.state.name for t in task_runs if t.flow_run_id in ids and t.state]
+        named = FlowRunFilter(name=FlowRunFilterName(like_=run))
+        flow_runs = await client.read_flow_runs(flow_run_filter=named)
+        ids = [f.id for f in flow_runs if f.name.startswith((f"{run} @", f"{run}-iter-"))]
+        task_runs = await client.read_task_runs(
+            task_run_filter=TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=ids))
+        )
+    return [t.state.name for t in task_runs if t.state]
 
 
 def _rerun_evolve(root: str, *extra: str) -> int:
