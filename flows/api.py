@@ -1,20 +1,21 @@
 """Which Prefect API a command's flows report to: the configured one, else a local server that is
 already running, else Prefect's temporary server.
 
-Without ``PREFECT_API_URL`` every ``eva run`` starts Prefect's temporary server (about 15 s on
-2 cores) and stops it when the run ends, and the UI shows the run only while it lasts. A user who
-keeps ``prefect server start`` running wants the run there: it costs nothing to start and the run
-stays in the UI. So, when no API is configured, the commands that run flows ask the address a
-local ``prefect server start`` listens on (``PREFECT_SERVER_API_HOST``/``PORT``, 127.0.0.1:4200
-by default) for ``/api/health`` and, if it answers, use it for this command only.
-``EVA_PREFECT_SERVER=temporary`` keeps the temporary server regardless.
+Without ``PREFECT_API_URL`` every ``eva run`` needs a temporary server (``flows.prefect_server``:
+about 8-15 s to start on 2 cores), stopped when the run ends, and the UI shows the run only while
+it lasts. A user who keeps ``prefect server start`` running wants the run there: it costs
+nothing to start and the run stays in the UI. So, when no API is configured, the commands that
+run flows ask the address a local ``prefect server start`` listens on
+(``PREFECT_SERVER_API_HOST``/``PORT``, 127.0.0.1:4200 by default) for ``/api/health`` and, if it
+answers, use it for this command only. ``EVA_PREFECT_SERVER=temporary`` keeps the temporary
+server regardless.
 
-Flow-run heartbeats are turned off when the temporary server is used. They exist so that an
-automation on a lasting server can mark a flow run whose process died as Crashed; the temporary
-server dies with the process and runs no automation, so nothing reads them, and they cost each
-flow run up to a second at its end (Prefect joins the heartbeat thread, which sleeps in
-one-second steps): 2.5 s of a cached 2-iteration rerun's 7 s. Against a lasting server (the
-configured one or a running local one) they stay on.
+Flow-run heartbeats are turned off on the temporary server. They exist so that an automation on
+a lasting server can mark a flow run whose process died as Crashed; the temporary server dies
+with the process and runs no automation, so nothing reads them, and they cost each flow run up
+to a second at its end (Prefect joins the heartbeat thread, which sleeps in one-second steps):
+2.5 s of a cached 2-iteration rerun's 7 s. Against a lasting server (the configured one or a
+running local one) they stay on.
 """
 
 from __future__ import annotations
@@ -42,10 +43,12 @@ def local_server_url(timeout_s: float = 0.5) -> str | None:
 
 
 @contextmanager
-def prefect_api(say: bool = True) -> Iterator[str | None]:
-    """Run the body against the configured API, else a running local server (yields its URL),
-    else the temporary server, without flow-run heartbeats (yields None)."""
+def prefect_api(say: bool = True) -> Iterator[str]:
+    """Run the body against the configured API, else a running local server, else a temporary
+    server without flow-run heartbeats; yields the API's URL."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.prefect_server import temporary_server
 
     configured = PREFECT_API_URL.value()
     if configured:
@@ -53,8 +56,8 @@ def prefect_api(say: bool = True) -> Iterator[str | None]:
         return
     url = None if os.environ.get("EVA_PREFECT_SERVER") == "temporary" else local_server_url()
     if url is None:
-        with temporary_server():
-            yield None
+        with temporary_server(say=say) as url, no_heartbeats():
+            yield url
         return
     if say:
         print(f"eva: reporting to the Prefect server already running at {url}", flush=True)
@@ -63,8 +66,8 @@ def prefect_api(say: bool = True) -> Iterator[str | None]:
 
 
 @contextmanager
-def temporary_server() -> Iterator[None]:
-    """Settings for flows that report to Prefect's temporary server: no heartbeats."""
+def no_heartbeats() -> Iterator[None]:
+    """Flow runs in the body send no heartbeats (what the temporary server needs)."""
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):

@@ -373,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     from flows.api import prefect_api
     from flows.config import ConfigError
+    from tasks.backends.engines import ServerStartError
     from tasks.backends.llm_client import LLMConfigError
     from tasks.stage import StageError
 
@@ -391,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
             return handlers[args.command](args)
         with prefect_api():  # PREFECT_API_URL, else a running local server, else a temporary one
             return handlers[args.command](args)
-    except (ConfigError, StageError, LLMConfigError) as exc:  # the last: an unset API key
+    # LLMConfigError: an unset API key; ServerStartError: the temporary Prefect server died
+    except (ConfigError, StageError, LLMConfigError, ServerStartError) as exc:
         print(f"eva: error: {exc}", file=sys.stderr)
         return 2
 

@@ -44,10 +44,13 @@ def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
-def prefect_api():
-    from prefect.testing.utilities import prefect_test_harness
+def prefect_api(tmp_path_factory: pytest.TempPathFactory):
+    """One real Prefect API server for the suite, on a database of its own: eva's temporary
+    server (Prefect's app; SQLite writes begin IMMEDIATE, see flows/prefect_server.py)."""
+    from flows.prefect_server import temporary_server
 
-    with prefect_test_harness(server_startup_timeout=120):
+    database = tmp_path_factory.mktemp("prefect") / "prefect.db"
+    with temporary_server(database_url=f"sqlite+aiosqlite:///{database}", say=False):
         yield
 
 

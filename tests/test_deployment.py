@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -124,7 +125,7 @@ def test_eva_run_reports_to_a_local_server_that_is_already_running(tmp_path: Pat
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-3000:]
     assert f"already running at http://{api.hostname}:{api.port}/api" in out
-    assert "Starting temporary server" not in out
+    assert "temporary" not in out  # neither Prefect's temporary server nor eva's
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs(
             flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_="found @"))
@@ -164,7 +165,10 @@ def test_the_probe_finds_a_prefect_api_and_nothing_else(monkeypatch) -> None:
             assert get_current_settings().flows.heartbeat_frequency == 180  # a lasting server
         monkeypatch.setenv("EVA_PREFECT_SERVER", "temporary")
         with prefect_api(say=False) as url:
-            assert url is None and not PREFECT_API_URL.value()
+            assert url != f"http://{api.hostname}:{api.port}/api" and url == PREFECT_API_URL.value()
+            assert httpx.get(f"{url}/health", trust_env=False).json() is True
             # Nothing reads heartbeats on the temporary server, and each costs a flow run
             # up to a second at its end: off.
             assert get_current_settings().flows.heartbeat_frequency is None
+        with pytest.raises(httpx.ConnectError):  # stopped with the body
+            httpx.get(f"{url}/health", trust_env=False)

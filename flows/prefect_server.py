@@ -1,0 +1,149 @@
+"""eva's temporary Prefect server: Prefect's own API app, with SQLite writes that wait their turn.
+
+When no Prefect API is configured and none is running locally, a command that runs flows needs
+a server for as long as it lasts. Prefect would start its "temporary server" (a uvicorn
+subprocess on a SQLite database). eva starts the same app itself, for two reasons:
+
+* **No 2-second stalls.** Prefect opens its SQLite transactions ``BEGIN DEFERRED``. A request
+  that reads and then writes (creating a task run reads its flow run's labels, then inserts)
+  fails at once with "database is locked" when another write committed in between; SQLite's
+  busy timeout does not cover that case, because the reader's snapshot is stale. The server on
+  the other side of that race is Prefect's own task-run recorder, filing the events of the stage
+  that just finished, so every subflow an eva iteration opens risks it. The API answers 503 and
+  the client retries after 2 s, then 4 s: 10 retries in three cached reruns of the demo (7.4 s
+  each, 14% of the run; PrefectHQ/prefect#18934 is the upstream report). Here every write
+  transaction begins ``IMMEDIATE``: it takes the write lock before its first read, so a second
+  writer waits on the busy timeout (milliseconds) instead of failing. The same reruns take
+  1.05 s with no retries (docs/benchmarks.md, section 2).
+* **No orphan.** The server runs under eva's engine guard (``tasks.backends.engines``): it stops
+  with the command, also when the command is killed with SIGKILL.
+
+The UI sees what it sees on Prefect's temporary server: the app, its database and its services
+are Prefect's own; only the transaction mode differs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+
+from tasks.backends.engines import Engine, ServerStartError, free_port, log_tail
+
+STOP_GRACE_S = 10.0  # uvicorn's graceful shutdown stops Prefect's services first
+
+
+def begin_writes_immediate() -> None:
+    """In this process, open every Prefect SQLite transaction as one that will write
+    (``BEGIN IMMEDIATE``, what Prefect itself uses for ``SELECT ... FOR UPDATE``)."""
+    from prefect.server.database.configurations import AioSqliteConfiguration
+
+    original = AioSqliteConfiguration.begin_transaction
+    if getattr(original, "eva_immediate", False):
+        return
+
+    def begin_transaction(self: Any, session: Any, with_for_update: bool = False) -> Any:
+        return original(self, session, with_for_update=True)
+
+    begin_transaction.eva_immediate = True  # type: ignore[attr-defined]
+    AioSqliteConfiguration.begin_transaction = begin_transaction  # type: ignore[method-assign]
+
+
+def create_app() -> Any:
+    """The uvicorn factory the server process runs: Prefect's API app (no UI, ephemeral
+    services, as in Prefect's temporary server) with immediate SQLite writes."""
+    begin_writes_immediate()
+    from prefect.server.api.server import create_app as prefect_app
+
+    return prefect_app()
+
+
+def _start(database_url: str | None, timeout_s: float) -> tuple[Engine, str]:
+    from prefect.settings import get_current_settings
+
+    env = {
+        **get_current_settings().to_environment_variables(exclude_unset=True),
+        # What Prefect sets for its temporary server: no UI, the ephemeral set of services.
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+    }
+    env.pop("PREFECT_API_URL", None)
+    if database_url:
+        env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = database_url
+    project = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for _ in range(3):
+        port = free_port()
+        engine = Engine(
+            [sys.executable, "-m", "uvicorn", "--app-dir", project, "--factory",
+             "flows.prefect_server:create_app", "--host", "127.0.0.1", "--port", str(port),
+             "--log-level", "error", "--lifespan", "on"],
+            env, port, STOP_GRACE_S,
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}/api"
+        if _wait_healthy(engine, url, timeout_s):
+            return engine, url
+    raise engine.fail("the Prefect server found no free port in 3 tries")
+
+
+def _wait_healthy(engine: Engine, url: str, timeout_s: float) -> bool:
+    """True once ``/health`` answers; False when another process took the port first (the
+    engine has exited); raises when the server died otherwise or did not answer in time."""
+    deadline = time.monotonic() + timeout_s
+    try:
+        with httpx.Client(timeout=2.0, trust_env=False) as http:
+            while True:
+                code = engine.process.poll()
+                if code is not None and "address already in use" in log_tail(engine.log_path):
+                    engine.stop()
+                    return False
+                if code is not None:
+                    raise engine.fail(f"the Prefect server exited with code {code}")
+                try:
+                    if http.get(f"{url}/health").status_code == 200:
+                        return True
+                except httpx.HTTPError:
+                    pass  # not listening yet
+                if time.monotonic() >= deadline:
+                    raise engine.fail(
+                        f"the Prefect server did not answer {url}/health in {timeout_s:g} s "
+                        "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)"
+                    )
+                time.sleep(0.1)
+    except BaseException:
+        engine.stop(keep_log=True)
+        raise
+
+
+@contextmanager
+def temporary_server(database_url: str | None = None, say: bool = True) -> Iterator[str]:
+    """Run the body against a Prefect server started for it, and stopped after it; yields its
+    API URL. ``database_url``: a SQLAlchemy URL (default: Prefect's configured database)."""
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
+
+    engine, url = _start(
+        database_url, float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
+    )
+    try:
+        if say:
+            print(
+                f"eva: started a temporary Prefect server at {url} (stopped when this command "
+                "ends; keep `prefect server start` running to keep runs in the UI)",
+                flush=True,
+            )
+        with temporary_settings(updates={PREFECT_API_URL: url}):
+            yield url
+    finally:
+        engine.stop()
+
+
+__all__ = ["ServerStartError", "begin_writes_immediate", "create_app", "temporary_server"]

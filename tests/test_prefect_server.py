@@ -1,0 +1,161 @@
+"""eva's temporary Prefect server: writes that wait instead of failing, and no orphan."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+PROJECT = str(Path(__file__).resolve().parents[1])
+
+
+def _holds_write_lock_after_a_read(db: Path) -> bool:
+    """Open a Prefect transaction on ``db``, read in it, and ask whether another connection
+    can write meanwhile (it is not allowed to wait: timeout 0)."""
+    import sqlalchemy as sa
+    from prefect.server.database.configurations import AioSqliteConfiguration
+
+    async def probe() -> bool:
+        config = AioSqliteConfiguration(connection_url=f"sqlite+aiosqlite:///{db}")
+        engine = await config.engine()
+        try:
+            session = await config.session(engine)
+            async with session, config.begin_transaction(session):
+                await session.execute(sa.text("SELECT count(*) FROM t"))
+                other = sqlite3.connect(db, timeout=0)
+                try:
+                    other.execute("INSERT INTO t VALUES (2)")
+                    other.commit()
+                    return False
+                except sqlite3.OperationalError as exc:
+                    assert "database is locked" in str(exc)
+                    return True
+                finally:
+                    other.close()
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(probe())
+
+
+def test_write_transactions_take_the_lock_before_their_first_read(tmp_path, monkeypatch) -> None:
+    from prefect.server.database.configurations import AioSqliteConfiguration
+
+    from flows.prefect_server import begin_writes_immediate
+
+    db = tmp_path / "t.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("CREATE TABLE t (x INTEGER)")
+    # Prefect's own mode: a transaction that has only read holds no lock, so a write can
+    # commit under it, and the transaction's own first write then fails ("database is locked"
+    # at once: its snapshot is stale; the busy timeout does not apply).
+    assert not _holds_write_lock_after_a_read(db)
+    monkeypatch.setattr(  # restored after the test
+        AioSqliteConfiguration, "begin_transaction", AioSqliteConfiguration.begin_transaction
+    )
+    begin_writes_immediate()
+    begin_writes_immediate()  # idempotent: one wrapper, not two
+    assert AioSqliteConfiguration.begin_transaction.eva_immediate  # type: ignore[attr-defined]
+    # eva's: the transaction took the write lock at BEGIN, so the other writer must wait.
+    assert _holds_write_lock_after_a_read(db)
+
+
+class _Retries(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "retryable status code" in record.getMessage():
+            self.count += 1
+
+
+def test_subflows_opened_after_tasks_are_never_answered_503(prefect_api) -> None:
+    # An eva iteration's shape: a task finishes (the server files its events) and the flow
+    # opens a subflow (the API inserts its tracking task run). On Prefect's own temporary
+    # server this loop drew 13 retries after 503 in 20 rounds (30.7 s); here none (7.7 s).
+    from prefect import flow, task
+
+    from flows.api import no_heartbeats
+
+    @task
+    def stage(i: int) -> int:
+        return i
+
+    @flow
+    def iteration(i: int) -> int:
+        return stage(i)
+
+    @flow
+    def run(rounds: int) -> list[int]:
+        out = []
+        for i in range(rounds):
+            stage(i)
+            out.append(iteration(i))
+        return out
+
+    retries, client_log = _Retries(), logging.getLogger("prefect.client")
+    level = client_log.level
+    client_log.addHandler(retries)
+    client_log.setLevel(logging.DEBUG)
+    try:
+        with no_heartbeats():
+            assert run(20) == list(range(20))
+    finally:
+        client_log.removeHandler(retries)
+        client_log.setLevel(level)
+    assert retries.count == 0
+
+
+def test_the_temporary_server_stops_with_the_command_even_when_it_is_killed(tmp_path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(
+        EVA_PREFECT_SERVER="temporary",
+        PREFECT_SERVER_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp_path / 'p.db'}",
+    )
+    hold = (
+        "import time, flows; from flows.api import prefect_api\n"
+        "with prefect_api() as url:\n    time.sleep(300)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", hold], env=env, cwd=PROJECT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        assert line.startswith("eva: started a temporary Prefect server at http://127.0.0.1:")
+        url = line.split(" at ")[1].split()[0]
+        assert httpx.get(f"{url}/health", trust_env=False).json() is True
+    finally:
+        proc.send_signal(signal.SIGKILL)  # no atexit, no finally: only the guard is left
+        proc.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"{url}/health", timeout=1, trust_env=False)
+        except httpx.HTTPError:
+            return  # gone
+        time.sleep(0.2)
+    pytest.fail(f"the temporary server at {url} outlived eva's SIGKILL by 30 s")
+
+
+def test_a_server_that_cannot_start_fails_in_one_message_with_its_log(tmp_path) -> None:
+    from flows.prefect_server import ServerStartError, temporary_server
+
+    missing = tmp_path / "no" / "such" / "dir" / "p.db"
+    url = f"sqlite+aiosqlite:///{missing}"
+    with (
+        pytest.raises(ServerStartError, match="the Prefect server exited with code") as err,
+        temporary_server(database_url=url, say=False),
+    ):
+        pytest.fail("the body must not run")
+    assert "unable to open database file" in str(err.value)
