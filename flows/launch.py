@@ -11,7 +11,7 @@ from flows.inputs import check_inputs
 from flows.summary import summary_markdown
 from tasks.backends.engines import ENGINES
 from tasks.stage import Plan, RunContext
-from tasks.ui import REUSED
+from tasks.ui import POSTER, REUSED
 
 
 @contextmanager
@@ -23,14 +23,15 @@ def opened_run(
     Opening checks inputs (again: a run started from the UI never passed through the CLI), sets
     the torch threads, sweeps what a killed launch left, and records the config being run.
     ``order`` is the flow's artifact order, which the plan of ``eva stage`` needs. Closing stops
-    the inference servers kept for a next stage (there is none now) and posts the tables of
-    reused stages."""
+    the inference servers kept for a next stage (there is none now), posts the tables of reused
+    stages and waits for the stages' summaries still queued for the UI."""
     run = _open(config, plan, order)
     try:
         yield run
     finally:
         ENGINES.stop_all()
         REUSED.flush()
+        POSTER.flush()
 
 
 def _open(

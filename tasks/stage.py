@@ -385,21 +385,29 @@ def _closure(module: str) -> frozenset[str]:
     todo = [module]
     while todo:
         name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        tree = ast.parse(_module_file(name).read_text())
-        for node in ast.walk(tree):
-            targets: list[str] = []
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                # "from pkg import mod" may name a module as well as an attribute
-                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            todo += [t for t in targets if t.split(".")[0] in _PROJECT and _is_module(t)]
+        if name not in seen:
+            seen.add(name)
+            todo += _imports(name)
     return frozenset(seen)
 
 
+@cache
+def _imports(module: str) -> tuple[str, ...]:
+    """The project modules ``module`` imports. Parsed once per process: the stages' closures
+    share most modules, and parsing them again for each stage cost 0.4 s of a run."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(_module_file(module).read_text())):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # "from pkg import mod" may name a module as well as an attribute
+            targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        found += [t for t in targets if t.split(".")[0] in _PROJECT and _is_module(t)]
+    return tuple(found)
+
+
+@cache
 def _is_module(name: str) -> bool:
     try:  # "pkg.mod.Name" (an attribute, not a module) raises rather than returning None
         return importlib.util.find_spec(name) is not None
@@ -407,6 +415,7 @@ def _is_module(name: str) -> bool:
         return False
 
 
+@cache
 def _module_file(name: str) -> Path:
     spec = importlib.util.find_spec(name)
     assert spec is not None and spec.origin, name
