@@ -141,9 +141,38 @@ def temporary_server(database_url: str | None = None, say: bool = True) -> Itera
                 flush=True,
             )
         with temporary_settings(updates={PREFECT_API_URL: url}):
-            yield url
+            try:
+                yield url
+            finally:
+                _drain_to(url)
     finally:
         engine.stop()
+
+
+def _drain_to(url: str) -> None:
+    """Send the logs and events still queued in this process to the server before it stops
+    (what Prefect's test harness does): the last flow run's records would be lost otherwise."""
+    import inspect
+
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    async def drain() -> None:
+        try:
+            done = APILogWorker.instance().drain()
+            if inspect.isawaitable(done):
+                await done
+        except RuntimeError:  # never started
+            pass
+        drained = EventsWorker.drain_all()
+        if inspect.isawaitable(drained):
+            await drained
+
+    try:
+        run_coro_as_sync(drain())
+    except Exception as exc:  # the run is over; what is lost is a view of it
+        print(f"eva: could not send the last logs to {url}: {exc}", flush=True)
 
 
 __all__ = ["ServerStartError", "begin_writes_immediate", "create_app", "temporary_server"]
