@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import shutil
 import sys
@@ -39,6 +38,7 @@ import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
 from flows.api import prefect_api
 from flows.config import RunConfig, deep_merge, load_config, validate_config
 from flows.order import OFFLINE_ORDER
+from flows.prefect_server import counting_retries
 from tasks.store import RunStore, iteration_dir
 
 # The world's own config (deep-merged: a partial section would start from paper defaults).
@@ -161,39 +161,19 @@ def _manifests(root: str, run: str) -> dict[str, bytes]:
     return out
 
 
-class _RetryCount(logging.Handler):
-    """Counts the Prefect client's retries of a request the API server answered with 503 (its
-    answer to SQLite write contention; the client backs off 2 s, then 4 s, before retrying)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.count = 0
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if "retryable status code" in record.getMessage():
-            self.count += 1
-
-
 def cached_rerun(cfg: RunConfig, original_seconds: float, repeats: int = 3) -> dict[str, Any]:
     """Launch the finished run again, ``repeats`` times: every stage must come back from its
     manifest. The median is reported; each run's time and the 503 retries are kept."""
     from flows.run import eva_run
 
     before = _manifests(cfg.root, cfg.run)
-    client_log = logging.getLogger("prefect.client")
-    retries, level = _RetryCount(), client_log.level
-    client_log.addHandler(retries)
-    client_log.setLevel(logging.DEBUG)
     times = []
-    try:
+    with counting_retries() as retries:
         for _ in range(repeats):
             since = datetime.now(UTC)
             started = time.perf_counter()
             eva_run(cfg)
             times.append(round(time.perf_counter() - started, 3))
-    finally:
-        client_log.removeHandler(retries)
-        client_log.setLevel(level)
     after = _manifests(cfg.root, cfg.run)
     # Where the last rerun's time went: the stage tasks (cache checks) against the flow runs.
     flow_runs = [

@@ -24,6 +24,7 @@ are Prefect's own; only the transaction mode differs.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -149,6 +150,33 @@ def temporary_server(database_url: str | None = None, say: bool = True) -> Itera
         engine.stop()
 
 
+class RetriedRequests(logging.Handler):
+    """Counts the requests Prefect's client retried because the API answered 503 (on SQLite,
+    its answer to two writes that met; the client backs off 2 s, then 4 s)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "retryable status code" in record.getMessage():
+            self.count += 1
+
+
+@contextmanager
+def counting_retries() -> Iterator[RetriedRequests]:
+    """Count, in the body, the requests this process's Prefect client retried after a 503."""
+    client_log = logging.getLogger("prefect.client")
+    retries, level = RetriedRequests(), client_log.level
+    client_log.addHandler(retries)
+    client_log.setLevel(logging.DEBUG)  # the retry is logged at debug level
+    try:
+        yield retries
+    finally:
+        client_log.removeHandler(retries)
+        client_log.setLevel(level)
+
+
 def _drain_to(url: str) -> None:
     """Send the logs and events still queued in this process to the server before it stops
     (what Prefect's test harness does): the last flow run's records would be lost otherwise."""
@@ -175,4 +203,10 @@ def _drain_to(url: str) -> None:
         print(f"eva: could not send the last logs to {url}: {exc}", flush=True)
 
 
-__all__ = ["ServerStartError", "begin_writes_immediate", "create_app", "temporary_server"]
+__all__ = [
+    "ServerStartError",
+    "begin_writes_immediate",
+    "counting_retries",
+    "create_app",
+    "temporary_server",
+]

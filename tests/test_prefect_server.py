@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal
 import sqlite3
@@ -70,16 +69,6 @@ def test_write_transactions_take_the_lock_before_their_first_read(tmp_path, monk
     assert _holds_write_lock_after_a_read(db)
 
 
-class _Retries(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.count = 0
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if "retryable status code" in record.getMessage():
-            self.count += 1
-
-
 def test_subflows_opened_after_tasks_are_never_answered_503(prefect_api) -> None:
     # An eva iteration's shape: a task finishes (the server files its events) and the flow
     # opens a subflow (the API inserts its tracking task run). On Prefect's own temporary
@@ -87,6 +76,7 @@ def test_subflows_opened_after_tasks_are_never_answered_503(prefect_api) -> None
     from prefect import flow, task
 
     from flows.api import no_heartbeats
+    from flows.prefect_server import counting_retries
 
     @task
     def stage(i: int) -> int:
@@ -104,16 +94,8 @@ def test_subflows_opened_after_tasks_are_never_answered_503(prefect_api) -> None
             out.append(iteration(i))
         return out
 
-    retries, client_log = _Retries(), logging.getLogger("prefect.client")
-    level = client_log.level
-    client_log.addHandler(retries)
-    client_log.setLevel(logging.DEBUG)
-    try:
-        with no_heartbeats():
-            assert run(20) == list(range(20))
-    finally:
-        client_log.removeHandler(retries)
-        client_log.setLevel(level)
+    with counting_retries() as retries, no_heartbeats():
+        assert run(20) == list(range(20))
     assert retries.count == 0
 
 
