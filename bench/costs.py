@@ -180,8 +180,14 @@ def cached_rerun(cfg: RunConfig, original_seconds: float, repeats: int = 3) -> d
         r for t in range(cfg.iterations + 1) for r in _flow_runs(f"{cfg.run}-iter-{t}", since)
     ]
     (top,) = _flow_runs(cfg.run, since, launch=True)[-1:]
-    tasks = [tr for fr in (top, *flow_runs) for tr in _task_runs(fr.id).values()]
-    stage_tasks = [tr for tr in tasks if tr.state_name == "Cached"]
+    # The server files task runs from their events, a moment after the run: wait for all.
+    deadline = time.monotonic() + 30
+    while True:
+        tasks = [tr for fr in (top, *flow_runs) for tr in _task_runs(fr.id).values()]
+        stage_tasks = [tr for tr in tasks if tr.state_name == "Cached"]
+        if len(stage_tasks) >= len(before) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     changed = sorted(os.path.relpath(p, cfg.root) for p in before if before[p] != after.get(p))
     median = sorted(times)[len(times) // 2]
     return {
