@@ -2,7 +2,7 @@
 
     python -m bench.costs [--quick] [--root runs-bench/costs] [--out docs/bench]
 
-Everything is measured in one process, after Prefect's temporary server is up (its start-up
+Everything is measured in one process, after the temporary Prefect server is up (its start-up
 is timed on its own), on the world run at 1,000 prompts with a 300-step theta_0 (what is
 measured is the pipeline, not the model: the demo's 3,000-step SFT would only add a constant)
 and on the same run with 10x the prompts:

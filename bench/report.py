@@ -287,7 +287,7 @@ def write_costs_report(results: dict[str, Any], out_dir: str, name: str, command
         [
             "## Pipeline costs",
             "",
-            f"`{command}`, {_machine()}. Prefect's temporary server took "
+            f"`{command}`, {_machine()}. The temporary Prefect server took "
             f"{results['prefect_startup']:.1f} s to start (once per process; excluded below).",
             "",
             "### Time per stage (mean over the run's eva iterations)",

@@ -1,5 +1,5 @@
 """Which Prefect API a command's flows report to: the configured one, else a local server that is
-already running, else Prefect's temporary server.
+already running, else a temporary one (eva's, see ``flows.prefect_server``).
 
 Without ``PREFECT_API_URL`` every ``eva run`` needs a temporary server (``flows.prefect_server``:
 about 8-15 s to start on 2 cores), stopped when the run ends, and the UI shows the run only while
