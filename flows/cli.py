@@ -130,6 +130,13 @@ def _parser() -> argparse.ArgumentParser:
         "--wait", type=float, metavar="SECONDS", help="give up when no training starts in time"
     )
 
+    server = sub.add_parser(
+        "prefect-server",
+        help="`prefect server start` with SQLite writes that wait instead of failing with 503 "
+        "(flows/prefect_server.py); its arguments are Prefect's",
+    )
+    server.add_argument("prefect_args", nargs=argparse.REMAINDER, metavar="ARGS")
+
     serve = sub.add_parser("serve", help="serve the eva-run deployment to a Prefect API")
     serve.add_argument("--file", default=os.path.join("infra", "prefect.yaml"))
 
@@ -367,6 +374,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["prefect-server"]:  # every later argument is Prefect's, options included
+        from flows.prefect_server import start_lasting
+
+        return start_lasting(argv[1:])
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error, already printed in one line (2)

@@ -150,6 +150,30 @@ def temporary_server(database_url: str | None = None, say: bool = True) -> Itera
         engine.stop()
 
 
+def start_lasting(argv: list[str]) -> int:
+    """``prefect server start ARGV`` in this process, with immediate SQLite writes: the lasting
+    server a team keeps for the UI and its schedules, without the 503 stalls (``eva
+    prefect-server``). Returns the exit code."""
+    refused = [a for a in argv if a.split("=")[0] in ("--background", "-b", "--workers")]
+    if refused:
+        print(
+            f"eva prefect-server: {refused[0]} starts the server in other processes, which "
+            "would not have eva's change; run it in the foreground (a service manager can keep "
+            "it up)",
+            file=sys.stderr,
+        )
+        return 2
+    begin_writes_immediate()
+    from prefect.cli import app
+
+    sys.argv = ["prefect", "server", "start", *argv]
+    try:
+        app()
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1 if exc.code else 0
+    return 0
+
+
 class RetriedRequests(logging.Handler):
     """Counts the requests Prefect's client retried because the API answered 503 (on SQLite,
     its answer to two writes that met; the client backs off 2 s, then 4 s)."""
@@ -208,5 +232,6 @@ __all__ = [
     "begin_writes_immediate",
     "counting_retries",
     "create_app",
+    "start_lasting",
     "temporary_server",
 ]

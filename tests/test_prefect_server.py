@@ -69,10 +69,10 @@ def test_write_transactions_take_the_lock_before_their_first_read(tmp_path, monk
     assert _holds_write_lock_after_a_read(db)
 
 
-def test_subflows_opened_after_tasks_are_never_answered_503(prefect_api) -> None:
-    # An eva iteration's shape: a task finishes (the server files its events) and the flow
-    # opens a subflow (the API inserts its tracking task run). On Prefect's own temporary
-    # server this loop drew 13 retries after 503 in 20 rounds (30.7 s); here none (7.7 s).
+def _subflows_after_tasks(rounds: int) -> int:
+    """An eva iteration's shape, ``rounds`` times: a task finishes (the server files its events)
+    and the flow opens a subflow (the API inserts its tracking task run). Returns how many
+    requests the client retried after a 503."""
     from prefect import flow, task
 
     from flows.api import no_heartbeats
@@ -95,8 +95,58 @@ def test_subflows_opened_after_tasks_are_never_answered_503(prefect_api) -> None
         return out
 
     with counting_retries() as retries, no_heartbeats():
-        assert run(20) == list(range(20))
-    assert retries.count == 0
+        assert run(rounds) == list(range(rounds))
+    return retries.count
+
+
+def test_subflows_opened_after_tasks_are_never_answered_503(prefect_api) -> None:
+    # On Prefect's own temporary server 20 rounds drew 13 retries (30.7 s); here none (7.7 s).
+    assert _subflows_after_tasks(20) == 0
+
+
+def test_eva_prefect_server_is_a_lasting_server_with_the_same_change(tmp_path) -> None:
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tasks.backends.engines import free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    env.update(
+        PREFECT_HOME=str(tmp_path / "home"),
+        PREFECT_SERVER_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp_path / 'p.db'}",
+    )
+    cli = [sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main())"]
+    log = open(tmp_path / "server.log", "wb")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(
+        [*cli, "prefect-server", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, cwd=PROJECT, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
+            try:
+                if httpx.get(f"{url}/api/health", trust_env=False).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "no answer from eva prefect-server in 120 s"
+            time.sleep(0.2)
+        assert "<html" in httpx.get(url, trust_env=False).text.lower()  # with its UI
+        with temporary_settings(updates={PREFECT_API_URL: f"{url}/api"}):
+            assert _subflows_after_tasks(10) == 0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
+
+
+def test_eva_prefect_server_refuses_what_would_start_it_elsewhere(capsys) -> None:
+    from flows.cli import main
+
+    assert main(["prefect-server", "--background"]) == 2
+    assert "run it in the foreground" in capsys.readouterr().err
 
 
 def test_the_temporary_server_stops_with_the_command_even_when_it_is_killed(tmp_path) -> None:
