@@ -299,8 +299,10 @@ def write_costs_report(results: dict[str, Any], out_dir: str, name: str, command
             "",
             "### Orchestration and I/O overhead per iteration",
             "",
-            "overhead = (wall - backends) / wall; stage I/O = parquet, hashing and checkpoint "
-            "copies inside stages; orchestration = Prefect task and subflow runs. An "
+            "overhead = (wall - backends) / wall; stage I/O = time inside stages outside "
+            "their backends (parquet, hashing, checkpoint copies, and the arithmetic of the "
+            "stages that have no backend: score, sample, mix, complexity, pairs); "
+            "orchestration = Prefect task and subflow runs. An "
             "iteration's wall time is its subflow's recorded start to end; *whole run* is "
             "the caller's clock around `eva_run` (setup, iteration 0 and flow-run creation "
             "and teardown included) against every stage's backend time.",
