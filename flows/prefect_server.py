@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import httpx
@@ -87,38 +88,29 @@ def _start(database_url: str | None, timeout_s: float) -> tuple[Engine, str]:
             env, port, STOP_GRACE_S,
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}/api"
-        if _wait_healthy(engine, url, timeout_s):
+        try:
+            engine.wait_until(
+                partial(_healthy, url),
+                timeout_s,
+                name="the Prefect server",
+                hint=" (PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)",
+            )
             return engine, url
-    raise engine.fail("the Prefect server found no free port in 3 tries")
+        except ServerStartError as exc:
+            if exc.returncode is None or "address already in use" not in log_tail(exc.log_path):
+                raise
+            # Another process took the port between free_port() and uvicorn's bind: next one.
+            shutil.rmtree(os.path.dirname(exc.log_path), ignore_errors=True)
+    raise ServerStartError(
+        "the Prefect server found no free port in 3 tries", pid=-1, returncode=None, log_path=""
+    )
 
 
-def _wait_healthy(engine: Engine, url: str, timeout_s: float) -> bool:
-    """True once ``/health`` answers; False when another process took the port first (the
-    engine has exited); raises when the server died otherwise or did not answer in time."""
-    deadline = time.monotonic() + timeout_s
+def _healthy(url: str) -> bool:
     try:
-        with httpx.Client(timeout=2.0, trust_env=False) as http:
-            while True:
-                code = engine.process.poll()
-                if code is not None and "address already in use" in log_tail(engine.log_path):
-                    engine.stop()
-                    return False
-                if code is not None:
-                    raise engine.fail(f"the Prefect server exited with code {code}")
-                try:
-                    if http.get(f"{url}/health").status_code == 200:
-                        return True
-                except httpx.HTTPError:
-                    pass  # not listening yet
-                if time.monotonic() >= deadline:
-                    raise engine.fail(
-                        f"the Prefect server did not answer {url}/health in {timeout_s:g} s "
-                        "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)"
-                    )
-                time.sleep(0.1)
-    except BaseException:
-        engine.stop(keep_log=True)
-        raise
+        return httpx.get(f"{url}/health", timeout=2.0, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False  # not listening yet
 
 
 @contextmanager

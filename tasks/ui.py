@@ -48,30 +48,19 @@ class ReusedTables:
             self._rows.setdefault(get_flow_run_id(), []).append(row)
 
     def flush(self) -> int:
-        """Post one table per flow run that reused stages (on that flow run's page); returns
-        how many were posted."""
-        from prefect.client.orchestration import get_client
-        from prefect.client.schemas.actions import ArtifactCreate
-
+        """Queue one table per flow run that reused stages (on that flow run's page) for the
+        poster; returns how many. ``POSTER.flush()`` waits until they are posted."""
         with self._lock:
             groups, self._rows = self._rows, {}
-        if not groups:
-            return 0
-        try:
-            with get_client(sync_client=True) as client:
-                for flow_run_id, rows in groups.items():
-                    where = ", ".join(sorted({r["iteration"] for r in rows}))
-                    client.create_artifact(
-                        artifact=ArtifactCreate(
-                            type="table",
-                            data=json.dumps(rows),
-                            description=f"reused (Cached): {len(rows)} stage(s) of {where}",
-                            flow_run_id=flow_run_id,
-                        )
-                    )
-        except Exception as exc:  # a view of the run; never fails it
-            log.debug("could not post the reused-stage tables: %s", exc)
-            return 0
+        for flow_run_id, rows in groups.items():
+            where = ", ".join(sorted({r["iteration"] for r in rows}))
+            POSTER.post(
+                "table",
+                json.dumps(rows),
+                key=None,
+                description=f"reused (Cached): {len(rows)} stage(s) of {where}",
+                run_ids=(None, flow_run_id),
+            )
         return len(groups)
 
 
@@ -88,12 +77,22 @@ class Poster:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def post(self, type_: str, data: str, *, key: str | None, description: str) -> None:
+    def post(
+        self,
+        type_: str,
+        data: str,
+        *,
+        key: str | None,
+        description: str,
+        run_ids: tuple[UUID | None, UUID | None] | None = None,
+    ) -> None:
+        """Queue an artifact for the caller's task run and flow run, or for ``run_ids``
+        (task run, flow run) when given."""
         from prefect.client.schemas.actions import ArtifactCreate
         from prefect.context import SettingsContext
         from prefect.utilities.context import get_task_and_flow_run_ids
 
-        task_run_id, flow_run_id = get_task_and_flow_run_ids()
+        task_run_id, flow_run_id = run_ids or get_task_and_flow_run_ids()
         artifact = ArtifactCreate(
             type=type_, data=data, key=key, description=description,
             task_run_id=task_run_id, flow_run_id=flow_run_id,

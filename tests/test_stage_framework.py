@@ -50,9 +50,10 @@ def test_cached_in_a_new_call_and_rerun_on_config_change(tmp_path) -> None:
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterType
     from prefect.client.schemas.sorting import ArtifactSort
 
-    from tasks.ui import REUSED
+    from tasks.ui import POSTER, REUSED
 
     assert REUSED.flush() >= 1  # rows of earlier tests' plain calls may be pending too
+    assert POSTER.flush(timeout_s=30)  # the tables go out through the UI poster
     with get_client(sync_client=True) as client:
         tables = client.read_artifacts(
             artifact_filter=ArtifactFilter(type=ArtifactFilterType(any_=["table"])),

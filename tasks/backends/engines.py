@@ -186,24 +186,33 @@ class Engine:
             log_path=self.log_path,
         )
 
-    def wait_ready(self, url: str, model: str, headers: Mapping[str, str], timeout: float) -> None:
-        """Poll ``GET url`` (an OpenAI ``/models`` list) until it lists ``model``, the process
-        exits, or time is up; the server is stopped on any failure."""
+    def wait_until(
+        self, ready: Callable[[], bool], timeout: float, name: str = "the server", hint: str = ""
+    ) -> None:
+        """Poll ``ready()`` until it is true; raise (the server stopped, its log kept) when the
+        process exits, ``ready`` raises, or ``timeout`` seconds pass (``hint`` ends that
+        message: the setting to raise)."""
         deadline = time.monotonic() + timeout
         try:
-            with httpx.Client(headers=dict(headers), timeout=5.0, trust_env=False) as http:
-                while not self._listed(http, url, model):
-                    if time.monotonic() >= deadline:
-                        raise self.fail(f"the server was not ready after {timeout:g} s")
-                    time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
+            while True:
+                code = self.process.poll()
+                if code is not None:
+                    raise self.fail(f"{name} exited with code {code} before it was ready")
+                if ready():
+                    return
+                if time.monotonic() >= deadline:
+                    raise self.fail(f"{name} was not ready after {timeout:g} s{hint}")
+                time.sleep(min(0.1, max(deadline - time.monotonic(), 0)))
         except BaseException:  # a timeout, a dead server, or an interrupt: never leave it up
             self.stop(keep_log=True)
             raise
 
+    def wait_ready(self, url: str, model: str, headers: Mapping[str, str], timeout: float) -> None:
+        """Wait until ``GET url`` (an OpenAI ``/models`` list) lists ``model``."""
+        with httpx.Client(headers=dict(headers), timeout=5.0, trust_env=False) as http:
+            self.wait_until(lambda: self._listed(http, url, model), timeout)
+
     def _listed(self, http: httpx.Client, url: str, model: str) -> bool:
-        code = self.process.poll()
-        if code is not None:
-            raise self.fail(f"the server exited with code {code} before it was ready")
         try:
             resp = http.get(url)
         except httpx.HTTPError:
