@@ -1,13 +1,13 @@
 """Which Prefect API a command's flows report to: the configured one, else a local server that is
 already running, else a temporary one (eva's, see ``flows.prefect_server``).
 
-Without ``PREFECT_API_URL`` every ``eva run`` needs a temporary server (``flows.prefect_server``:
-about 8-15 s to start on 2 cores), stopped when the run ends, and the UI shows the run only while
-it lasts. A user who keeps ``prefect server start`` running wants the run there: it costs
-nothing to start and the run stays in the UI. So, when no API is configured, the commands that
-run flows ask the address a local ``prefect server start`` listens on
-(``PREFECT_SERVER_API_HOST``/``PORT``, 127.0.0.1:4200 by default) for ``/api/health`` and, if it
-answers, use it for this command only. ``EVA_PREFECT_SERVER=temporary`` keeps the temporary
+Without ``PREFECT_API_URL`` every ``eva run`` needs a temporary server (``flows.prefect_server``;
+5 s to start on 2 cores in ``python -m bench.costs``), stopped when the run ends, and the UI
+shows the run only while it lasts. A user who keeps ``prefect server start`` running wants the
+run there: it costs nothing to start and the run stays in the UI. So, when no API is
+configured, the commands that run flows ask the address a local ``prefect server start`` listens
+on (``PREFECT_SERVER_API_HOST``/``PORT``, 127.0.0.1:4200 by default) for ``/api/health`` and, if
+it answers, use it for this command only. ``EVA_PREFECT_SERVER=temporary`` keeps the temporary
 server regardless.
 
 Flow-run heartbeats are turned off on the temporary server. They exist so that an automation on

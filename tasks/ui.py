@@ -5,8 +5,8 @@ here may fail a stage, and none of it should hold a stage up:
 
 * A stage's summary and tables are posted by one background thread (``POSTER``), in order,
   each with the task run, flow run and API of the stage that asked (read when it is queued), so
-  the UI shows them where a direct post would. Each post is an API round trip (20-30 ms on 2
-  cores); made by the stage itself, a demo iteration's posts took about 0.5 s of its 7 s.
+  the UI shows them where a direct post would. Each post is an API round trip; made by the
+  stage itself, they were most of a demo iteration's orchestration time.
   ``opened_run`` flushes the queue when a flow ends, and so does interpreter exit.
 * A cached stage is listed in its flow run's "reused" table, posted when the run closes
   (``REUSED.flush()``), instead of getting an artifact of its own: a cached rerun of a demo run
