@@ -220,10 +220,13 @@ def _machine() -> str:
 def _overhead_cells(
     label: str, where: str, wall: float, backend: float, row: dict[str, Any]
 ) -> list[str]:
-    """One overhead row; stage I/O and orchestration exist per iteration only."""
-    split = [f"{row[k]:.2f}" if k in row else "-" for k in ("stage_io", "orchestration")]
+    """One overhead row; the subflow, stage I/O and orchestration exist per iteration only."""
+    sub, io, orch = (f"{row[k]:.2f}" if k in row else "-" for k in SPLIT)
     share = f"{100 * row['overhead_share']:.1f}%"
-    return [label, where, f"{wall:.2f}", f"{backend:.2f}", *split, share]
+    return [label, where, f"{wall:.2f}", sub, f"{backend:.2f}", io, orch, share]
+
+
+SPLIT = ("subflow", "stage_io", "orchestration")
 
 
 def _mean_stage(run: dict[str, Any], stage: str, key: str) -> float:
@@ -278,8 +281,8 @@ def write_costs_report(results: dict[str, Any], out_dir: str, name: str, command
     ):
         g = results["generation_per_pair"][arm]
         per_pair.append([label, str(g["responses"]), str(g["pairs"]), str(g["responses_per_pair"])])
-    over_head = ["run", "iteration", "wall s", "backends s", "stage I/O s", "orchestration s",
-                 "overhead"]  # fmt: skip
+    over_head = ["run", "iteration", "wall s", "subflow s", "backends s", "stage I/O s",
+                 "orchestration s", "overhead"]  # fmt: skip
     roll_head = ["run", "prompts", "tokens", "direct tok/s", "stage tok/s", "stage / direct",
                  "same output"]  # fmt: skip
     pair_head = ["arm", "responses generated", "pairs trained", "responses per pair"]
@@ -303,9 +306,11 @@ def write_costs_report(results: dict[str, Any], out_dir: str, name: str, command
             "their backends (parquet, hashing, checkpoint copies, and the arithmetic of the "
             "stages that have no backend: score, sample, mix, complexity, pairs); "
             "orchestration = Prefect task and subflow runs. An "
-            "iteration's wall time is its subflow's recorded start to end; *whole run* is "
-            "the caller's clock around `eva_run` (setup, iteration 0 and flow-run creation "
-            "and teardown included) against every stage's backend time.",
+            "iteration's wall time is the run's call of its subflow: creating the subflow "
+            "run and reporting its end are in it, which the subflow's own recorded start to "
+            "end (*subflow*) leaves out. *whole run* is the caller's clock around `eva_run` "
+            "(setup, iteration 0 and the top-level flow run included) against every stage's "
+            "backend time.",
             "",
             *md_table(over_head, over),
             "",

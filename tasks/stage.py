@@ -175,6 +175,7 @@ class Stage:
     ):
         self.name, self.fn, self.inputs, self.outputs = name, fn, dict(inputs), tuple(outputs)
         self.extra_key = extra_key
+        _DECLARED.append(fn.__module__)
 
         # One function per stage: Prefect keys a task on its function's qualified name, so a
         # shared `_execute` would make every stage the same task in the UI's views and filters.
@@ -211,6 +212,7 @@ class Stage:
         artifact: str,
         refs: Mapping[str, Ref],
     ) -> str:
+        _hash_declared()
         payload = {
             "stage": self.name,
             "artifact": artifact,
@@ -294,7 +296,7 @@ class Stage:
                 model_uri, model_hash = store.publish_model(iteration, out.model_dir)
             elif out.external_model:
                 model_uri, model_hash = out.external_model, checkpoint_hash(out.external_model)
-        if progress.id is not None:  # close the bar of a stage that reported progress
+        if progress.started:  # close the bar of a stage that reported progress
             progress(1.0)
         seconds = time.perf_counter() - started
         content_hash = _sha(table_hash + (model_hash or ""))
@@ -369,6 +371,16 @@ def _sha(text: str) -> str:
 
 
 _PROJECT = ("eva_core", "tasks", "flows")
+_DECLARED: list[str] = []  # the module of every stage declared in this process
+
+
+@cache
+def _hash_declared() -> None:
+    """Hash the code of every stage declared so far, on a process's first cache key: their
+    closures share most modules, and the flow's first stage runs before any iteration, so this
+    once-per-process parse is not paid by whichever iteration first meets a stage."""
+    for module in _DECLARED:
+        _code_hash(module)
 
 
 @cache

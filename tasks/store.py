@@ -159,7 +159,10 @@ class RunStore:
         return self.relative(path), hashlib.sha256(data).hexdigest(), len(data)
 
     def read_table(self, uri: str) -> pa.Table:
-        with self.fs.open(self.resolve(uri), "rb") as f:
+        path = self.resolve(uri)
+        if self.is_local:  # Arrow's own reader, not fsspec's Python file object
+            return pq.read_table(path)
+        with self.fs.open(path, "rb") as f:
             return pq.read_table(f)
 
     def write_json(self, path: str, obj: Any) -> None:

@@ -89,6 +89,7 @@ def test_costs_quick_measures_a_run_its_cached_rerun_and_rollouts(tmp_path) -> N
         # The parts add up to the iteration's wall time, and every backend stage was timed.
         parts = it["backend"] + it["stage_io"] + it["orchestration"]
         assert abs(parts - it["wall"]) < 1e-2
+        assert 0 < it["subflow"] < it["wall"]  # the call also creates and closes the subflow run
         assert all(it["stages"][s]["backend"] > 0 for s in ("generate", "train", "evaluate"))
         assert 0 < it["overhead_share"] < 1
     cached = results["cached_rerun"]

@@ -68,16 +68,23 @@ def test_a_progress_bar_appears_only_after_a_second_and_always_ends_at_100(prefe
         quick = ProgressArtifact(key)
         quick(0.5)
         quick(1.0)  # a stage that ended within its first second: no bar at all
-        assert quick.id is None and bars() == []
+        assert POSTER.flush(timeout_s=30)
+        assert not quick.started and bars() == []
 
         slow = ProgressArtifact(key)
         slow(0.2)
-        assert slow.id is None
+        assert not slow.started
         slow.last -= 1.1  # a second later
         slow(0.4)
+        assert POSTER.flush(timeout_s=30)
         assert slow.id is not None and bars() == [40.0]
         slow(0.6)  # within the second: not posted
         slow(1.0)  # the end always is
+        assert POSTER.flush(timeout_s=30)
         assert bars() == [100.0]
 
+    outside = ProgressArtifact(key)  # a plain call, in no run: nothing to post it on
+    outside.last -= 1.1
+    outside(0.5)
+    assert not outside.started
     a_stage()
