@@ -19,6 +19,7 @@ here may fail a stage, and none of it should hold a stage up:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import contextvars
 import json
 import logging
@@ -72,10 +73,14 @@ REUSED = ReusedTables()
 class Poster:
     """Creates artifacts on one daemon thread, in the order they were asked for. A post keeps
     the task run, flow run and Prefect settings (the API) of the thread that asked; the worker
-    makes its own client: the caller's is closed when its task run ends."""
+    has clients of its own (the caller's is closed when its task run ends), one per API, kept
+    open while posts keep coming: a new client builds a TLS context and asks for a CSRF token,
+    work that would otherwise be repeated for every post of every stage."""
+
+    IDLE_S = 5.0  # close the worker's clients after this long without a post
 
     def __init__(self) -> None:
-        self._queue: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._queue: queue.Queue[tuple[Callable[[Any], None], Any]] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -108,24 +113,30 @@ class Poster:
         self.submit(create)
 
     def submit(self, call: Callable[[Any], None]) -> None:
-        """Queue ``call(client)``, to run on the poster's thread with the caller's Prefect
-        settings (its API) and a client of its own."""
+        """Queue ``call(client)``, to run on the poster's thread with a client for the
+        caller's Prefect settings (its API)."""
         from prefect.context import SettingsContext
 
-        settings = SettingsContext.get()
-        self._queue.put(lambda: _with_client(call, settings))
+        self._queue.put((call, SettingsContext.get()))
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._work, name="eva-ui", daemon=True)
                 self._thread.start()
 
     def _work(self) -> None:
+        clients: dict[str | None, Any] = {}  # API URL -> an open sync client
         while True:
-            post = self._queue.get()
             try:
-                contextvars.Context().run(post)  # a fresh context: only the caller's settings
+                call, settings = self._queue.get(timeout=self.IDLE_S)
+            except queue.Empty:
+                _close(clients, list(clients))
+                continue
+            url = settings.settings.api.url if settings is not None else None
+            try:
+                contextvars.Context().run(_call_with, call, settings, clients)
             except Exception as exc:  # a view of the run; never fails anything
                 log.debug("could not publish an artifact to the UI: %s", exc)
+                _close(clients, [url])  # a server that went away: a new client next time
             finally:
                 self._queue.task_done()
 
@@ -139,14 +150,24 @@ class Poster:
         return True
 
 
-def _with_client(call: Callable[[Any], None], settings: Any) -> None:
+def _call_with(call: Callable[[Any], None], settings: Any, clients: dict[str | None, Any]) -> None:
+    """``call(client)`` in a fresh context holding only the caller's settings."""
     from prefect.client.orchestration import get_client
     from prefect.context import SettingsContext
 
     if settings is not None:
         SettingsContext.__var__.set(settings)
-    with get_client(sync_client=True) as client:
-        call(client)
+    url = settings.settings.api.url if settings is not None else None
+    if url not in clients:
+        clients[url] = get_client(sync_client=True).__enter__()
+    call(clients[url])
+
+
+def _close(clients: dict[str | None, Any], urls: list[str | None]) -> None:
+    for url in urls:
+        if (client := clients.pop(url, None)) is not None:
+            with contextlib.suppress(Exception):  # a connection to a server that is gone
+                client.__exit__(None, None, None)
 
 
 POSTER = Poster()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 
@@ -88,3 +89,33 @@ def test_a_progress_bar_appears_only_after_a_second_and_always_ends_at_100(prefe
     outside(0.5)
     assert not outside.started
     a_stage()
+
+
+def test_the_poster_reuses_its_client_while_posts_keep_coming(prefect_api, monkeypatch) -> None:
+    import prefect.client.orchestration as orchestration
+
+    opened: list[object] = []
+    original = orchestration.get_client
+
+    def counting(*args, **kwargs):
+        if threading.current_thread().name == "eva-ui":  # not Prefect's own workers
+            opened.append(kwargs)
+        return original(*args, **kwargs)
+
+    key = f"reuse-{uuid.uuid4().hex[:6]}"
+    monkeypatch.setattr(POSTER, "IDLE_S", 0.3)
+    POSTER.post("markdown", "wake", key=f"{key}-wake", description="d", run_ids=(None, None))
+    assert POSTER.flush(timeout_s=30)
+    time.sleep(0.6)  # idle from here: the worker closed its clients
+    monkeypatch.setattr(orchestration, "get_client", counting)
+    for i in range(5):
+        POSTER.post("markdown", f"post {i}", key=key, description="d", run_ids=(None, None))
+    assert POSTER.flush(timeout_s=30)
+    assert len(opened) == 1  # five posts, one client
+    time.sleep(0.6)  # idle: the client is closed
+    POSTER.post("markdown", "post 5", key=key, description="d", run_ids=(None, None))
+    assert POSTER.flush(timeout_s=30)
+    assert len(opened) == 2
+    with get_client(sync_client=True) as client:
+        posted = client.read_artifacts(artifact_filter=_by_key(key))
+    assert sorted(str(a.data) for a in posted) == [f"post {i}" for i in range(6)]
