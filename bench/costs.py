@@ -279,6 +279,37 @@ def generation_per_pair(store: RunStore, iterations: int) -> dict[str, Any]:
     }
 
 
+def prefect_floor(tasks: int, repeats: int = 5) -> dict[str, Any]:
+    """What Prefect itself costs an iteration of this shape here: a subflow of ``tasks`` task
+    runs that do nothing, called from a flow as ``eva_run`` calls an iteration (each call timed
+    by the caller; the median is reported). No iteration's orchestration costs less on this
+    machine: it is the API round trips of the subflow and the server's work on the task runs'
+    events, against the same server."""
+    from prefect import flow, task
+    from prefect.cache_policies import NONE
+
+    @task(name="eva-bench-noop", cache_policy=NONE, persist_result=False)
+    def noop(i: int) -> int:
+        return i
+
+    @flow(name="eva-bench-iteration")
+    def iteration(n: int) -> None:
+        for i in range(n):
+            noop(i)
+
+    times: list[float] = []
+
+    @flow(name="eva-bench-floor")
+    def run() -> None:
+        for _ in range(repeats):
+            started = time.perf_counter()
+            iteration(tasks)
+            times.append(round(time.perf_counter() - started, 3))
+
+    run()
+    return {"tasks": tasks, "seconds": sorted(times)[len(times) // 2], "runs": times}
+
+
 def _prefect_startup() -> float:
     """Run an empty flow first (Prefect's client, its event workers), so later timings
     exclude what the first flow run of a process pays once."""
@@ -304,6 +335,7 @@ def run_costs(root: str, quick: bool, base: dict[str, Any] | None = None) -> dic
     demo = validate_config({**base, "run": "demo"})
     results["demo"] = timed_run(demo)
     results["cached_rerun"] = cached_rerun(demo, results["demo"]["total"])
+    results["prefect_floor"] = prefect_floor(len(results["demo"]["iterations"][0]["stages"]))
     gen = results["demo"]["iterations"][0]["stages"]["generate"]
     results["rollout_demo"] = rollout_efficiency(demo, 1, gen["task"])
 

@@ -229,6 +229,21 @@ def _overhead_cells(
 SPLIT = ("subflow", "stage_io", "orchestration")
 
 
+def _floor_lines(results: dict[str, Any]) -> list[str]:
+    """Prefect's own floor under an iteration's orchestration, against demo iteration 1."""
+    floor = results.get("prefect_floor")
+    if floor is None:
+        return []
+    wall = results["demo"]["iterations"][0]["wall"]
+    runs = ", ".join(f"{x:.2f}" for x in floor["runs"])
+    return [
+        f"Prefect's floor: a subflow of {floor['tasks']} task runs that do nothing, called "
+        f"the same way on the same server, takes {floor['seconds']:.2f} s (median of {runs} "
+        f"s), {100 * floor['seconds'] / wall:.1f}% of demo iteration 1's wall time.",
+        "",
+    ]
+
+
 def _mean_stage(run: dict[str, Any], stage: str, key: str) -> float:
     values = [it["stages"][stage][key] for it in run["iterations"] if stage in it["stages"]]
     return float(np.mean(values)) if values else float("nan")
@@ -314,6 +329,7 @@ def write_costs_report(results: dict[str, Any], out_dir: str, name: str, command
             "",
             *md_table(over_head, over),
             "",
+            *_floor_lines(results),
             "### Cached rerun of the finished demo run",
             "",
             f"{cached['seconds']:.2f} s (median of "

@@ -92,6 +92,9 @@ def test_costs_quick_measures_a_run_its_cached_rerun_and_rollouts(tmp_path) -> N
         assert 0 < it["subflow"] < it["wall"]  # the call also creates and closes the subflow run
         assert all(it["stages"][s]["backend"] > 0 for s in ("generate", "train", "evaluate"))
         assert 0 < it["overhead_share"] < 1
+    floor = results["prefect_floor"]  # an iteration's shape in no-op task runs
+    assert floor["tasks"] == len(its[0]["stages"]) and len(floor["runs"]) == 5
+    assert 0 < floor["seconds"] < its[0]["wall"]
     cached = results["cached_rerun"]
     assert cached["reexecuted"] == [] and cached["stages"] > 20
     assert cached["cached_tasks"] == cached["stages"]  # every stage task came back Cached
@@ -105,6 +108,12 @@ def test_costs_quick_measures_a_run_its_cached_rerun_and_rollouts(tmp_path) -> N
     assert per_pair["dpo"]["responses"] == per_pair["eva-previous"]["responses"] == 192
     assert per_pair["eva"]["responses"] == 2 * 192
     md = write_costs_report(results, str(tmp_path), "c", command="c")
-    for title in ("Time per stage", "overhead per iteration", "Cached rerun", "Rollout"):
+    for title in (
+        "Time per stage",
+        "overhead per iteration",
+        "Prefect's floor",
+        "Cached rerun",
+        "Rollout",
+    ):
         assert title in md
     assert "re-executed: none" in md
