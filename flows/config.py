@@ -280,7 +280,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         node = data
         parts = key.split(".")
         for part in parts[:-1]:
-            node = node.setdefault(part, {})
+            if node.get(part) is None:  # an optional section that is off (ray: null): open it
+                node[part] = {}
+            node = node[part]
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {item!r}: {part} is not a section")
         if not raw.strip():

@@ -10,6 +10,8 @@ from flows.config import OnlineRunConfig, RunConfig
 from flows.inputs import check_inputs
 from flows.summary import summary_markdown
 from tasks.backends.engines import ENGINES
+from tasks.backends.follow import request_dir
+from tasks.backends.launch import write_run_finished
 from tasks.stage import Plan, RunContext
 from tasks.ui import POSTER, REUSED
 
@@ -22,12 +24,14 @@ def opened_run(
 
     Opening checks inputs (again: a run started from the UI never passed through the CLI), sets
     the torch threads, sweeps what a killed launch left, and records the config being run.
-    ``order`` is the flow's artifact order, which the plan of ``eva stage`` needs. Closing stops
+    ``order`` is the flow's artifact order, which the plan of ``eva stage`` needs. A whole run
+    that finished releases the other machines of multi-node training. Closing stops
     the inference servers kept for a next stage (there is none now), posts the tables of reused
     stages and waits for the stages' summaries still queued for the UI."""
     run = _open(config, plan, order)
     try:
         yield run
+        _finished(config, run)
     finally:
         ENGINES.stop_all()
         REUSED.flush()
@@ -55,6 +59,13 @@ def _open(
     store.sweep()  # staging copies and stage scratch of a killed launch
     store.write_json(f"{store.base}/config.json", config.model_dump(mode="json"))
     return run
+
+
+def _finished(config: RunConfig | OnlineRunConfig, run: RunContext) -> None:
+    """A whole run (not ``eva stage``) that finished lets the machines that joined its
+    trainings go: their ``eva train-node`` exits (a Kubernetes Job of them completes)."""
+    if isinstance(config, RunConfig) and config.train.nodes.machines > 1 and not run.plan.target:
+        write_run_finished(request_dir(run.store().base))
 
 
 def run_name() -> str:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,7 +19,7 @@ import yaml
 from flows.config import ConfigError, load_config, validate_config
 from tasks.backends.engines import free_port
 from tasks.backends.follow import FollowError, follow, machine_rank
-from tasks.backends.launch import REPO_ROOT, NodesConfig, accelerate_command
+from tasks.backends.launch import REPO_ROOT, NodesConfig, accelerate_command, write_run_finished
 from tasks.backends.trl_dpo import DPOSolverConfig
 from tasks.train import TrainConfig, train
 from tests.test_backend_launch import FAST, PROMPTS, _Log
@@ -179,6 +181,41 @@ def test_a_follower_without_a_request_gives_up_in_one_line(tmp_path: Path) -> No
     assert done.stderr == (
         "eva: error: --root s3://b/runs: multi-node training needs a shared filesystem path\n"
     )
+
+
+def test_a_follower_exits_when_the_run_finishes_not_an_earlier_launch(tmp_path: Path) -> None:
+    folder = str(tmp_path / ".launch")
+    write_run_finished(folder)  # an earlier launch of this run finished before we started
+    lines: list[str] = []
+    result: dict[str, int] = {}
+    waiting = threading.Thread(
+        target=lambda: result.update(status=follow(folder, rank=1, poll_s=0.05, log=lines.append))
+    )
+    waiting.start()
+    time.sleep(0.4)
+    assert waiting.is_alive()  # that finish is not this launch's
+    write_run_finished(folder)
+    waiting.join(timeout=10)
+    assert not waiting.is_alive() and result == {"status": 0}
+    assert lines[-1] == "the run finished after 0 launch(es): nothing more to join"
+
+
+def test_only_a_whole_multinode_run_that_finished_releases_the_followers(tmp_path: Path) -> None:
+    from flows.launch import _finished
+    from tasks.stage import Plan, RunContext
+
+    train = {"launcher": "accelerate", "num_processes": 2,
+             "nodes": {"machines": 2, "main_process_ip": "h"}}  # fmt: skip
+    two = validate_config({"root": str(tmp_path), "run": "r", "train": train})
+    one = validate_config({"root": str(tmp_path), "run": "r"})
+    marker = tmp_path / "r" / ".launch" / "run-finished.json"
+    order = ("generate", "train")
+    target = Plan(target="train", target_iteration=1, order=order)  # eva stage train
+    _finished(one, RunContext(root=str(tmp_path), run="r", seed=0))
+    _finished(two, RunContext(root=str(tmp_path), run="r", seed=0, plan=target))
+    assert not marker.exists()
+    _finished(two, RunContext(root=str(tmp_path), run="r", seed=0))
+    assert marker.exists()
 
 
 def test_two_machines_train_together(

@@ -120,6 +120,10 @@ def test_set_changes_one_field_of_the_config_that_would_run(tmp_path: Path) -> N
     # A new backend kind starts from that kind's own defaults.
     cfg = load_config(None, ["generate.backend.kind=openai", "generate.backend.llm.model=m"])
     assert cfg.generate.backend.kind == "openai" and cfg.generate.backend.llm.model == "m"
+    # An optional section that is off (ray: null) opens with its own defaults.
+    cfg = load_config(None, ["generate.ray.address=http://127.0.0.1:8265"])
+    assert cfg.generate.ray is not None and cfg.generate.ray.address == "http://127.0.0.1:8265"
+    assert cfg.generate.ray.workers == 2 and cfg.annotate.ray is None
     with pytest.raises(ConfigError, match="not a section"):
         load_config(None, ["seed.x=1"])
 

@@ -5,8 +5,9 @@ accelerate needs ``accelerate launch`` started on every machine, each with its o
 machine 0 and publishes its launch as a request file (``launch.write_request``) in the run's
 ``.launch`` folder; a follower on every other machine waits for that file, starts the same
 command with its own rank, and waits for the next one, so one follower serves every train
-stage of a run. The run root must be a filesystem every machine mounts at the same path (the
-request names the pairs, the policy and the output folder by path).
+stage of a run, and exits once the run has finished (a finished ``eva run`` writes
+``run-finished.json`` there). The run root must be a filesystem every machine mounts at the
+same path (the request names the pairs, the policy and the output folder by path).
 
 The follower never writes an artifact: only global rank 0 (on machine 0) saves the checkpoint
 and the metrics, and the stage on machine 0 publishes them.
@@ -21,6 +22,7 @@ import time
 from collections.abc import Callable
 
 from tasks.backends.launch import (
+    END_FILE,
     REQUEST_FILE,
     LaunchSpec,
     NodesConfig,
@@ -73,13 +75,13 @@ def _int(text: str, name: str) -> int:
         raise FollowError(f"{name}={text!r} is not a whole number") from None
 
 
-def _read_request(folder: str) -> dict | None:
+def _read(folder: str, name: str) -> dict | None:
     try:
-        with open(os.path.join(folder, REQUEST_FILE)) as f:
-            request = json.load(f)
+        with open(os.path.join(folder, name)) as f:
+            found = json.load(f)
     except FileNotFoundError:
         return None
-    return request if isinstance(request, dict) else None
+    return found if isinstance(found, dict) else None
 
 
 def follow(
@@ -92,19 +94,24 @@ def follow(
     log: Callable[[str], None] = print,
 ) -> int:
     """Serve machine 0's launch requests in ``folder`` as machine ``rank`` (see
-    ``machine_rank``). With ``once``, return the first launch's exit status; ``wait_s`` bounds
-    the wait for a request (None: forever)."""
+    ``machine_rank``) until the run finishes (0), or, with ``once``, return the first launch's
+    exit status; ``wait_s`` bounds the wait for a request (None: forever)."""
     served: set[str] = set()
+    # A finish written before this follower started is an earlier launch's: wait for the next.
+    earlier = (_read(folder, END_FILE) or {}).get("id")
     deadline = None if wait_s is None else time.monotonic() + wait_s
     log(f"waiting for launch requests in {folder}")
     while True:
-        request = _read_request(folder)
+        request = _read(folder, REQUEST_FILE)
         if request is not None and request.get("id") not in served:
             served.add(request["id"])
             status = _launch(request, rank, log)
             if once:
                 return status
             deadline = None if wait_s is None else time.monotonic() + wait_s
+        elif (finished := _read(folder, END_FILE)) is not None and finished.get("id") != earlier:
+            log(f"the run finished after {len(served)} launch(es): nothing more to join")
+            return 0
         elif deadline is not None and time.monotonic() > deadline:
             raise FollowError(f"no launch request in {folder} within {wait_s:g} s")
         time.sleep(poll_s)

@@ -42,6 +42,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_ACCELERATE_CONFIG = "infra/accelerate/zero3.yaml"
 _PROGRESS = "@@eva-progress "  # a line rank 0 prints; never forwarded to the log
 REQUEST_FILE = "train-request.json"  # what machine 0 publishes for the others (multi-node)
+END_FILE = "run-finished.json"  # written when the run finished: the followers exit
 
 
 class NodesConfig(BaseModel):
@@ -245,6 +246,20 @@ def write_request(
     tmp = f"{path}.tmp-{request_id[:8]}"
     with open(tmp, "w") as f:
         json.dump(request, f)
+    os.replace(tmp, path)
+    return path
+
+
+def write_run_finished(request_dir: str) -> str:
+    """Tell the other machines that the run finished (every iteration done), so their
+    followers exit; returns the marker's path. Each finish gets a new id: a follower started
+    after an earlier finish of the same run waits for the next one."""
+    os.makedirs(request_dir, exist_ok=True)
+    path = os.path.join(request_dir, END_FILE)
+    marker_id = uuid.uuid4().hex
+    tmp = f"{path}.tmp-{marker_id[:8]}"
+    with open(tmp, "w") as f:
+        json.dump({"id": marker_id}, f)
     os.replace(tmp, path)
     return path
 
