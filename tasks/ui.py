@@ -181,8 +181,8 @@ def artifact_key(run: str, iteration: int | None, artifact: str, suffix: str = "
 
 
 class ProgressArtifact:
-    """A Prefect progress artifact, updated at most once a second, posted by ``POSTER`` (a post
-    took 15-20 ms of the stage's own time); silent outside a flow."""
+    """A Prefect progress artifact, updated at most once a second, posted by ``POSTER`` (not
+    by the stage: each post is an API round trip); silent outside a flow."""
 
     def __init__(self, key: str):
         # The first post waits a second: a stage that ends sooner gets no bar.
