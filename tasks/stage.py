@@ -50,6 +50,21 @@ class StageError(RuntimeError):
     """A stage cannot run as asked (bad input columns, missing upstream artifact)."""
 
 
+class _WithoutTraceback(logging.Filter):
+    """Prefect logs a failed task run, and the flow run it fails, with the traceback. A
+    StageError's message already says what is wrong and what to do; three tracebacks through
+    Prefect's engine (terminal and UI) would only bury it. The log line itself stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], StageError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+for _logger in ("prefect.task_runs", "prefect.flow_runs"):
+    logging.getLogger(_logger).addFilter(_WithoutTraceback())
+
+
 def first_line(exc: BaseException, with_type: bool = True) -> str:
     """An exception as one line for an ``eva: error:`` message: its first line of text
     (prefixed by its type, unless ``with_type`` is False), or its type when it has no text."""

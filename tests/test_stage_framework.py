@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
@@ -164,9 +167,13 @@ def test_plan_targets_one_stage(tmp_path) -> None:
         plan_run, 1, MixConfig(), "mix", {"current": current, "evolved": subset}, return_state=True
     )
     assert state.name == "Skipped" and state.result().skipped
-    # An upstream stage that is not cached cannot be silently recomputed.
-    with pytest.raises(StageError, match="score of iter_1 has no finished artifact"):
+    # An upstream stage that is not cached cannot be silently recomputed; the failure is
+    # logged as its one line, without Prefect's traceback.
+    missing = "score of iter_1 has no finished artifact"
+    with _records("prefect.task_runs") as logged, pytest.raises(StageError, match=missing):
         score(plan_run, 1, ScoreConfig(metric="var"), annotated=annotated)
+    failed = [r for r in logged if "no finished artifact" in r.getMessage()]
+    assert failed and all(r.exc_info is None for r in failed)
     # A target the flow does not call, or a stage outside the flow's order, is refused.
     with pytest.raises(ValidationError, match="target 'evolve' is not one of the flow's"):
         Plan(target="evolve", order=order)
@@ -277,3 +284,32 @@ def test_ui_tables_show_lineage_the_creators_decision_and_the_distribution() -> 
     kept = mixed.ui_tables["originals-kept"]
     assert kept and all(r["depth"] == 0 and r["parent_id"] is None for r in kept)
     assert mixed.ui_notes["originals-kept"].endswith("beside 4 evolved ones, in X_t's order")
+
+
+@contextlib.contextmanager
+def _records(name: str) -> Iterator[list[logging.LogRecord]]:
+    """The records logger ``name`` passes to its handlers (after its own filters)."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep()
+    logging.getLogger(name).addHandler(handler)
+    try:
+        yield records
+    finally:
+        logging.getLogger(name).removeHandler(handler)
+
+
+def test_only_stage_errors_lose_their_traceback_in_prefects_run_logs() -> None:
+    for name in ("prefect.task_runs", "prefect.flow_runs"):
+        with _records(name) as logged:
+            for error in (StageError("mix: input lacks prompt"), ValueError("a bug")):
+                try:
+                    raise error
+                except Exception as exc:
+                    logging.getLogger(name).error("failed: %r", exc, exc_info=True)
+        assert [r.exc_info is None for r in logged] == [True, False]
+        assert logged[0].getMessage() == "failed: StageError('mix: input lacks prompt')"
