@@ -133,7 +133,7 @@ class Poster:
                 continue
             url = settings.settings.api.url if settings is not None else None
             try:
-                contextvars.Context().run(_call_with, call, settings, clients)
+                contextvars.Context().run(_call_with, call, settings, clients, url)
             except Exception as exc:  # a view of the run; never fails anything
                 log.debug("could not publish an artifact to the UI: %s", exc)
                 _close(clients, [url])  # a server that went away: a new client next time
@@ -150,14 +150,16 @@ class Poster:
         return True
 
 
-def _call_with(call: Callable[[Any], None], settings: Any, clients: dict[str | None, Any]) -> None:
-    """``call(client)`` in a fresh context holding only the caller's settings."""
+def _call_with(
+    call: Callable[[Any], None], settings: Any, clients: dict[str | None, Any], url: str | None
+) -> None:
+    """``call(client)`` in a fresh context holding only the caller's settings, with the open
+    client for their API ``url`` (opened now if there is none)."""
     from prefect.client.orchestration import get_client
     from prefect.context import SettingsContext
 
     if settings is not None:
         SettingsContext.__var__.set(settings)
-    url = settings.settings.api.url if settings is not None else None
     if url not in clients:
         clients[url] = get_client(sync_client=True).__enter__()
     call(clients[url])

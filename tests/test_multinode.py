@@ -189,10 +189,14 @@ def test_a_follower_exits_when_the_run_finishes_not_an_earlier_launch(tmp_path: 
     lines: list[str] = []
     result: dict[str, int] = {}
     waiting = threading.Thread(
-        target=lambda: result.update(status=follow(folder, rank=1, poll_s=0.05, log=lines.append))
+        target=lambda: result.update(status=follow(folder, rank=1, poll_s=0.05, log=lines.append)),
+        daemon=True,
     )
     waiting.start()
-    time.sleep(0.4)
+    deadline = time.monotonic() + 10
+    while not lines and time.monotonic() < deadline:  # it has read what was there and waits
+        time.sleep(0.01)
+    time.sleep(0.3)
     assert waiting.is_alive()  # that finish is not this launch's
     write_run_finished(folder)
     waiting.join(timeout=10)
