@@ -196,18 +196,17 @@ class ProgressArtifact:
         done = fraction >= 1.0
         if (done and not self.started) or (not done and now - self.last < 1.0):
             return  # the end of a bar always shows; a bar starts after a second
-        from prefect.context import TaskRunContext
-        from prefect.utilities.context import get_flow_run_id
-
-        if TaskRunContext.get() is None and get_flow_run_id() is None:
-            return  # a plain call, outside any run: no bar to show it on
-        self.last = now
         pct = round(100 * min(max(fraction, 0.0), 1.0), 1)
-        if not self.started:
+        if self.started:
+            POSTER.submit(partial(self._update, pct))
+        else:
+            from prefect.utilities.context import get_task_and_flow_run_ids
+
+            if get_task_and_flow_run_ids() == (None, None):
+                return  # a plain call, outside any run: no bar to show it on
             self.started = True
             POSTER.post("progress", pct, key=self.key, description=None, then=self._created)
-        else:
-            POSTER.submit(partial(self._update, pct))
+        self.last = now
 
     def _created(self, artifact_id: UUID) -> None:
         self.id = artifact_id

@@ -28,7 +28,7 @@ import sys
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -231,35 +231,35 @@ def write_request(
     num_processes: int,
     nodes: NodesConfig,
 ) -> str:
-    """Publish machine 0's launch for the other machines; returns the request's path. Written
-    whole (a rename), so a follower never reads half a request."""
-    os.makedirs(request_dir, exist_ok=True)
-    path = os.path.join(request_dir, REQUEST_FILE)
-    request_id = uuid.uuid4().hex
-    request = {
-        "id": request_id,
-        "spec": spec.model_dump(mode="json"),
-        "accelerate_config": accelerate_config,
-        "num_processes": num_processes,
-        "nodes": nodes.model_dump(mode="json"),
-    }
-    tmp = f"{path}.tmp-{request_id[:8]}"
-    with open(tmp, "w") as f:
-        json.dump(request, f)
-    os.replace(tmp, path)
-    return path
+    """Publish machine 0's launch for the other machines; returns the request's path."""
+    return _publish(
+        request_dir,
+        REQUEST_FILE,
+        {
+            "spec": spec.model_dump(mode="json"),
+            "accelerate_config": accelerate_config,
+            "num_processes": num_processes,
+            "nodes": nodes.model_dump(mode="json"),
+        },
+    )
 
 
 def write_run_finished(request_dir: str) -> str:
     """Tell the other machines that the run finished (every iteration done), so their
     followers exit; returns the marker's path. Each finish gets a new id: a follower started
     after an earlier finish of the same run waits for the next one."""
+    return _publish(request_dir, END_FILE, {})
+
+
+def _publish(request_dir: str, name: str, body: dict[str, Any]) -> str:
+    """Write ``{"id": <new>, **body}`` as ``name`` in ``request_dir``, whole (a rename), so a
+    follower never reads half of it; returns its path."""
     os.makedirs(request_dir, exist_ok=True)
-    path = os.path.join(request_dir, END_FILE)
-    marker_id = uuid.uuid4().hex
-    tmp = f"{path}.tmp-{marker_id[:8]}"
+    path = os.path.join(request_dir, name)
+    new_id = uuid.uuid4().hex
+    tmp = f"{path}.tmp-{new_id[:8]}"
     with open(tmp, "w") as f:
-        json.dump({"id": marker_id}, f)
+        json.dump({"id": new_id, **body}, f)
     os.replace(tmp, path)
     return path
 
