@@ -7,7 +7,7 @@ relaunches it three times with flow-run heartbeats on (what eva does against a l
 and three times with them off (what eva does on its temporary server), and prints each time and
 the requests the API answered 503 (each retried after 2 s, then 4 s). The API is one of:
 
-* ``eva``: eva's temporary server (``flows.prefect_server``: SQLite writes begin IMMEDIATE);
+* ``eva``: eva's temporary server (``eva_runtime.prefect_server``: SQLite writes begin IMMEDIATE);
 * ``prefect``: Prefect's own temporary server (SQLite writes begin DEFERRED and fail on a race);
 * ``configured``: ``PREFECT_API_URL``, e.g. a server on PostgreSQL (docs/benchmarks.md, 2).
 """
@@ -22,7 +22,7 @@ from contextlib import contextmanager
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
 from bench.costs import DEMO, cached_rerun
-from flows.api import no_heartbeats
+from eva_runtime.prefect_api import no_heartbeats
 from flows.config import validate_config
 
 
@@ -35,7 +35,7 @@ def _api(server: str) -> Iterator[None]:
             raise SystemExit("--server configured needs PREFECT_API_URL")
         yield
     elif server == "eva":
-        from flows.prefect_server import temporary_server
+        from eva_runtime.prefect_server import temporary_server
 
         with temporary_server(say=False):
             yield

@@ -35,10 +35,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
-from flows.api import prefect_api
+from eva_runtime.prefect_api import prefect_api
+from eva_runtime.prefect_server import counting_retries
 from flows.config import RunConfig, deep_merge, load_config, validate_config
 from flows.order import OFFLINE_ORDER
-from flows.prefect_server import counting_retries
 from tasks.store import RunStore, iteration_dir
 
 # The world's own config (deep-merged: a partial section would start from paper defaults).

@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
-from eva_core import world
 from eva_core.informativeness import METRICS, reward_matrix
+from eva_world import world
 from flows.config import (
     ConfigError,
     OnlineRunConfig,

@@ -25,17 +25,17 @@ import time
 import pyarrow as pa
 import torch
 
-from eva_core import world
 from eva_core.schema import seed_records
-from tasks.backends.hf_generate import TransformersGeneration
-from tasks.backends.ray_cluster import RayJob
-from tasks.backends.ray_local import LocalRayCluster
-from tasks.backends.tiny_lm import (
+from eva_runtime.ray_local import LocalRayCluster
+from eva_world import world
+from eva_world.tiny_lm import (
     TinyModelConfig,
     build_char_tokenizer,
     build_tiny_model,
     save_checkpoint,
 )
+from tasks.backends.generate.transformers import TransformersGeneration
+from tasks.backends.ray_cluster import RayJob
 from tasks.generate import GenerateConfig, generate
 from tasks.stage import RunContext, StageContext
 from tasks.store import Ref, hash_directory

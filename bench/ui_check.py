@@ -24,8 +24,8 @@ from typing import Any
 
 import yaml
 
+from eva_runtime.engines import free_port
 from flows.config import PROJECT_DIR
-from tasks.backends.engines import free_port
 
 RUN = "ui"
 # The world demo, smaller: a minute of SFT, 200 prompts, two iterations.

@@ -30,18 +30,18 @@ import numpy as np
 import torch
 
 from bench.report import md_table, mean_std
-from eva_core import world
 from eva_core.pairs import choose_pairs
-from tasks.backends.hf_generate import TransformersGeneration
-from tasks.backends.tiny_lm import (
+from eva_world import world
+from eva_world.tiny_lm import (
     TinyModelConfig,
     build_char_tokenizer,
     build_tiny_model,
     save_checkpoint,
     sft,
 )
-from tasks.backends.trl_dpo import DPOSolverConfig, TRLSolverConfig
-from tasks.backends.trl_solvers import DPONLLSolverConfig
+from tasks.backends.generate.transformers import TransformersGeneration
+from tasks.backends.train.dpo import DPOSolverConfig, TRLSolverConfig
+from tasks.backends.train.objectives import DPONLLSolverConfig
 
 SEED_PROMPTS, HELDOUT = 3000, 500
 

@@ -329,8 +329,8 @@ def _seed_count(config: Any) -> int:
 
 
 def _cmd_train_node(args: argparse.Namespace) -> int:
+    from eva_runtime.follow import FollowError, follow, request_dir
     from flows.config import RUN_NAME, ConfigError
-    from tasks.backends.follow import FollowError, follow, request_dir
 
     if not RUN_NAME.fullmatch(args.run):
         raise ConfigError(f"--run {args.run!r}: a run name (letters, digits, '_', '.', '-')")
@@ -376,17 +376,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["prefect-server"]:  # every later argument is Prefect's, options included
-        from flows.prefect_server import start_lasting
+        from eva_runtime.prefect_server import start_lasting
 
         return start_lasting(argv[1:])
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error, already printed in one line (2)
         return int(exc.code or 0)
-    from flows.api import prefect_api
+    from eva_runtime.engines import ServerStartError
+    from eva_runtime.llm_client import LLMConfigError
+    from eva_runtime.prefect_api import prefect_api
     from flows.config import ConfigError
-    from tasks.backends.engines import ServerStartError
-    from tasks.backends.llm_client import LLMConfigError
     from tasks.stage import StageError
 
     handlers = {

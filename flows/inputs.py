@@ -26,7 +26,7 @@ def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
     _check_checkpoint(config.bootstrap.init_checkpoint)
     _check_api_keys(config)
     if isinstance(config, RunConfig) and config.train.launcher == "accelerate":
-        from tasks.backends.launch import resolve_config
+        from tasks.backends.train.launch import resolve_config
 
         if not os.path.isfile(resolve_config(config.train.accelerate_config)):
             raise ConfigError(
@@ -64,7 +64,7 @@ def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: lis
         return
     from transformers import AutoConfig, AutoTokenizer
 
-    from tasks.backends.hf_generate import check_fits
+    from tasks.backends.generate.transformers import check_fits
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
@@ -109,7 +109,7 @@ def _check_api_keys(config: Any) -> None:
     the run writes anything rather than when its stage is reached."""
     from pydantic import BaseModel
 
-    from tasks.backends.llm_client import LLMClientConfig, LLMConfigError, api_key
+    from eva_runtime.llm_client import LLMClientConfig, LLMConfigError, api_key
 
     def visit(node: Any, path: str) -> None:
         if isinstance(node, LLMClientConfig):

@@ -10,10 +10,10 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.informativeness import reward_matrix
+from eva_world.components import WorldReward
 from tasks.backends.protocols import stats_of
 from tasks.backends.ray_cluster import RayJob, run_on_ray
 from tasks.backends.reward import RewardBackend
-from tasks.backends.world import WorldReward
 from tasks.generate import ROLLOUT_COLUMNS
 from tasks.stage import StageContext, StageError, StageOutput, check_failures, stage
 

@@ -14,8 +14,8 @@ import time
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from eva_core import world
-from tasks.backends.tiny_lm import (
+from eva_world import world
+from eva_world.tiny_lm import (
     SFTConfig,
     TinyModelConfig,
     build_char_tokenizer,

@@ -4,7 +4,7 @@ The paper (Table 7) shows that evolved prompts grow in complexity and keep their
 asking an LLM judge to rate both from 1 to 10 (``llm``, over any OpenAI-compatible endpoint).
 The built-in world needs no LLM: its judge (``world``) reports the exact difficulty (digits + 2
 per extra operand, or string length) and no quality. The judges live in
-``tasks.backends.complexity_judge``.
+``tasks.backends.evolve.judge``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.backends.complexity_judge import ComplexityJudgeBackend, WorldComplexityJudge
+from tasks.backends.evolve.judge import ComplexityJudgeBackend, WorldComplexityJudge
 from tasks.backends.protocols import stats_of
 from tasks.stage import StageContext, StageOutput, stage
 

@@ -14,11 +14,11 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.backends.generation import GenerationBackend
-from tasks.backends.hf_generate import TransformersGeneration
+from eva_world.components import WorldReward
+from tasks.backends.generate import GenerationBackend
+from tasks.backends.generate.transformers import TransformersGeneration
 from tasks.backends.protocols import close_after, engine_stats, stats_of
 from tasks.backends.reward import PointwiseRewardBackend
-from tasks.backends.world import WorldReward
 from tasks.stage import MODEL, StageContext, StageOutput, stage
 
 

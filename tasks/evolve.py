@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.evolution import clean_rewrite, evolved_records
 from eva_core.schema import LINEAGE_COLUMNS, PROMPT_COLUMNS
-from tasks.backends.evolver import EvolverBackend, WorldEvolver
+from tasks.backends.evolve import EvolverBackend, WorldEvolver
 from tasks.backends.protocols import ReportsStats
 from tasks.stage import StageContext, StageOutput, check_failures, stage
 

@@ -12,8 +12,8 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eva_core.schema import PROMPT_COLUMNS
-from tasks.backends.generation import GenerationBackend
-from tasks.backends.hf_generate import TransformersGeneration
+from tasks.backends.generate import GenerationBackend
+from tasks.backends.generate.transformers import TransformersGeneration
 from tasks.backends.protocols import close_after, engine_stats, stats_of
 from tasks.backends.ray_cluster import RayJob, run_on_ray
 from tasks.backends.ray_job import CLUSTER_BACKENDS

@@ -24,11 +24,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from eva_core.buffer import BufferSettings, PromptBuffer
 from eva_core.informativeness import Metric
 from eva_core.schema import PROMPT_COLUMNS
-from tasks.backends.evolver import EvolverBackend, WorldEvolver
-from tasks.backends.online_rl import OnlineSolverConfig, train_segment
+from eva_world.components import WorldReward
+from tasks.backends.evolve import EvolverBackend, WorldEvolver
 from tasks.backends.online_source import OnlinePromptSource, pending_batches
 from tasks.backends.reward import PointwiseRewardBackend
-from tasks.backends.world import WorldReward
+from tasks.backends.train.online import OnlineSolverConfig, train_segment
 from tasks.stage import MODEL, StageContext, StageError, StageOutput, check_failures, stage
 
 STATE_FILE = "eva_online_state.json"

@@ -20,8 +20,8 @@ import pyarrow.json as pajson
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
-from eva_core import world
 from eva_core.schema import PROMPT_COLUMNS, seed_records
+from eva_world import world
 from tasks.stage import StageContext, StageOutput, first_line, stage, stage_seed
 from tasks.store import hash_file
 

@@ -39,8 +39,14 @@ from prefect.states import Completed
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eva_core.schema import missing_columns
+from eva_runtime.prefect_ui import (
+    ProgressArtifact,
+    artifact_key,
+    link_reused,
+    publish_stage,
+    readable,
+)
 from tasks.store import Ref, RunStore, checkpoint_hash, iteration_dir
-from tasks.ui import ProgressArtifact, artifact_key, link_reused, publish_stage, readable
 
 MODEL = None  # an input that is consumed as a checkpoint, not read as a table
 _PACKAGES = ("eva", "prefect", "torch", "transformers", "trl", "pyarrow", "numpy")
@@ -452,7 +458,7 @@ def _module_file(name: str) -> Path:
 def _user_code(config: BaseModel) -> dict[str, str]:
     """Hashes of user code a config names (``package.module:function`` rewards), so editing
     that code reruns the stages that call it."""
-    from tasks.backends.callable_reward import CallableReward, resolve_function
+    from tasks.backends.reward.function import CallableReward, resolve_function
 
     out: dict[str, str] = {}
 

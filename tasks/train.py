@@ -16,12 +16,12 @@ from typing import Literal
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tasks.backends.engines import ENGINES
-from tasks.backends.follow import request_dir
-from tasks.backends.launch import DEFAULT_ACCELERATE_CONFIG, NodesConfig, launch_train
-from tasks.backends.rewriter import RewriterConfig
-from tasks.backends.solver import SolverBackend
-from tasks.backends.trl_dpo import DPOSolverConfig, batch_layout
+from eva_runtime.engines import ENGINES
+from eva_runtime.follow import request_dir
+from tasks.backends.train import SolverBackend
+from tasks.backends.train.dpo import DPOSolverConfig, batch_layout
+from tasks.backends.train.launch import DEFAULT_ACCELERATE_CONFIG, NodesConfig, launch_train
+from tasks.backends.train.rewriter import RewriterConfig
 from tasks.stage import MODEL, StageContext, StageOutput, stage
 
 

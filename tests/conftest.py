@@ -30,7 +30,7 @@ def _one_torch_thread():
 @pytest.fixture(scope="session")
 def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """An untrained tiny GPT-2 policy, saved with save_pretrained (solvers only read it)."""
-    from tasks.backends.tiny_lm import (
+    from eva_world.tiny_lm import (
         TinyModelConfig,
         build_char_tokenizer,
         build_tiny_model,
@@ -47,7 +47,7 @@ def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 def prefect_api(tmp_path_factory: pytest.TempPathFactory):
     """One real Prefect API server for the suite, on a database of its own: eva's temporary
     server (Prefect's app; SQLite writes begin IMMEDIATE, see flows/prefect_server.py)."""
-    from flows.prefect_server import temporary_server
+    from eva_runtime.prefect_server import temporary_server
 
     database = tmp_path_factory.mktemp("prefect") / "prefect.db"
     with temporary_server(database_url=f"sqlite+aiosqlite:///{database}", say=False):

@@ -14,12 +14,12 @@ import pytest
 
 from eva_core.evolution import evolved_records
 from eva_core.schema import seed_records
-from tasks.backends.distilabel_evolve import (
+from eva_runtime.llm_client import LLMConfigError
+from tasks.backends.evolve.distilabel import (
     DistilabelEvolver,
     DistilabelRewriter,
     mutation_templates,
 )
-from tasks.backends.llm_client import LLMConfigError
 from tasks.backends.protocols import Evolver
 from tests.support.openai_server import OpenAICompatibleServer
 

@@ -13,8 +13,8 @@ from pydantic import TypeAdapter, ValidationError
 
 from eva_core.evolution import evolved_records
 from eva_core.schema import seed_records
-from tasks.backends.evolver import EvolverBackend
-from tasks.backends.paper_evolve import IN_BREADTH, IN_DEPTH, STRATEGIES, PaperTemplateEvolver
+from tasks.backends.evolve import EvolverBackend
+from tasks.backends.evolve.paper import IN_BREADTH, IN_DEPTH, STRATEGIES, PaperTemplateEvolver
 from tasks.backends.protocols import Evolver
 from tasks.evolve import EvolveConfig
 from tests.support.openai_server import OpenAICompatibleServer

@@ -6,15 +6,15 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from tasks.backends.hf_generate import TransformersGeneration, TransformersGenerator
-from tasks.backends.protocols import Generator
-from tasks.backends.tiny_lm import (
+from eva_world.tiny_lm import (
     TinyModelConfig,
     build_char_tokenizer,
     build_tiny_model,
     save_checkpoint,
     sft,
 )
+from tasks.backends.generate.transformers import TransformersGeneration, TransformersGenerator
+from tasks.backends.protocols import Generator
 
 ALPHABET = "0123456789+-=:abcdefghij "
 ADDITION = [(f"{a}+{b}=", str(a + b)[::-1]) for a in range(10) for b in range(10)]

@@ -14,8 +14,14 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM
 
-from tasks.backends.launch import REPO_ROOT, LaunchError, _stream, launch_train, resolve_config
-from tasks.backends.trl_dpo import DPOSolverConfig
+from tasks.backends.train.dpo import DPOSolverConfig
+from tasks.backends.train.launch import (
+    REPO_ROOT,
+    LaunchError,
+    _stream,
+    launch_train,
+    resolve_config,
+)
 from tasks.train import TrainConfig, train
 
 PROMPTS = [f"{a}+{b}=" for a in range(4) for b in range(3)]  # 12 pairs

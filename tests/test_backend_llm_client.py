@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from tasks.backends.llm_client import (
+from eva_runtime.llm_client import (
     LLMBatchError,
     LLMClient,
     LLMClientConfig,

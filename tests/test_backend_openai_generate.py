@@ -11,18 +11,18 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from eva_core import world
-from tasks.backends.generation import GenerationBackend
-from tasks.backends.hf_generate import TransformersGeneration
-from tasks.backends.llm_client import LLMClientConfig, LLMConfigError
-from tasks.backends.openai_generate import (
+from eva_runtime.llm_client import LLMClientConfig, LLMConfigError
+from eva_world import world
+from tasks.backends.generate import GenerationBackend
+from tasks.backends.generate.openai import (
     GenerationError,
     OpenAIGeneration,
     OpenAIGenerator,
     derive_seed,
 )
+from tasks.backends.generate.transformers import TransformersGeneration
+from tasks.backends.generate.vllm import VLLMGeneration
 from tasks.backends.protocols import Generator
-from tasks.backends.vllm_generate import VLLMGeneration
 from tests.support.openai_server import Fail, OpenAICompatibleServer, Respond
 
 PROMPTS = [f"{a}+{b}=" for a in range(4) for b in range(5)]

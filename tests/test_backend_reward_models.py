@@ -32,10 +32,13 @@ from transformers import (
 )
 from transformers.utils import ModelOutput
 
-from eva_core import world
+from eva_world import world
+from eva_world.tiny_lm import build_char_tokenizer
 from tasks.backends.protocols import RewardModel
-from tasks.backends.reward_models import SequenceClassifierReward, SequenceClassifierScorer
-from tasks.backends.tiny_lm import build_char_tokenizer
+from tasks.backends.reward.sequence_classifier import (
+    SequenceClassifierReward,
+    SequenceClassifierScorer,
+)
 
 TEMPLATE = "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}{{ eos_token }}{% endfor %}"
 PROMPTS = ["1+2=", "12+345=", "r:abcdef=", "9-3="]

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from tasks.backends.llm_client import LLMConfigError
-from tasks.backends.pairwise import (
+from eva_runtime.llm_client import LLMConfigError
+from tasks.backends.protocols import RewardModel
+from tasks.backends.reward.pairwise import (
     LLMPairwiseJudge,
     LLMPairwiseJudgeConfig,
     PairwiseJudge,
@@ -18,7 +19,6 @@ from tasks.backends.pairwise import (
     PairwiseScorer,
     parse_verdict,
 )
-from tasks.backends.protocols import RewardModel
 from tests.support.openai_server import OpenAICompatibleServer
 
 PAIR = re.compile(r"\[Response A\]\n(.*)\n\n\[Response B\]\n(.*)\n\nWhich", re.DOTALL)

@@ -13,15 +13,15 @@ import torch
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from transformers import LlamaConfig, LlamaForSequenceClassification
 
-from eva_core import world
-from tasks.backends.callable_reward import CallableReward
-from tasks.backends.pairwise import PairwiseReward
+from eva_world import world
+from eva_world.components import WorldReward
+from eva_world.tiny_lm import build_char_tokenizer
 from tasks.backends.protocols import RewardModel
 from tasks.backends.reward import RewardBackend
-from tasks.backends.reward_models import SequenceClassifierReward
-from tasks.backends.tiny_lm import build_char_tokenizer
-from tasks.backends.vllm_reward import VLLMPoolingReward, VLLMPoolingScorer
-from tasks.backends.world import WorldReward
+from tasks.backends.reward.function import CallableReward
+from tasks.backends.reward.pairwise import PairwiseReward
+from tasks.backends.reward.sequence_classifier import SequenceClassifierReward
+from tasks.backends.reward.vllm_pooling import VLLMPoolingReward, VLLMPoolingScorer
 
 ADAPTER: TypeAdapter[Any] = TypeAdapter(RewardBackend)
 
@@ -42,7 +42,7 @@ class StageLike(BaseModel):
             SequenceClassifierReward,
         ),
         ({"kind": "vllm_pooling", "model": "/ckpt"}, VLLMPoolingReward),
-        ({"kind": "callable", "function": "eva_core.world:reward"}, CallableReward),
+        ({"kind": "callable", "function": "eva_world.world:reward"}, CallableReward),
         (
             {"kind": "pairwise", "judge": {"llm": {"base_url": "http://h/v1", "model": "m"}}},
             PairwiseReward,
@@ -89,7 +89,7 @@ def test_a_pointwise_function_scores_every_response_with_its_kwargs():
 def test_the_world_verifier_is_a_callable_reward_too():
     prompts = ["12+34=", "r:abc="]
     responses = [["64", "46", ""], ["cba", "cb"]]
-    rm = CallableReward(function="eva_core.world:reward").load()
+    rm = CallableReward(function="eva_world.world:reward").load()
     expected = [[world.reward(p, r) for r in rs] for p, rs in zip(prompts, responses, strict=True)]
     assert rm.score(prompts, responses) == expected
 

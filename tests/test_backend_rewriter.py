@@ -12,15 +12,15 @@ import pyarrow as pa
 import pytest
 from pydantic import ValidationError
 
-from tasks.backends.llm_client import LLMClientConfig, LLMConfigError
-from tasks.backends.rewriter import RewriterConfig
-from tasks.backends.tiny_lm import (
+from eva_runtime.llm_client import LLMClientConfig, LLMConfigError
+from eva_world.tiny_lm import (
     TinyModelConfig,
     build_char_tokenizer,
     build_tiny_model,
     save_checkpoint,
 )
-from tasks.backends.trl_dpo import DPOSolverConfig
+from tasks.backends.train.dpo import DPOSolverConfig
+from tasks.backends.train.rewriter import RewriterConfig
 from tasks.train import TrainConfig, train
 from tests.support.openai_server import OpenAICompatibleServer
 

@@ -18,18 +18,18 @@ import httpx
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from eva_core import world
 from eva_core.schema import seed_records
-from tasks.backends.engines import EnginePool
-from tasks.backends.generation import GenerationBackend
-from tasks.backends.hf_generate import TransformersGeneration
-from tasks.backends.llm_client import LLMConfigError
-from tasks.backends.protocols import Generator, close_after
-from tasks.backends.served_generate import (
+from eva_runtime.engines import EnginePool
+from eva_runtime.llm_client import LLMConfigError
+from eva_world import world
+from tasks.backends.generate import GenerationBackend
+from tasks.backends.generate.served import (
     ServedGeneration,
     ServedGenerator,
     ServerStartError,
 )
+from tasks.backends.generate.transformers import TransformersGeneration
+from tasks.backends.protocols import Generator, close_after
 from tasks.evaluate import EvaluateConfig
 from tasks.generate import GenerateConfig
 
@@ -306,7 +306,7 @@ def test_a_reused_server_that_died_is_started_again(tmp_path: Path):
 
 KILLED_EVA = """
 import sys, time
-from tasks.backends.served_generate import ServedGeneration
+from tasks.backends.generate.served import ServedGeneration
 gen = ServedGeneration.model_validate({"command": sys.argv[2:], "env": {"PYTHONPATH": sys.argv[1]},
                                        "stop_timeout_s": 1.0})
 gen = gen.load(sys.argv[1])
@@ -337,9 +337,9 @@ def test_a_sigkill_of_eva_leaves_no_server_behind(tmp_path: Path):
 
 @pytest.mark.usefixtures("prefect_api")
 def test_a_run_starts_one_server_per_checkpoint(tmp_path: Path):
+    from eva_runtime.engines import ENGINES
     from flows.config import validate_config
     from flows.run import eva_run
-    from tasks.backends.engines import ENGINES
     from tasks.store import RunStore
     from tests.conftest import tiny_run_config
 

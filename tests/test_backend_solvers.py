@@ -13,14 +13,14 @@ from pydantic import TypeAdapter, ValidationError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tasks.backends.protocols import Solver
-from tasks.backends.solver import SolverBackend
-from tasks.backends.trl_dpo import (
+from tasks.backends.train import SolverBackend
+from tasks.backends.train.dpo import (
     DPOSolverConfig,
     batch_layout,
     build_trainer,
     truncate_prompts,
 )
-from tasks.backends.trl_solvers import (
+from tasks.backends.train.objectives import (
     DPONLLSolverConfig,
     ORPOSolverConfig,
     SimPOSolverConfig,

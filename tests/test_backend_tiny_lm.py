@@ -8,7 +8,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from tasks.backends.tiny_lm import (
+from eva_world.tiny_lm import (
     SFTConfig,
     TinyModelConfig,
     build_char_tokenizer,

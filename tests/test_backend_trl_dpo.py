@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tasks.backends.protocols import Solver
-from tasks.backends.trl_dpo import DPOSolverConfig, build_trainer
+from tasks.backends.train.dpo import DPOSolverConfig, build_trainer
 
 PROMPTS = [f"{a}+{b}=" for a in range(6) for b in range(6)]
 X, Y = "abc", "ghij"  # every pair prefers X over Y

@@ -10,9 +10,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from eva_world.tiny_lm import build_char_tokenizer
+from tasks.backends.generate.vllm import VLLMGeneration, VLLMGenerator
 from tasks.backends.protocols import Generator
-from tasks.backends.tiny_lm import build_char_tokenizer
-from tasks.backends.vllm_generate import VLLMGeneration, VLLMGenerator
 
 HAS_GPU_VLLM = torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None
 PROMPTS = ["1+2=", "34+5=", "r:abc=", "7-3="]

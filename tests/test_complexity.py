@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from eva_core.schema import seed_records
-from tasks.backends.complexity_judge import JUDGE_TEMPLATE, LLMComplexityJudge, parse_judgement
+from tasks.backends.evolve.judge import JUDGE_TEMPLATE, LLMComplexityJudge, parse_judgement
 from tasks.complexity import COMPLEXITY_COLUMNS, ComplexityConfig, complexity
 from tasks.stage import RunContext, StageContext, StageOutput
 from tests.support.openai_server import OpenAICompatibleServer

@@ -144,7 +144,7 @@ def test_the_probe_finds_a_prefect_api_and_nothing_else(monkeypatch) -> None:
         temporary_settings,
     )
 
-    from flows.api import local_server_url, prefect_api
+    from eva_runtime.prefect_api import local_server_url, prefect_api
     from tests.support.openai_server import OpenAICompatibleServer
 
     api = urlsplit(str(PREFECT_API_URL.value()))

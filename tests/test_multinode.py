@@ -16,11 +16,16 @@ import pyarrow as pa
 import pytest
 import yaml
 
+from eva_runtime.engines import free_port
+from eva_runtime.follow import FollowError, follow, machine_rank
 from flows.config import ConfigError, load_config, validate_config
-from tasks.backends.engines import free_port
-from tasks.backends.follow import FollowError, follow, machine_rank
-from tasks.backends.launch import REPO_ROOT, NodesConfig, accelerate_command, write_run_finished
-from tasks.backends.trl_dpo import DPOSolverConfig
+from tasks.backends.train.dpo import DPOSolverConfig
+from tasks.backends.train.launch import (
+    REPO_ROOT,
+    NodesConfig,
+    accelerate_command,
+    write_run_finished,
+)
 from tasks.train import TrainConfig, train
 from tests.test_backend_launch import FAST, PROMPTS, _Log
 
@@ -42,7 +47,7 @@ def test_one_machine_command_line() -> None:
         "--config_file", str(REPO_ROOT / "infra/accelerate/zero3.yaml"),
         "--num_processes", "8", "--num_machines", "1", "--machine_rank", "0",
         "--mixed_precision", "bf16",
-        "-m", "tasks.backends.launch", '{"x": 1}',
+        "-m", "tasks.backends.train.launch", '{"x": 1}',
     ]  # fmt: skip
 
 
@@ -62,13 +67,13 @@ def test_second_machine_command_line() -> None:
         "--mixed_precision", "no",
         "--main_process_ip", "eva-train-0.eva", "--main_process_port", "29400",
         "--rdzv_backend", "c10d",
-        "-m", "tasks.backends.launch", "{}",
+        "-m", "tasks.backends.train.launch", "{}",
     ]  # fmt: skip
     same = accelerate_command(
         "{}", accelerate_config="a.yaml", num_processes=16, bf16=False, nodes=TWO, machine_rank=1
     )
     assert same[-6:] == ["--rdzv_backend", "static", "--same_network", "-m",
-                         "tasks.backends.launch", "{}"]  # fmt: skip
+                         "tasks.backends.train.launch", "{}"]  # fmt: skip
 
 
 def test_accelerate_reads_the_command_line_as_meant() -> None:
@@ -94,7 +99,7 @@ def test_accelerate_reads_the_command_line_as_meant() -> None:
     assert (args.nproc_per_node, args.nnodes, args.node_rank) == ("8", "2", 1)
     assert (args.master_addr, args.master_port) == ("eva-train-0.eva", "29400")
     assert env["ACCELERATE_DEEPSPEED_ZERO_STAGE"] == "3"
-    assert (args.module, args.training_script) == (True, "tasks.backends.launch")
+    assert (args.module, args.training_script) == (True, "tasks.backends.train.launch")
 
 
 @pytest.mark.parametrize("path", sorted((REPO_ROOT / "infra/accelerate").glob("*.yaml")))

@@ -15,8 +15,8 @@ import numpy as np
 
 from eva_core.buffer import BufferSettings, PromptBuffer
 from eva_core.schema import seed_records
+from tasks.backends.evolve.paper import PaperTemplateEvolver
 from tasks.backends.online_source import OnlinePromptSource
-from tasks.backends.paper_evolve import PaperTemplateEvolver
 from tests.support.openai_server import OpenAICompatibleServer
 from tests.test_backend_evolve_paper import rewrite
 

@@ -49,7 +49,7 @@ def _holds_write_lock_after_a_read(db: Path) -> bool:
 def test_write_transactions_take_the_lock_before_their_first_read(tmp_path, monkeypatch) -> None:
     from prefect.server.database.configurations import AioSqliteConfiguration
 
-    from flows.prefect_server import begin_writes_immediate
+    from eva_runtime.prefect_server import begin_writes_immediate
 
     db = tmp_path / "t.db"
     with sqlite3.connect(db) as conn:
@@ -75,8 +75,8 @@ def _subflows_after_tasks(rounds: int) -> int:
     requests the client retried after a 503."""
     from prefect import flow, task
 
-    from flows.api import no_heartbeats
-    from flows.prefect_server import counting_retries
+    from eva_runtime.prefect_api import no_heartbeats
+    from eva_runtime.prefect_server import counting_retries
 
     @task
     def stage(i: int) -> int:
@@ -107,7 +107,7 @@ def test_subflows_opened_after_tasks_are_never_answered_503(prefect_api) -> None
 def test_eva_prefect_server_is_a_lasting_server_with_the_same_change(tmp_path) -> None:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from tasks.backends.engines import free_port
+    from eva_runtime.engines import free_port
 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
@@ -156,7 +156,7 @@ def test_the_temporary_server_stops_with_the_command_even_when_it_is_killed(tmp_
         PREFECT_SERVER_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{tmp_path / 'p.db'}",
     )
     hold = (
-        "import time, flows; from flows.api import prefect_api\n"
+        "import time, flows; from eva_runtime.prefect_api import prefect_api\n"
         "with prefect_api() as url:\n    time.sleep(300)\n"
     )
     proc = subprocess.Popen(
@@ -181,7 +181,7 @@ def test_the_temporary_server_stops_with_the_command_even_when_it_is_killed(tmp_
 
 
 def test_a_server_that_cannot_start_fails_in_one_message_with_its_log(tmp_path) -> None:
-    from flows.prefect_server import ServerStartError, temporary_server
+    from eva_runtime.prefect_server import ServerStartError, temporary_server
 
     missing = tmp_path / "no" / "such" / "dir" / "p.db"
     url = f"sqlite+aiosqlite:///{missing}"

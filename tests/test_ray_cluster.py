@@ -17,19 +17,19 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
-from eva_core import world
 from eva_core.schema import seed_records
-from tasks.annotate import AnnotateConfig, annotate
-from tasks.backends.openai_generate import derive_seed
-from tasks.backends.ray_job import JobSpec, fan_out, vllm_processor_kwargs, vllm_requests
-from tasks.backends.ray_local import LocalRayCluster
-from tasks.backends.tiny_lm import (
+from eva_runtime.ray_local import LocalRayCluster
+from eva_world import world
+from eva_world.tiny_lm import (
     TinyModelConfig,
     build_char_tokenizer,
     build_tiny_model,
     save_checkpoint,
 )
-from tasks.backends.vllm_generate import VLLMGeneration
+from tasks.annotate import AnnotateConfig, annotate
+from tasks.backends.generate.openai import derive_seed
+from tasks.backends.generate.vllm import VLLMGeneration
+from tasks.backends.ray_job import JobSpec, fan_out, vllm_processor_kwargs, vllm_requests
 from tasks.generate import GenerateConfig, generate
 from tasks.stage import RunContext, StageError
 from tasks.store import Ref, hash_directory

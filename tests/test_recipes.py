@@ -8,7 +8,7 @@ import pytest
 
 from flows.config import ConfigError, OnlineRunConfig, load_config
 from flows.config import RunConfig as RunConfigModel
-from tasks.backends.trl_dpo import batch_layout
+from tasks.backends.train.dpo import batch_layout
 
 CONFIGS = Path(__file__).parent.parent / "configs"
 RECIPES = sorted(p for p in (CONFIGS / "paper").glob("*.yaml") if not p.name.startswith("online"))

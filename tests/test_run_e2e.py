@@ -14,7 +14,7 @@ import time
 import pytest
 import yaml
 
-from eva_core import world
+from eva_world import world
 from flows.cli import main
 from flows.config import load_config, validate_config
 from tasks.store import RunStore
@@ -481,7 +481,7 @@ def test_no_arm_ever_trains_on_a_held_out_prompt(tmp_path, strategy) -> None:
     is outside the held-out set, the baselines' splits never repeat one another, and the
     target arm draws from the target distribution. (Random collisions are rare at this size;
     test_split_and_evolve_skip_held_out_prompts forces them.)"""
-    from eva_core import world
+    from eva_world import world
     from flows.run import eva_run
 
     root = str(tmp_path)
@@ -512,8 +512,8 @@ def test_fresh_strategy_rejects_a_prompt_file(tmp_path, capsys) -> None:
 def test_split_and_evolve_skip_held_out_prompts(tmp_path) -> None:
     """The guards themselves, with collisions forced: the held-out set is made of exactly the
     prompts an unguarded split (or the world evolver) would produce."""
-    from eva_core import world
     from eva_core.schema import seed_records
+    from eva_world import world
     from tasks.evolve import EvolveConfig, evolve
     from tasks.prompts import PromptsConfig, load_split
     from tasks.stage import RunContext, StageContext, stage_seed
@@ -555,7 +555,7 @@ def test_a_dead_evolver_fails_the_run_and_is_retried_once_it_answers(
 
     import numpy as np
 
-    from eva_core import world
+    from eva_world import world
     from tests.support.openai_server import OpenAICompatibleServer
     from tests.test_backend_evolve_paper import _GIVEN
 

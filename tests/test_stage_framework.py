@@ -53,7 +53,7 @@ def test_cached_in_a_new_call_and_rerun_on_config_change(tmp_path) -> None:
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterType
     from prefect.client.schemas.sorting import ArtifactSort
 
-    from tasks.ui import POSTER, REUSED
+    from eva_runtime.prefect_ui import POSTER, REUSED
 
     assert REUSED.flush() >= 1  # rows of earlier tests' plain calls may be pending too
     assert POSTER.flush(timeout_s=30)  # the tables go out through the UI poster
@@ -232,10 +232,10 @@ def test_each_stage_is_keyed_on_the_code_it_can_run() -> None:
     from tasks.stage import _closure
 
     boot, train, evolve = (_closure(f"tasks.{m}") for m in ("bootstrap", "train", "evolve"))
-    assert "tasks.backends.trl_dpo" in train
-    assert "tasks.backends.trl_dpo" not in boot and "tasks.backends.trl_dpo" not in evolve
-    assert "tasks.backends.tiny_lm" in boot and "eva_core.world" in boot
-    assert "tasks.backends.paper_evolve" in evolve  # selectable by config, so keyed
+    assert "tasks.backends.train.dpo" in train
+    assert "tasks.backends.train.dpo" not in boot and "tasks.backends.train.dpo" not in evolve
+    assert "eva_world.tiny_lm" in boot and "eva_world.world" in boot
+    assert "tasks.backends.evolve.paper" in evolve  # selectable by config, so keyed
 
 
 def test_editing_a_user_reward_function_changes_the_annotate_key(tmp_path, monkeypatch) -> None:

@@ -11,7 +11,7 @@ from prefect import flow, task
 from prefect.client.orchestration import get_client
 from prefect.context import get_run_context
 
-from tasks.ui import POSTER, ProgressArtifact, publish_stage
+from eva_runtime.prefect_ui import POSTER, ProgressArtifact, publish_stage
 
 
 def _by_key(key: str):

@@ -8,8 +8,8 @@ import re
 import numpy as np
 import pytest
 
-from eva_core import world
-from eva_core.world import (
+from eva_world import world
+from eva_world.world import (
     ALPHABET,
     EVOLVE_METHODS,
     HELDOUT_DISTRIBUTION,

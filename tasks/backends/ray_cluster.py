@@ -40,7 +40,10 @@ from tasks.backends.ray_job import ERROR_MARK, PROGRESS_MARK, VALUE_COLUMN, JobS
 from tasks.stage import StageContext, StageError, first_line
 from tasks.store import iteration_dir
 
-_PACKAGES = [str(Path(__file__).resolve().parents[2] / p) for p in ("tasks", "eva_core")]
+_PACKAGES = [
+    str(Path(__file__).resolve().parents[2] / p)
+    for p in ("tasks", "eva_core", "eva_runtime", "eva_world")
+]
 _TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 
 

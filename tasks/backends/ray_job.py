@@ -28,9 +28,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from tasks.backends.openai_generate import derive_seed
+from tasks.backends.generate.openai import derive_seed
+from tasks.backends.generate.vllm import VLLMGeneration
 from tasks.backends.protocols import RewardModel
-from tasks.backends.vllm_generate import VLLMGeneration
 from tasks.store import RunStore, is_hub_id
 
 # Lines the job prints for the stage that follows its log: responses done, and why it failed.
@@ -168,14 +168,14 @@ class StageWorker:
         self.spec = spec = JobSpec.model_validate_json(spec_json)
         self.scorer: RewardModel
         if spec.task == "generate":
-            from tasks.backends.hf_generate import TransformersGeneration
+            from tasks.backends.generate.transformers import TransformersGeneration
 
             # (vllm stages never get here: Ray Data LLM runs them, see _vllm)
             backend = TransformersGeneration.model_validate(spec.backend)
             self.generator = backend.load(_local_model(spec))
         elif spec.backend.get("kind") == "world":
             # Plain Python: importing every reward backend would import torch, for nothing.
-            from tasks.backends.world import WorldReward
+            from eva_world.components import WorldReward
 
             self.scorer = WorldReward.model_validate(spec.backend).load()
         else:

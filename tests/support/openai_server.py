@@ -33,7 +33,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from eva_core import world
+from eva_world import world
 
 Respond = Callable[[str, int, dict[str, Any]], str]
 Fail = Callable[[dict[str, Any]], tuple[str, float] | None]

@@ -10,8 +10,8 @@ from typing import Annotated
 
 from pydantic import Field
 
-from tasks.backends.trl_dpo import DPOSolverConfig
-from tasks.backends.trl_solvers import (
+from tasks.backends.train.dpo import DPOSolverConfig
+from tasks.backends.train.objectives import (
     DPONLLSolverConfig,
     ORPOSolverConfig,
     SimPOSolverConfig,

@@ -21,7 +21,8 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from tasks.backends.launch import (
+from tasks.backends.protocols import no_progress
+from tasks.backends.train.launch import (
     END_FILE,
     REQUEST_FILE,
     LaunchSpec,
@@ -30,7 +31,6 @@ from tasks.backends.launch import (
     accelerate_command,
     child_env,
 )
-from tasks.backends.protocols import no_progress
 
 RANK_ENV = "EVA_MACHINE_RANK"
 # A Kubernetes indexed Job numbers its pods 0..completions-1: run the followers as one with

@@ -1,7 +1,7 @@
 """Multi-GPU training: run a solver under ``accelerate launch`` in a subprocess.
 
 ``launch_train`` writes the pairs to a parquet file, starts ``accelerate launch --config_file
-<yaml> -m tasks.backends.launch <spec json>``, forwards every output line to a logger as it
+<yaml> -m tasks.backends.train.launch <spec json>``, forwards every output line to a logger as it
 arrives, and reads the metrics back. Every process of the launch runs ``main`` below, which
 calls the same ``Solver.train`` as the in-process path, so the two cannot drift apart. The
 default config (``infra/accelerate/zero3.yaml``) is DeepSpeed ZeRO-3 on 8 GPUs; it needs the
@@ -36,9 +36,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from transformers.utils import logging as hf_logging
 
 from tasks.backends.protocols import Progress, no_progress
-from tasks.backends.solver import SolverBackend
+from tasks.backends.train import SolverBackend
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_ACCELERATE_CONFIG = "infra/accelerate/zero3.yaml"
 _PROGRESS = "@@eva-progress "  # a line rank 0 prints; never forwarded to the log
 REQUEST_FILE = "train-request.json"  # what machine 0 publishes for the others (multi-node)
@@ -214,7 +214,7 @@ def accelerate_command(
             nodes.rdzv_backend,
             *(["--same_network"] if nodes.same_network else []),
         ]
-    return [*cmd, "-m", "tasks.backends.launch", spec_json]
+    return [*cmd, "-m", "tasks.backends.train.launch", spec_json]
 
 
 def child_env() -> dict[str, str]:
@@ -306,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of every launched process."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
-        print("usage: python -m tasks.backends.launch '<LaunchSpec json>'", file=sys.stderr)
+        print("usage: python -m tasks.backends.train.launch '<LaunchSpec json>'", file=sys.stderr)
         return 2
     spec = LaunchSpec.model_validate_json(args[0])
     # Output goes to a log line by line: tqdm bars (checkpoint loading) would only add noise.

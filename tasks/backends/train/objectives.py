@@ -30,7 +30,7 @@ from pydantic import Field
 from transformers import Trainer, TrainingArguments
 from trl import DPOTrainer
 
-from tasks.backends.trl_dpo import (
+from tasks.backends.train.dpo import (
     EFFECTIVE_BATCH_HELP,
     MAX_LENGTH_HELP,
     MAX_PROMPT_HELP,

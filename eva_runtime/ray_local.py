@@ -22,7 +22,7 @@ from types import TracebackType
 import httpx
 import psutil
 
-from tasks.backends.engines import free_port
+from eva_runtime.engines import free_port
 
 
 class LocalRayCluster:

@@ -21,7 +21,7 @@ prompt length), the best ``keep_best`` survive, and this repeats ``depth`` times
 draws come from one generator per prompt seeded with ``(seed, prompt index)``, so they repeat
 exactly for a seed whatever the batch or the server answered.
 
-Requests go through ``tasks.backends.llm_client``: a failed request is an empty rewrite (which
+Requests go through ``eva_runtime.llm_client``: a failed request is an empty rewrite (which
 post-processing counts), a 401/403/404 stops the stage.
 """
 
@@ -34,7 +34,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.evolution import clean_rewrite, is_refusal
-from tasks.backends.llm_client import LLMClient, NamedLLMConfig
+from eva_runtime.llm_client import LLMClient, NamedLLMConfig
 
 Scorer = Callable[[Sequence[str]], list[float]]
 
@@ -239,7 +239,7 @@ class PaperRewriter:
             scorer = length_scorer
         elif scorer is None:
             if self._judge is None:
-                from tasks.backends.complexity_judge import LLMComplexityJudge
+                from tasks.backends.evolve.judge import LLMComplexityJudge
 
                 self._judge = LLMComplexityJudge(llm=self.config.llm).load()
             scorer = self._judge.rank_scores

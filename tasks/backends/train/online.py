@@ -38,7 +38,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, T
 from tasks.backends.devices import Device
 from tasks.backends.online_source import OnlinePromptSource
 from tasks.backends.protocols import Progress, RewardModel, no_progress
-from tasks.backends.trl_dpo import _numeric_row, _ProgressCallback, _quiet
+from tasks.backends.train.dpo import _numeric_row, _ProgressCallback, _quiet
 
 
 class OnlineSolverConfig(BaseModel):

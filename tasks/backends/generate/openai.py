@@ -4,7 +4,7 @@ This is the GPU path that keeps vLLM out of eva's environment: vLLM pins torch, 
 and fastapi versions that cannot coexist with prefect 3.8, so the policy is served from its own
 environment and the stage talks to it over HTTP.
 
-Requests go through ``tasks.backends.llm_client`` (concurrency, retries, the API key, request
+Requests go through ``eva_runtime.llm_client`` (concurrency, retries, the API key, request
 counts). Every prompt gets a seed derived from ``(seed, prompt index)`` alone, so rollouts do not
 depend on concurrency, scheduling or retries.
 """
@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tasks.backends.llm_client import LLMBatchError, LLMClient, LLMClientConfig, LLMRequestError
+from eva_runtime.llm_client import LLMBatchError, LLMClient, LLMClientConfig, LLMRequestError
 from tasks.backends.protocols import Progress, no_progress
 
 # Keys the backend sets itself; extra_body may not override them (it would silently change what

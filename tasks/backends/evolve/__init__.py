@@ -10,9 +10,9 @@ from typing import Annotated
 
 from pydantic import Field
 
-from tasks.backends.distilabel_evolve import DistilabelEvolver
-from tasks.backends.paper_evolve import PaperTemplateEvolver
-from tasks.backends.world import WorldEvolver
+from eva_world.components import WorldEvolver
+from tasks.backends.evolve.distilabel import DistilabelEvolver
+from tasks.backends.evolve.paper import PaperTemplateEvolver
 
 EvolverBackend = Annotated[
     WorldEvolver | DistilabelEvolver | PaperTemplateEvolver, Field(discriminator="kind")

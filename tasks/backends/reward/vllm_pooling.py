@@ -24,7 +24,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.backends.protocols import Progress, no_progress
-from tasks.backends.reward_models import encode_all, use_chat_template
+from tasks.backends.reward.sequence_classifier import encode_all, use_chat_template
 
 
 class VLLMPoolingReward(BaseModel):

@@ -29,7 +29,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tasks.backends.llm_client import LLMClient, LLMRequestError, NamedLLMConfig
+from eva_runtime.llm_client import LLMClient, LLMRequestError, NamedLLMConfig
 from tasks.backends.protocols import Progress, no_progress, stats_of
 
 DEFAULT_TEMPLATE = """You are judging two responses to the same user prompt.

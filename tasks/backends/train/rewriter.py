@@ -6,7 +6,7 @@ is not empty, and its length is within ``[min_length_ratio, max_length_ratio]`` 
 (characters); otherwise the original is kept, so a flaky or verbose rewriter degrades to the
 plain pairs instead of failing the stage or inflating response length, which DPO rewards.
 
-Requests go through ``tasks.backends.llm_client``: the API key is read when the rewriter is
+Requests go through ``eva_runtime.llm_client``: the API key is read when the rewriter is
 loaded from the variable *named* by ``llm.api_key_env`` (never part of the config, whose dump
 lands in manifests), and the request counts join the stage's stats as ``rewrite_*``.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tasks.backends.llm_client import LLMClient, LLMRequestError, NamedLLMConfig
+from eva_runtime.llm_client import LLMClient, LLMRequestError, NamedLLMConfig
 from tasks.backends.protocols import Progress, no_progress
 
 _log = logging.getLogger(__name__)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from tasks.backends import engine_guard
+from eva_runtime import guard as engine_guard
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ from typing import Annotated, Any
 
 from pydantic import Discriminator, Tag
 
-from tasks.backends.hf_generate import TransformersGeneration, TransformersGenerator
-from tasks.backends.openai_generate import GenerationError, OpenAIGeneration, OpenAIGenerator
-from tasks.backends.served_generate import ServedGeneration, ServedGenerator
-from tasks.backends.vllm_generate import VLLMGeneration, VLLMGenerator
+from tasks.backends.generate.openai import GenerationError, OpenAIGeneration, OpenAIGenerator
+from tasks.backends.generate.served import ServedGeneration, ServedGenerator
+from tasks.backends.generate.transformers import TransformersGeneration, TransformersGenerator
+from tasks.backends.generate.vllm import VLLMGeneration, VLLMGenerator
 
 KINDS = ("transformers", "vllm", "openai", "served")
 

@@ -15,7 +15,7 @@ subprocess on a SQLite database). eva starts the same app itself, for two reason
   transaction begins ``IMMEDIATE``: it takes the write lock before its first read, so a second
   writer waits on the busy timeout (milliseconds) instead of failing. The same reruns take
   1.5-1.9 s with no retries (``python -m bench.cached_rerun``; docs/benchmarks.md, section 2).
-* **No orphan.** The server runs under eva's engine guard (``tasks.backends.engines``): it stops
+* **No orphan.** The server runs under eva's engine guard (``eva_runtime.engines``): it stops
   with the command, also when the command is killed with SIGKILL.
 
 The UI sees what it sees on Prefect's temporary server: the app, its database and its services
@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from tasks.backends.engines import Engine, ServerStartError, free_port, log_tail
+from eva_runtime.engines import Engine, ServerStartError, free_port, log_tail
 
 STOP_GRACE_S = 10.0  # uvicorn's graceful shutdown stops Prefect's services first
 
@@ -83,7 +83,7 @@ def _start(database_url: str | None, timeout_s: float) -> tuple[Engine, str]:
         port = free_port()
         engine = Engine(
             [sys.executable, "-m", "uvicorn", "--app-dir", project, "--factory",
-             "flows.prefect_server:create_app", "--host", "127.0.0.1", "--port", str(port),
+             "eva_runtime.prefect_server:create_app", "--host", "127.0.0.1", "--port", str(port),
              "--log-level", "error", "--lifespan", "on"],
             env, port, STOP_GRACE_S,
         )  # fmt: skip

@@ -4,7 +4,7 @@ vLLM cannot be installed in eva's environment (every vLLM release pins ``fastapi
 3.8 needs ``>=0.139``), so it runs from a separate virtualenv and eva talks to it over HTTP. A
 long-running server would serve a stale policy, though: the checkpoint changes every iteration.
 This backend's ``load(model_dir)`` gets a server on exactly that checkpoint from the engine pool
-(``tasks.backends.engines``), waits until it answers ``GET /v1/models``, and returns a generator
+(``eva_runtime.engines``), waits until it answers ``GET /v1/models``, and returns a generator
 whose requests go through the ``openai`` backend (same seeding, retries and concurrency).
 
 With ``reuse: true`` (the default) the server outlives the stage: the next stage that samples the
@@ -29,7 +29,7 @@ Placeholders are replaced wherever they occur inside an argument (other braces a
 ``{name}`` = the served model name, ``policy`` (without ``{name}`` in the command, the client asks
 for the model by its directory, the name ``vllm serve DIR`` uses by default).
 
-The server never outlives eva: see ``tasks.backends.engines`` (process groups, the guard that
+The server never outlives eva: see ``eva_runtime.engines`` (process groups, the guard that
 stops it on a SIGKILL of eva, logs kept after a failure).
 """
 
@@ -43,9 +43,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tasks.backends.engines import ENGINES, Engine, EnginePool, ServerStartError, free_port
-from tasks.backends.llm_client import LLMClientConfig, auth_headers
-from tasks.backends.openai_generate import GenerationError, OpenAIGeneration, OpenAIGenerator
+from eva_runtime.engines import ENGINES, Engine, EnginePool, ServerStartError, free_port
+from eva_runtime.llm_client import LLMClientConfig, auth_headers
+from tasks.backends.generate.openai import GenerationError, OpenAIGeneration, OpenAIGenerator
 from tasks.backends.protocols import Progress, no_progress
 
 log = logging.getLogger(__name__)

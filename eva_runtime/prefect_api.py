@@ -1,10 +1,9 @@
 """Which Prefect API a command's flows report to: the configured one, else a local server that is
-already running, else a temporary one (eva's, see ``flows.prefect_server``).
+already running, else a temporary one (eva's, see ``eva_runtime.prefect_server``).
 
-Without ``PREFECT_API_URL`` every ``eva run`` needs a temporary server (``flows.prefect_server``;
-5 s to start on 2 cores in ``python -m bench.costs``), stopped when the run ends, and the UI
-shows the run only while it lasts. A user who keeps ``prefect server start`` running wants the
-run there: it costs nothing to start and the run stays in the UI. So, when no API is
+Without ``PREFECT_API_URL`` every ``eva run`` needs a temporary server, stopped when the run ends,
+and the UI shows the run only while it lasts. A user who keeps ``prefect server start`` running
+wants the run there: it costs nothing to start and the run stays in the UI. So, when no API is
 configured, the commands that run flows ask the address a local ``prefect server start`` listens
 on (``PREFECT_SERVER_API_HOST``/``PORT``, 127.0.0.1:4200 by default) for ``/api/health`` and, if
 it answers, use it for this command only. ``EVA_PREFECT_SERVER=temporary`` keeps the temporary
@@ -13,9 +12,8 @@ server regardless.
 Flow-run heartbeats are turned off on the temporary server. They exist so that an automation on
 a lasting server can mark a flow run whose process died as Crashed; the temporary server dies
 with the process and runs no automation, so nothing reads them, and they cost each flow run up
-to a second at its end (Prefect joins the heartbeat thread, which sleeps in one-second steps):
-2.5 s of a cached 2-iteration rerun's 7 s. Against a lasting server (the configured one or a
-running local one) they stay on.
+to a second at its end (Prefect joins the heartbeat thread, which sleeps in one-second steps).
+Against a lasting server (the configured one or a running local one) they stay on.
 """
 
 from __future__ import annotations
@@ -48,7 +46,7 @@ def prefect_api(say: bool = True) -> Iterator[str]:
     server without flow-run heartbeats; yields the API's URL."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.prefect_server import temporary_server
+    from eva_runtime.prefect_server import temporary_server
 
     configured = PREFECT_API_URL.value()
     if configured:

@@ -12,7 +12,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from eva_core import world
+from eva_world import world
 from tasks.backends.protocols import Progress, no_progress
 
 

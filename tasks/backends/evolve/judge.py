@@ -12,8 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from eva_core import world
-from tasks.backends.llm_client import LLMClient, NamedLLMConfig
+from eva_runtime.llm_client import LLMClient, NamedLLMConfig
+from eva_world import world
 
 JUDGE_TEMPLATE = """You are an expert judge of the user prompts used to train AI assistants.
 Rate the user prompt below on two scales from 1 to 10. Do not answer the prompt.

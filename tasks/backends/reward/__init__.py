@@ -22,11 +22,11 @@ from typing import Annotated, TypeAlias
 
 from pydantic import Field
 
-from tasks.backends.callable_reward import CallableReward
-from tasks.backends.pairwise import PairwiseReward
-from tasks.backends.reward_models import SequenceClassifierReward
-from tasks.backends.vllm_reward import VLLMPoolingReward
-from tasks.backends.world import WorldReward
+from eva_world.components import WorldReward
+from tasks.backends.reward.function import CallableReward
+from tasks.backends.reward.pairwise import PairwiseReward
+from tasks.backends.reward.sequence_classifier import SequenceClassifierReward
+from tasks.backends.reward.vllm_pooling import VLLMPoolingReward
 
 # Scores one response on its own: what a stage with a single response per prompt can use.
 PointwiseRewardBackend: TypeAlias = Annotated[

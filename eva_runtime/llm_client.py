@@ -1,7 +1,7 @@
 """The one OpenAI-compatible HTTP client every LLM-backed backend uses (``vllm serve``, SGLang,
 TGI, a hosted API): policy rollouts, the pairwise and complexity judges, the chosen-response
 rewriter and the paper evolver. distilabel's evolver brings its own client; it takes the same
-config and the key from ``api_key`` below (see ``tasks.backends.distilabel_evolve``).
+config and the key from ``api_key`` below (see ``tasks.backends.evolve.distilabel``).
 
 It is synchronous and runs requests on threads: a sync client avoids fighting over an event loop
 with Prefect, which runs sync tasks in worker threads. What it guarantees, for every caller:

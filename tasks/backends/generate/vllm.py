@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.backends.openai_generate import derive_seed
+from tasks.backends.generate.openai import derive_seed
 from tasks.backends.protocols import Progress, no_progress
 
 MISSING_VLLM = (
