@@ -38,13 +38,14 @@ from dataclasses import dataclass
 import httpx
 
 from eva_runtime import guard as engine_guard
+from eva_runtime.errors import EvaError
 
 log = logging.getLogger(__name__)
 
 TAIL_LINES = 30
 
 
-class ServerStartError(RuntimeError):
+class ServerStartError(EvaError, RuntimeError):
     """The server exited, refused us, or did not become ready in time; the message ends with
     the last lines of its log."""
 

@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from eva_runtime.errors import EvaError
 from tasks.backends.protocols import no_progress
 from tasks.backends.train.launch import (
     END_FILE,
@@ -38,7 +39,7 @@ RANK_ENV = "EVA_MACHINE_RANK"
 INDEX_ENV = "JOB_COMPLETION_INDEX"
 
 
-class FollowError(RuntimeError):
+class FollowError(EvaError, RuntimeError):
     """A follower cannot take part (no rank, a rank out of range, no request in time)."""
 
 

@@ -32,6 +32,7 @@ from typing import Annotated, Any, TypeVar
 import httpx
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from eva_runtime.errors import ConfigError, EvaError
 from tasks.backends.protocols import Progress, no_progress
 
 T = TypeVar("T")
@@ -90,11 +91,11 @@ def _model_is_set(config: LLMClientConfig) -> LLMClientConfig:
 NamedLLMConfig = Annotated[LLMClientConfig, AfterValidator(_model_is_set)]
 
 
-class LLMConfigError(ValueError):
+class LLMConfigError(ConfigError):
     """The client cannot be built from its config: the key's variable is unset, or no model."""
 
 
-class LLMRequestError(RuntimeError):
+class LLMRequestError(EvaError, RuntimeError):
     """One request failed for good: its retries are spent (``transient``), or retrying cannot
     fix it (another 4xx, a malformed answer). ``status`` is the last HTTP status, if any."""
 
@@ -108,7 +109,7 @@ class LLMRequestError(RuntimeError):
         return self.status in CONFIG_STATUS
 
 
-class LLMBatchError(RuntimeError):
+class LLMBatchError(EvaError, RuntimeError):
     """``LLMClient.map`` stopped: ``failed`` maps item index -> error, ``completed`` counts the
     items that finished before the stop."""
 

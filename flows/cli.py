@@ -203,8 +203,8 @@ def stored_config(root: str, run: str, storage_options: dict[str, Any] | None = 
     given here: a run copied elsewhere is shown and rerun where it now is, never at the root it
     was first launched under. ``storage_options`` open the root (an S3 endpoint, credentials)
     and take precedence over the stored ones."""
+    from eva_runtime.errors import first_line
     from flows.config import RUN_NAME, ConfigError, OnlineRunConfig, RunConfig, validate_config
-    from tasks.stage import first_line
     from tasks.store import RunStore
 
     if not RUN_NAME.fullmatch(run):
@@ -329,7 +329,7 @@ def _seed_count(config: Any) -> int:
 
 
 def _cmd_train_node(args: argparse.Namespace) -> int:
-    from eva_runtime.follow import FollowError, follow, request_dir
+    from eva_runtime.follow import follow, request_dir
     from flows.config import RUN_NAME, ConfigError
 
     if not RUN_NAME.fullmatch(args.run):
@@ -337,10 +337,7 @@ def _cmd_train_node(args: argparse.Namespace) -> int:
     if "://" in args.root:
         raise ConfigError(f"--root {args.root}: multi-node training needs a shared filesystem path")
     folder = request_dir(os.path.join(os.path.abspath(args.root), args.run))
-    try:
-        status = follow(folder, rank=args.machine_rank, once=args.once, wait_s=args.wait)
-    except FollowError as exc:
-        raise ConfigError(str(exc)) from None
+    status = follow(folder, rank=args.machine_rank, once=args.once, wait_s=args.wait)
     return 0 if status == 0 else 1
 
 
@@ -383,11 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error, already printed in one line (2)
         return int(exc.code or 0)
-    from eva_runtime.engines import ServerStartError
-    from eva_runtime.llm_client import LLMConfigError
+    from eva_runtime.errors import EvaError
     from eva_runtime.prefect_api import prefect_api
-    from flows.config import ConfigError
-    from tasks.stage import StageError
 
     handlers = {
         "run": _cmd_run,
@@ -404,9 +398,8 @@ def main(argv: list[str] | None = None) -> int:
             return handlers[args.command](args)
         with prefect_api():  # PREFECT_API_URL, else a running local server, else a temporary one
             return handlers[args.command](args)
-    # LLMConfigError: an unset API key; ServerStartError: the temporary Prefect server died
-    except (ConfigError, StageError, LLMConfigError, ServerStartError) as exc:
-        print(f"eva: error: {exc}", file=sys.stderr)
+    except EvaError as exc:  # every error a user can act on: one line, the field first
+        print(f"eva: error: {exc.line()}", file=sys.stderr)
         return 2
 
 

@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from eva_runtime.errors import ConfigError
 from tasks.annotate import AnnotateConfig
 from tasks.bootstrap import BootstrapConfig
 from tasks.complexity import ComplexityConfig
@@ -173,10 +174,6 @@ class OnlineRunConfig(BaseModel):
 
 
 C = TypeVar("C", bound=BaseModel)
-
-
-class ConfigError(ValueError):
-    """A config problem, phrased as one line that names the field."""
 
 
 @overload

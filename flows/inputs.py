@@ -15,9 +15,9 @@ from typing import Any
 
 import fsspec
 
+from eva_runtime.errors import first_line
 from flows.config import ConfigError, OnlineRunConfig, RunConfig
 from tasks.prompts import read_prompt_file
-from tasks.stage import first_line
 
 ROOT_TIMEOUT_S = 20.0
 

@@ -21,8 +21,9 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.schema import PROMPT_COLUMNS, seed_records
+from eva_runtime.errors import first_line
 from eva_world import world
-from tasks.stage import StageContext, StageOutput, first_line, stage, stage_seed
+from tasks.stage import StageContext, StageOutput, stage, stage_seed
 from tasks.store import hash_file
 
 

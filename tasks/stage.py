@@ -39,6 +39,7 @@ from prefect.states import Completed
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eva_core.schema import missing_columns
+from eva_runtime.errors import StageError
 from eva_runtime.prefect_ui import (
     ProgressArtifact,
     artifact_key,
@@ -50,10 +51,6 @@ from tasks.store import Ref, RunStore, checkpoint_hash, iteration_dir
 
 MODEL = None  # an input that is consumed as a checkpoint, not read as a table
 _PACKAGES = ("eva", "prefect", "torch", "transformers", "trl", "pyarrow", "numpy")
-
-
-class StageError(RuntimeError):
-    """A stage cannot run as asked (bad input columns, missing upstream artifact)."""
 
 
 class _WithoutTraceback(logging.Filter):
@@ -69,15 +66,6 @@ class _WithoutTraceback(logging.Filter):
 
 for _logger in ("prefect.task_runs", "prefect.flow_runs"):
     logging.getLogger(_logger).addFilter(_WithoutTraceback())
-
-
-def first_line(exc: BaseException, with_type: bool = True) -> str:
-    """An exception as one line for an ``eva: error:`` message: its first line of text
-    (prefixed by its type, unless ``with_type`` is False), or its type when it has no text."""
-    lines = str(exc).strip().splitlines()
-    if not lines:
-        return type(exc).__name__
-    return f"{type(exc).__name__}: {lines[0]}" if with_type else lines[0]
 
 
 class Plan(BaseModel):

@@ -36,8 +36,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from eva_runtime.errors import StageError, first_line
 from tasks.backends.ray_job import ERROR_MARK, PROGRESS_MARK, VALUE_COLUMN, JobSpec
-from tasks.stage import StageContext, StageError, first_line
+from tasks.stage import StageContext
 from tasks.store import iteration_dir
 
 _PACKAGES = [

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from eva_runtime.errors import EvaError
 from eva_runtime.llm_client import LLMBatchError, LLMClient, LLMClientConfig, LLMRequestError
 from tasks.backends.protocols import Progress, no_progress
 
@@ -34,7 +35,7 @@ def derive_seed(seed: int, prompt_index: int) -> int:
     return int.from_bytes(digest, "little") & 0x3FFFFFFF
 
 
-class GenerationError(RuntimeError):
+class GenerationError(EvaError, RuntimeError):
     """Some prompts got no responses after every retry; no partial output is returned, because
     a response-less prompt would silently skew rewards and pairs downstream."""
 

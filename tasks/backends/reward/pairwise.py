@@ -29,6 +29,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from eva_runtime.errors import EvaError
 from eva_runtime.llm_client import LLMClient, LLMRequestError, NamedLLMConfig
 from tasks.backends.protocols import Progress, no_progress, stats_of
 
@@ -52,7 +53,7 @@ _LEADING = re.compile(
 )
 
 
-class JudgeRequestError(RuntimeError):
+class JudgeRequestError(EvaError, RuntimeError):
     """A comparison the judge could not be asked: the endpoint kept failing past the retries."""
 
 

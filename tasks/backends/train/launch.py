@@ -35,6 +35,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from transformers.utils import logging as hf_logging
 
+from eva_runtime.errors import EvaError
 from tasks.backends.protocols import Progress, no_progress
 from tasks.backends.train import SolverBackend
 
@@ -85,7 +86,7 @@ class NodesConfig(BaseModel):
         return self
 
 
-class LaunchError(RuntimeError):
+class LaunchError(EvaError, RuntimeError):
     """The launched training exited non-zero; the message ends with its last output lines."""
 
 

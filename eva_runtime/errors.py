@@ -1,0 +1,52 @@
+"""The one error base: what eva tells a user when something cannot go on.
+
+Every error eva raises for a user to act on is an ``EvaError``: a message, the ``field`` it is
+about (a config key such as ``prompts.path``, a stage such as ``evolve of iter_1``, a command
+option such as ``--run``) and, where there is one, a ``hint`` saying what to do. The CLI prints
+any of them as one line, ``eva: error: <field>: <message> (<hint>)``, and exits 2; the full
+text (a server's log tail, a launch's last lines) stays in ``str(exc)`` for logs and tests.
+
+Each subclass also derives from the builtin its callers have always caught (``ValueError`` for
+bad input, ``RuntimeError`` for a failure at run time), so ``except ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+
+class EvaError(Exception):
+    """A failure a user can act on, said in one line."""
+
+    def __init__(self, message: str, *, field: str | None = None, hint: str | None = None):
+        super().__init__(message)
+        self.message, self.field, self.hint = message, field, hint
+
+    def __str__(self) -> str:
+        head = f"{self.field}: " if self.field and not self.message.startswith(self.field) else ""
+        tail = f" ({self.hint})" if self.hint else ""
+        return f"{head}{self.message}{tail}"
+
+    def line(self) -> str:
+        """The error as the CLI prints it: its first line, the hint kept."""
+        lines = str(self).strip().splitlines() or [type(self).__name__]
+        first = lines[0]
+        if self.hint and len(lines) > 1 and not first.endswith(f"({self.hint})"):
+            first += f" ({self.hint})"
+        return first
+
+
+class ConfigError(EvaError, ValueError):
+    """A config, an option or an input file that cannot work, found before anything runs."""
+
+
+class StageError(EvaError, RuntimeError):
+    """A stage cannot run as asked (bad input columns, an unfinished upstream) or its backend
+    failed beyond what it may (too many unscored prompts, an evolver that returned nothing)."""
+
+
+def first_line(exc: BaseException, with_type: bool = True) -> str:
+    """An exception as one line: its first line of text (prefixed by its type, unless
+    ``with_type`` is False), or its type when it has no text."""
+    lines = str(exc).strip().splitlines()
+    if not lines:
+        return type(exc).__name__
+    return f"{type(exc).__name__}: {lines[0]}" if with_type else lines[0]
