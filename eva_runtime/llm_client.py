@@ -1,7 +1,8 @@
 """The one OpenAI-compatible HTTP client every LLM-backed backend uses (``vllm serve``, SGLang,
 TGI, a hosted API): policy rollouts, the pairwise and complexity judges, the chosen-response
-rewriter and the paper evolver. distilabel's evolver brings its own client; it takes the same
-config and the key from ``api_key`` below (see ``tasks.backends.evolve.distilabel``).
+rewriter, the paper evolver, and distilabel's tasks through the adapter in
+``eva_runtime.distilabel_llm``. Its config, the key lookup and the model name live in
+``eva_runtime.llm_config``.
 
 It is synchronous and runs requests on threads: a sync client avoids fighting over an event loop
 with Prefect, which runs sync tasks in worker threads. What it guarantees, for every caller:
@@ -15,28 +16,32 @@ with Prefect, which runs sync tasks in worker threads. What it guarantees, for e
   lives only in its HTTP headers: never in the config, so never in manifests or config hashes.
   A named variable that is unset or empty is an error then, before any request is sent;
 - one set of counts (``stats()``): HTTP requests sent, retries, requests that failed for good,
-  and prompt/completion tokens from each answer's ``usage``.
+  and prompt/completion tokens from each answer's ``usage``;
+- a request that fails for good raises ``LLMRequestError``, which says whether it was transient
+  (retries spent), a timeout, or a configuration error (401/403/404) no later request can avoid.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Annotated, Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import httpx
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from eva_runtime.errors import ConfigError, EvaError
-from tasks.backends.protocols import Progress, no_progress
+from eva_runtime.errors import EvaError
+from eva_runtime.llm_config import LLMClientConfig, auth_headers, model_name
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+# A fraction done in [0, 1]; the same shape as the stages' ``Progress`` (this layer imports none
+# of theirs).
+Progress = Callable[[float], None]
 
 STATS = ("requests", "retries", "failures", "prompt_tokens", "completion_tokens")
 # Errors of the endpoint's configuration (key, permissions, model or URL): every request will hit
@@ -44,65 +49,27 @@ STATS = ("requests", "retries", "failures", "prompt_tokens", "completion_tokens"
 CONFIG_STATUS = frozenset({401, 403, 404})
 
 
-class LLMClientConfig(BaseModel):
-    """Where an OpenAI-compatible endpoint is and how to talk to it (not what to sample)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    base_url: str = Field(
-        default="http://127.0.0.1:8000/v1",
-        description="API root, e.g. https://api.openai.com/v1; `vllm serve`'s by default.",
-    )
-    model: str | None = Field(
-        default=None,
-        description="Model name sent with every request. None: the generation backends ask for "
-        "the stage's checkpoint directory (the name `vllm serve DIR` serves it under); every "
-        "other user needs it set.",
-    )
-    api_key_env: str | None = Field(
-        default=None,
-        description="Name of the environment variable holding the API key (read when the "
-        "client is built, never stored); it must then be set and non-empty. None: no key, "
-        "for local servers.",
-    )
-    concurrency: int = Field(default=16, ge=1, description="Most requests in flight at once.")
-    timeout_s: float = Field(default=120.0, gt=0, description="Per-request timeout in seconds.")
-    max_retries: int = Field(
-        default=4,
-        ge=0,
-        description="Retries after a timeout, dropped connection, 408, 429 or 5xx (not after "
-        "another 4xx).",
-    )
-    backoff_s: float = Field(
-        default=1.0, ge=0, description="First retry delay; doubles each retry, with jitter."
-    )
-    max_backoff_s: float = Field(
-        default=30.0, ge=0, description="Cap on one retry delay, Retry-After included."
-    )
-
-
-def _model_is_set(config: LLMClientConfig) -> LLMClientConfig:
-    if not config.model:
-        raise ValueError("model: required here, the name the endpoint serves the model under")
-    return config
-
-
-# For users that have no checkpoint to fall back on: the missing model fails at validation.
-NamedLLMConfig = Annotated[LLMClientConfig, AfterValidator(_model_is_set)]
-
-
-class LLMConfigError(ConfigError):
-    """The client cannot be built from its config: the key's variable is unset, or no model."""
+def no_progress(_: float) -> None:
+    """Default progress sink."""
 
 
 class LLMRequestError(EvaError, RuntimeError):
-    """One request failed for good: its retries are spent (``transient``), or retrying cannot
-    fix it (another 4xx, a malformed answer). ``status`` is the last HTTP status, if any."""
+    """One request failed for good: its retries are spent (``transient``; ``timed_out`` when the
+    last attempt timed out), or retrying cannot fix it (another 4xx, a malformed answer).
+    ``status`` is the last HTTP status, if any."""
 
-    def __init__(self, message: str, status: int | None = None, transient: bool = False):
+    def __init__(
+        self,
+        message: str,
+        status: int | None = None,
+        transient: bool = False,
+        *,
+        timed_out: bool = False,
+    ):
         super().__init__(message)
         self.status = status
         self.transient = transient
+        self.timed_out = timed_out
 
     @property
     def config_error(self) -> bool:
@@ -123,29 +90,14 @@ class _Aborted(Exception):
     """Another item of the same ``map`` failed: stop retrying, the batch fails anyway."""
 
 
-def api_key(config: LLMClientConfig) -> str | None:
-    """The key from the variable named by ``api_key_env`` (None when it names none)."""
-    if config.api_key_env is None:
-        return None
-    key = os.environ.get(config.api_key_env, "").strip()
-    if not key:
-        raise LLMConfigError(
-            f"llm.api_key_env: environment variable {config.api_key_env} is unset or empty; "
-            "export the key, or set llm.api_key_env to null for a server without one"
-        )
-    return key
+class Reply(NamedTuple):
+    """One answer: its choices' texts in ``index`` order ("" for null content), how many had
+    null content (a refusal or an empty turn), and the tokens its ``usage`` reports (0 if none)."""
 
-
-def auth_headers(config: LLMClientConfig) -> dict[str, str]:
-    key = api_key(config)
-    return {"Authorization": f"Bearer {key}"} if key else {}
-
-
-def model_name(config: LLMClientConfig, default: str | None = None) -> str:
-    name = config.model or default
-    if not name:
-        raise LLMConfigError("llm.model: no model name; set it to the endpoint's model")
-    return name
+    texts: list[str]
+    nulls: int
+    prompt_tokens: int
+    completion_tokens: int
 
 
 class LLMClient:
@@ -182,13 +134,21 @@ class LLMClient:
 
     def chat(self, messages: list[dict[str, str]], **sampling: Any) -> list[str]:
         """The texts of a chat completion's choices, in ``index`` order ("" for null content)."""
-        answer = self.post("chat/completions", {**sampling, "messages": messages})
-        return self._texts(answer, lambda c: (c["message"] or {}).get("content"))
+        return self.chat_reply(messages, **sampling).texts
 
     def completions(self, prompt: str, **sampling: Any) -> list[str]:
         """The texts of a (raw prompt) completion's choices, in ``index`` order."""
+        return self.completion_reply(prompt, **sampling).texts
+
+    def chat_reply(self, messages: list[dict[str, str]], **sampling: Any) -> Reply:
+        """A chat completion as a ``Reply`` (texts, null contents, the answer's tokens)."""
+        answer = self.post("chat/completions", {**sampling, "messages": messages})
+        return self._reply(answer, lambda c: (c["message"] or {}).get("content"))
+
+    def completion_reply(self, prompt: str, **sampling: Any) -> Reply:
+        """A (raw prompt) completion as a ``Reply``."""
         answer = self.post("completions", {**sampling, "prompt": prompt})
-        return self._texts(answer, lambda c: c.get("text"))
+        return self._reply(answer, lambda c: c.get("text"))
 
     def answers(
         self, prompts: Sequence[str], seed: int | None = None, **sampling: Any
@@ -216,13 +176,13 @@ class LLMClient:
         for attempt in range(cfg.max_retries + 1):
             if abort is not None and abort.is_set():
                 raise _Aborted
-            status, retry_after = None, None
+            status, retry_after, timed_out = None, None, False
             self._count(requests=1)
             try:
                 with self._slots:
                     resp = self._http.post(path, json=body)
             except httpx.TimeoutException:
-                error = f"timed out after {cfg.timeout_s:g} s"
+                error, timed_out = f"timed out after {cfg.timeout_s:g} s", True
             except httpx.TransportError as exc:  # refused, reset or dropped connections
                 error = f"{type(exc).__name__}: {exc}"
             else:
@@ -237,7 +197,7 @@ class LLMClient:
             if attempt == cfg.max_retries:
                 self._count(failures=1)
                 message = f"{error} (gave up after {attempt + 1} attempts)"
-                raise LLMRequestError(message, status, transient=True)
+                raise LLMRequestError(message, status, transient=True, timed_out=timed_out)
             self._count(retries=1)
             delay = self._delay(attempt, retry_after)
             if abort is None:
@@ -335,25 +295,21 @@ class LLMClient:
             self._count(failures=1)
             message = f"malformed response ({exc!r}): {resp.text[:200]!r}"
             raise LLMRequestError(message, resp.status_code) from exc
-        usage = answer.get("usage")
-        if isinstance(usage, dict):
-            self._count(
-                prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                completion_tokens=int(usage.get("completion_tokens") or 0),
-            )
+        prompt, completion = _tokens(answer)
+        self._count(prompt_tokens=prompt, completion_tokens=completion)
         return answer
 
-    def _texts(self, answer: dict[str, Any], text: Callable[[Any], Any]) -> list[str]:
+    def _reply(self, answer: dict[str, Any], text: Callable[[Any], Any]) -> Reply:
         try:
             choices = sorted(answer["choices"], key=lambda c: c.get("index", 0))
             texts = [text(c) for c in choices]
             if bad := [t for t in texts if t is not None and not isinstance(t, str)]:
                 raise TypeError(f"choice text is a {type(bad[0]).__name__}")
-            # null content is a refusal or an empty turn: that is an (empty) answer.
-            return [t or "" for t in texts]
         except (KeyError, TypeError, AttributeError) as exc:
             self._count(failures=1)
             raise LLMRequestError(f"malformed response ({exc!r}): {str(answer)[:200]!r}") from exc
+        # null content is a refusal or an empty turn: that is an (empty) answer, counted.
+        return Reply([t or "" for t in texts], texts.count(None), *_tokens(answer))
 
 
 def content_seed(seed: int, content: str) -> int:
@@ -361,6 +317,14 @@ def content_seed(seed: int, content: str) -> int:
     retries; 30 bits, which servers that parse int32 accept."""
     digest = hashlib.blake2b(f"{seed}:{content}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x3FFFFFFF
+
+
+def _tokens(answer: dict[str, Any]) -> tuple[int, int]:
+    """Prompt and completion tokens from the answer's ``usage`` (0 where it has none)."""
+    usage = answer.get("usage")
+    if not isinstance(usage, dict):
+        return 0, 0
+    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
 
 
 def _detail(resp: httpx.Response) -> str:

@@ -109,7 +109,7 @@ def _check_api_keys(config: Any) -> None:
     the run writes anything rather than when its stage is reached."""
     from pydantic import BaseModel
 
-    from eva_runtime.llm_client import LLMClientConfig, LLMConfigError, api_key
+    from eva_runtime.llm_config import LLMClientConfig, LLMConfigError, api_key
 
     def visit(node: Any, path: str) -> None:
         if isinstance(node, LLMClientConfig):

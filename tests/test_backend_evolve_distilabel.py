@@ -14,7 +14,7 @@ import pytest
 
 from eva_core.evolution import evolved_records
 from eva_core.schema import seed_records
-from eva_runtime.llm_client import LLMConfigError
+from eva_runtime.llm_config import LLMConfigError
 from tasks.backends.evolve.distilabel import (
     DistilabelEvolver,
     DistilabelRewriter,

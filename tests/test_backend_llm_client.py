@@ -14,25 +14,20 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from eva_runtime.llm_client import (
-    LLMBatchError,
-    LLMClient,
-    LLMClientConfig,
-    LLMConfigError,
-    LLMRequestError,
-    NamedLLMConfig,
-)
+from eva_runtime.llm_client import LLMBatchError, LLMClient, LLMRequestError
+from eva_runtime.llm_config import LLMClientConfig, LLMConfigError, NamedLLMConfig
 
 
 @dataclass
 class Step:
     """One scripted answer: an HTTP status, extra headers, the ``usage`` of a 200 (None: no
-    usage field) and seconds to wait before answering."""
+    usage field), seconds to wait before answering, and whether its content is null."""
 
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     usage: tuple[int, int] | None = (1, 1)
     delay: float = 0.0
+    null: bool = False
 
 
 class ScriptedServer:
@@ -85,7 +80,8 @@ class ScriptedServer:
                     time.sleep(step.delay or server.delay)
                     answer: dict[str, Any] = {"error": {"message": f"scripted {step.status}"}}
                     if step.status == 200:
-                        message = {"role": "assistant", "content": f"answer {n}"}
+                        content = None if step.null else f"answer {n}"
+                        message = {"role": "assistant", "content": content}
                         answer = {"choices": [{"index": 0, "message": message}]}
                         if step.usage is not None:
                             prompt, completion = step.usage
@@ -261,3 +257,17 @@ def test_config_defaults_and_validation():
         LLMClient(config)  # no model and no default to fall back on
     with pytest.raises(ValidationError, match="model: required"):
         TypeAdapter(NamedLLMConfig).validate_python({"base_url": "http://x/v1"})
+
+
+def test_a_reply_counts_null_content_and_tokens_and_a_timeout_says_so(serve):
+    server = serve(Step(null=True, usage=(4, 0)), Step(usage=None))
+    llm = client(server)
+    assert llm.chat_reply(HELLO) == ([""], 1, 4, 0)
+    assert llm.chat_reply(HELLO) == (["answer 1"], 0, 0, 0)
+    slow = serve(Step(delay=1.0))
+    with pytest.raises(LLMRequestError, match="timed out") as info:
+        client(slow, timeout_s=0.2, max_retries=0).chat(HELLO)
+    assert info.value.timed_out and info.value.transient and info.value.status is None
+    with pytest.raises(LLMRequestError) as info:
+        client(serve(Step(503)), max_retries=0).chat(HELLO)
+    assert not info.value.timed_out and info.value.status == 503

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from eva_runtime.llm_client import LLMClientConfig, LLMConfigError
+from eva_runtime.llm_config import LLMClientConfig, LLMConfigError
 from eva_world import world
 from tasks.backends.generate import GenerationBackend
 from tasks.backends.generate.openai import (

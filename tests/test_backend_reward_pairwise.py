@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from eva_runtime.llm_client import LLMConfigError
+from eva_runtime.llm_config import LLMConfigError
 from tasks.backends.protocols import RewardModel
 from tasks.backends.reward.pairwise import (
     LLMPairwiseJudge,

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 from pydantic import ValidationError
 
-from eva_runtime.llm_client import LLMClientConfig, LLMConfigError
+from eva_runtime.llm_config import LLMClientConfig, LLMConfigError
 from eva_world.tiny_lm import (
     TinyModelConfig,
     build_char_tokenizer,

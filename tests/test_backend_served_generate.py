@@ -20,7 +20,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from eva_core.schema import seed_records
 from eva_runtime.engines import EnginePool
-from eva_runtime.llm_client import LLMConfigError
+from eva_runtime.llm_config import LLMConfigError
 from eva_world import world
 from tasks.backends.generate import GenerationBackend
 from tasks.backends.generate.served import (

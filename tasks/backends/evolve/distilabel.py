@@ -44,7 +44,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from eva_core.evolution import is_refusal
-from eva_runtime.llm_client import NamedLLMConfig, api_key, content_seed
+from eva_runtime.llm_client import content_seed
+from eva_runtime.llm_config import NamedLLMConfig, api_key
 
 # The user message of a chain link whose input failed: recognised and answered "" unsent.
 _SKIP = "\x00eva-skip\x00"

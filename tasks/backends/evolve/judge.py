@@ -12,7 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from eva_runtime.llm_client import LLMClient, NamedLLMConfig
+from eva_runtime.llm_client import LLMClient
+from eva_runtime.llm_config import NamedLLMConfig
 from eva_world import world
 
 JUDGE_TEMPLATE = """You are an expert judge of the user prompts used to train AI assistants.

@@ -34,7 +34,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.evolution import clean_rewrite, is_refusal
-from eva_runtime.llm_client import LLMClient, NamedLLMConfig
+from eva_runtime.llm_client import LLMClient
+from eva_runtime.llm_config import NamedLLMConfig
 
 Scorer = Callable[[Sequence[str]], list[float]]
 

@@ -18,7 +18,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eva_runtime.errors import EvaError
-from eva_runtime.llm_client import LLMBatchError, LLMClient, LLMClientConfig, LLMRequestError
+from eva_runtime.llm_client import LLMBatchError, LLMClient, LLMRequestError
+from eva_runtime.llm_config import LLMClientConfig
 from tasks.backends.protocols import Progress, no_progress
 
 # Keys the backend sets itself; extra_body may not override them (it would silently change what

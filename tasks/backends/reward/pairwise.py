@@ -30,7 +30,8 @@ from typing import Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from eva_runtime.errors import EvaError
-from eva_runtime.llm_client import LLMClient, LLMRequestError, NamedLLMConfig
+from eva_runtime.llm_client import LLMClient, LLMRequestError
+from eva_runtime.llm_config import NamedLLMConfig
 from tasks.backends.protocols import Progress, no_progress, stats_of
 
 DEFAULT_TEMPLATE = """You are judging two responses to the same user prompt.

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from eva_runtime.llm_client import LLMClient, LLMRequestError, NamedLLMConfig
+from eva_runtime.llm_client import LLMClient, LLMRequestError
+from eva_runtime.llm_config import NamedLLMConfig
 from tasks.backends.protocols import Progress, no_progress
 
 _log = logging.getLogger(__name__)

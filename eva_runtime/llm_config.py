@@ -1,0 +1,102 @@
+"""Where an OpenAI-compatible endpoint is and how to reach it: the ``llm:`` block every
+LLM-backed backend takes, and the helpers that turn it into a model name and request headers.
+
+Kept apart from the client (``eva_runtime.llm_client``) so that code which only validates or
+inspects configs (``flows.inputs`` checks every key before a run writes anything) needs no HTTP
+client. What it guarantees:
+
+- one config shape and one set of defaults for every endpoint: generation, judges, the rewriter
+  and both LLM evolvers, distilabel's included, since its requests go through the same client;
+- the API key is read from the variable *named* by ``api_key_env``, when asked for, and is never
+  a config field: never in manifests, config hashes or reprs. A named variable that is unset or
+  empty is an ``LLMConfigError`` (one line naming the variable), before any request is sent;
+- ``NamedLLMConfig`` for users that have no checkpoint to fall back on, so a missing model fails
+  when the config is validated rather than at the first request.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from eva_runtime.errors import ConfigError
+
+
+class LLMClientConfig(BaseModel):
+    """Where an OpenAI-compatible endpoint is and how to talk to it (not what to sample)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    base_url: str = Field(
+        default="http://127.0.0.1:8000/v1",
+        description="API root, e.g. https://api.openai.com/v1; `vllm serve`'s by default.",
+    )
+    model: str | None = Field(
+        default=None,
+        description="Model name sent with every request. None: the generation backends ask for "
+        "the stage's checkpoint directory (the name `vllm serve DIR` serves it under); every "
+        "other user needs it set.",
+    )
+    api_key_env: str | None = Field(
+        default=None,
+        description="Name of the environment variable holding the API key (read when the "
+        "client is built, never stored); it must then be set and non-empty. None: no key, "
+        "for local servers.",
+    )
+    concurrency: int = Field(default=16, ge=1, description="Most requests in flight at once.")
+    timeout_s: float = Field(default=120.0, gt=0, description="Per-request timeout in seconds.")
+    max_retries: int = Field(
+        default=4,
+        ge=0,
+        description="Retries after a timeout, dropped connection, 408, 429 or 5xx (not after "
+        "another 4xx).",
+    )
+    backoff_s: float = Field(
+        default=1.0, ge=0, description="First retry delay; doubles each retry, with jitter."
+    )
+    max_backoff_s: float = Field(
+        default=30.0, ge=0, description="Cap on one retry delay, Retry-After included."
+    )
+
+
+def _model_is_set(config: LLMClientConfig) -> LLMClientConfig:
+    if not config.model:
+        raise ValueError("model: required here, the name the endpoint serves the model under")
+    return config
+
+
+# For users that have no checkpoint to fall back on: the missing model fails at validation.
+NamedLLMConfig = Annotated[LLMClientConfig, AfterValidator(_model_is_set)]
+
+
+class LLMConfigError(ConfigError):
+    """The client cannot be built from its config: the key's variable is unset, or no model."""
+
+
+def api_key(config: LLMClientConfig) -> str | None:
+    """The key from the variable named by ``api_key_env`` (None when it names none)."""
+    if config.api_key_env is None:
+        return None
+    key = os.environ.get(config.api_key_env, "").strip()
+    if not key:
+        raise LLMConfigError(
+            f"llm.api_key_env: environment variable {config.api_key_env} is unset or empty; "
+            "export the key, or set llm.api_key_env to null for a server without one"
+        )
+    return key
+
+
+def auth_headers(config: LLMClientConfig) -> dict[str, str]:
+    """The request headers that carry the key ({} without one)."""
+    key = api_key(config)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def model_name(config: LLMClientConfig, default: str | None = None) -> str:
+    """The model to request: ``config.model``, else ``default`` (a checkpoint directory)."""
+    name = config.model or default
+    if not name:
+        raise LLMConfigError("llm.model: no model name; set it to the endpoint's model")
+    return name
