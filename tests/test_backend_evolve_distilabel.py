@@ -1,6 +1,7 @@
 """distilabel EvolInstruct/EvolComplexity/SelfInstruct as eva's evolver, over a real local
-OpenAI-compatible HTTP server: chains, seeded mutation choice, and failures that must not stop
-the stage (empty answers, refusals, 503s, timeouts)."""
+OpenAI-compatible HTTP server: chains, seeded mutation choice, failures that must not stop the
+stage (empty answers, refusals, 503s, timeouts), configuration errors that must, and requests
+that obey eva's client (its retries, backoff, Retry-After cap, timeout and counts)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import threading
 import time
 from typing import Any
 
-import openai
 import pytest
 
 from eva_core.evolution import evolved_records
 from eva_core.schema import seed_records
+from eva_runtime.errors import EvaError
+from eva_runtime.llm_client import LLMBatchError
 from eva_runtime.llm_config import LLMConfigError
 from tasks.backends.evolve.distilabel import (
     DistilabelEvolver,
@@ -157,27 +159,28 @@ def test_failures_are_counted_not_raised():
     }  # fmt: skip
 
 
-def test_a_missing_key_fails_at_load_and_settings_reach_distilabel(monkeypatch):
+def test_a_missing_key_fails_at_load_and_settings_reach_the_client(monkeypatch):
     monkeypatch.delenv("EVA_TEST_EVOLVE_KEY", raising=False)
     with OpenAICompatibleServer(rewrite) as server:
         with pytest.raises(LLMConfigError, match="EVA_TEST_EVOLVE_KEY is unset or empty"):
             load(server, llm={"api_key_env": "EVA_TEST_EVOLVE_KEY"})
         assert server.requests == []
-        # No key variable: a placeholder local servers ignore; the client settings are handed
-        # over as distilabel takes them (a whole-second timeout, rounded up).
+        # The settings reach eva's client as configured (no whole-second rounding), and
+        # distilabel's LLM sends through that client.
         ev = load(server, llm={"timeout_s": 1.5, "max_retries": 3}, seed_requests=True)
         llm = ev._llm(seed=4)
-        assert (llm.base_url, llm.model, llm.timeout, llm.max_retries) == (
-            server.base_url, "tiny", 2, 3,
-        )  # fmt: skip
-        assert llm.api_key.get_secret_value() == "EMPTY"
+        assert llm.client is ev.client and llm.model_name == "tiny"
+        assert (ev.client.config.base_url, ev.client.config.timeout_s) == (server.base_url, 1.5)
+        assert ev.client.config.max_retries == 3
         ev.evolve(["a prompt"], [None], 1, seed=4)
         assert isinstance(server.requests[0]["body"]["seed"], int)
+        # No key variable: no Authorization header at all, as for every eva client.
+        assert "authorization" not in {k.lower() for k in server.requests[0]["headers"]}
 
 
 def test_configuration_errors_stop_the_stage():
     with OpenAICompatibleServer(rewrite, lambda r: ("status", 401)) as server:
-        with pytest.raises(openai.AuthenticationError):
+        with pytest.raises(LLMBatchError, match=r"HTTP 401: injected failure \(not retried\)"):
             load(server).evolve(["a prompt"], [None], 2, seed=0)
         assert len(server.requests) == 1  # 401 is not retried
 
@@ -200,3 +203,99 @@ def test_evol_complexity_has_no_breadth_and_self_instruct_pads_failures():
     assert [t for t, _ in out[0]] == queries  # one per non-empty line, padded to four
     assert [m for _, m in out[0]][2:] == ["self_instruct:3", "self_instruct:failed"]
     assert out[1] == [("", "self_instruct:failed")] * 4
+
+
+def test_a_503_is_retried_with_eva_backoff_and_counted_by_the_client():
+    """One 503, then 200: retried once after eva's backoff (``backoff_s`` 1.2 with equal jitter:
+    at least 0.6 s, where the openai library would wait at most 0.5 s), and the client counts
+    both HTTP requests, the retry and the tokens; the evolver counts one request."""
+    failed: list[str] = []
+
+    def fail(request: dict[str, Any]) -> tuple[str, float] | None:
+        if not failed:
+            failed.append(request["messages"][-1]["content"])
+            return ("status", 503)
+        return None
+
+    with OpenAICompatibleServer(rewrite, fail) as server:
+        ev = load(server, llm={"backoff_s": 1.2, "max_retries": 2})
+        out = ev.evolve(["a prompt"], [None], 1, seed=0)
+    assert out[0][0][0].startswith("a prompt +")
+    assert len(server.requests) == 2
+    assert 0.6 <= server.requests[1]["time"] - server.requests[0]["time"] < 3
+    assert ev.client.stats() == {
+        "requests": 2, "retries": 1, "failures": 0, "prompt_tokens": 1, "completion_tokens": 1,
+    }  # fmt: skip
+    assert ev.stats() == {"requests": 1}
+
+
+def test_retry_after_is_capped_by_max_backoff_and_retries_run_out():
+    """A 429 asking for 30 s waits ``max_backoff_s`` (eva's cap; the openai library would wait
+    the 30 s); a server that keeps answering 503 costs max_retries + 1 attempts, then ""."""
+    calls: list[int] = []
+
+    def fail(request: dict[str, Any]) -> tuple[str, float] | None:
+        calls.append(1)
+        return ("retry_after", 30) if len(calls) == 1 else None
+
+    started = time.monotonic()
+    with OpenAICompatibleServer(rewrite, fail) as server:
+        ev = load(server, llm={"backoff_s": 0.01, "max_backoff_s": 0.3})
+        ev.evolve(["a prompt"], [None], 1, seed=0)
+    assert time.monotonic() - started < 5
+    assert server.requests[1]["time"] - server.requests[0]["time"] >= 0.3
+    assert ev.client.stats()["retries"] == 1
+
+    with OpenAICompatibleServer(rewrite, lambda r: ("status", 503)) as server:
+        ev = load(server, llm={"backoff_s": 0.01, "max_retries": 2})
+        out = ev.evolve(["a prompt"], [None], 3, seed=0)
+    assert [t for t, _ in out[0]] == ["", "", ""]  # the chain stops after its failed link
+    assert len(server.requests) == 3  # one link, 1 + 2 retries; the others are not sent
+    assert ev.stats() == {"requests": 1, "error_503": 1, "skipped_after_failure": 2}
+    assert ev.client.stats()["failures"] == 1
+
+
+def test_a_fractional_timeout_applies_and_is_counted():
+    """timeout_s 0.4 against a server that takes 0.8 s: a timeout (distilabel's own client took
+    whole seconds and would have waited for the answer)."""
+    with OpenAICompatibleServer(rewrite, lambda r: ("sleep", 0.8)) as server:
+        ev = load(server, llm={"timeout_s": 0.4, "max_retries": 0})
+        out = ev.evolve(["a prompt"], [None], 2, seed=0)
+    assert [t for t, _ in out[0]] == ["", ""] and len(server.requests) == 1
+    assert ev.stats() == {"requests": 1, "timeout": 1, "skipped_after_failure": 1}
+    assert ev.client.stats()["failures"] == 1
+
+
+@pytest.mark.parametrize("status", [401, 403, 404])
+def test_a_configuration_error_stops_every_task_at_once(status: int):
+    """401/403/404 are not retried, whatever max_retries, and stop the evolver after the first
+    answer: nothing new is sent (concurrency 1), and the error is one EvaError line."""
+    for task in ("evol_instruct", "self_instruct"):
+        with OpenAICompatibleServer(rewrite, lambda r: ("status", status)) as server:
+            ev = load(server, task=task, llm={"max_retries": 3, "concurrency": 1})
+            with pytest.raises(LLMBatchError, match=f"HTTP {status}") as info:
+                ev.evolve(PROMPTS, [None] * len(PROMPTS), 3, seed=0)
+        assert isinstance(info.value, EvaError) and "\n" not in str(info.value)
+        assert len(server.requests) == 1
+        assert ev.client.stats()["retries"] == 0
+
+
+def test_concurrency_null_content_and_client_errors():
+    """At most ``concurrency`` requests in flight; null content and a 400 are "" (counted),
+    without stopping the others."""
+
+    def respond(prompt: str, index: int, request: dict[str, Any]) -> Any:
+        return None if "null me" in given(prompt) else rewrite(prompt, index, request)
+
+    def fail(request: dict[str, Any]) -> tuple[str, float] | None:
+        return ("status", 400) if "bad me" in request["messages"][-1]["content"] else ("sleep", 0.1)
+
+    prompts = ["null me", "bad me", *PROMPTS]
+    with OpenAICompatibleServer(respond, fail) as server:
+        ev = load(server, llm={"concurrency": 2, "max_retries": 3})
+        out = ev.evolve(prompts, [None] * len(prompts), 1, seed=0)
+    assert server.max_in_flight == 2
+    assert [t for t, _ in out[0]] == [""] and [t for t, _ in out[1]] == [""]
+    assert all(r[0][0].startswith(p + " +") for p, r in zip(PROMPTS, out[2:], strict=True))
+    assert ev.stats() == {"requests": 8, "no_content": 1, "error_400": 1}
+    assert len(server.requests) == 8  # a 400 is not retried

@@ -6,7 +6,8 @@ Tests use it to drive real HTTP clients (openai, httpx, distilabel's OpenAILLM) 
 timeouts, errors, empty answers and refusals, which no fake object could exercise honestly.
 
 Failure injection, per request (``fail`` callable returning None or an action):
-``("status", 503)`` answers with that HTTP status; ``("sleep", seconds)`` delays the answer.
+``("status", 503)`` answers with that HTTP status; ``("sleep", seconds)`` delays the answer;
+``("retry_after", seconds)`` answers 429 with that ``Retry-After`` header.
 Every request is recorded in ``server.requests`` (with headers) so tests can assert retries,
 concurrency and that an API key was sent.
 
@@ -121,10 +122,14 @@ class OpenAICompatibleServer:
                     with server._lock:
                         server.in_flight -= 1
 
-            def _send(self, status: int, body: dict[str, Any]) -> None:
+            def _send(
+                self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+            ) -> None:
                 data = json.dumps(body).encode()
                 self._answered()
                 self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -159,6 +164,10 @@ class OpenAICompatibleServer:
                         time.sleep(action[1])
                     elif action and action[0] == "status":
                         self._send(int(action[1]), {"error": {"message": "injected failure"}})
+                        return
+                    elif action and action[0] == "retry_after":
+                        error = {"error": {"message": "injected rate limit"}}
+                        self._send(429, error, {"Retry-After": f"{action[1]:g}"})
                         return
                     self._answer(request)
                 except (BrokenPipeError, ConnectionResetError):

@@ -3,37 +3,38 @@ OpenAI-compatible endpoint (``vllm serve``, a hosted API): the official eva code
 EvolInstruct over an API model at temperature 0.88.
 
 distilabel 1.5.3 is run standalone (``task.load(); next(task.process(rows))``), not as a
-Pipeline, and three of its behaviours are corrected here (pinned <1.6, last release):
+Pipeline (pinned <1.6, last release), and its tasks talk to the endpoint through eva's own
+client: the LLM they are given is ``eva_runtime.distilabel_llm.ClientLLM`` over the
+``LLMClient`` this rewriter builds from its ``llm:`` block. So the endpoint is configured as for
+every LLM backend (``eva_runtime.llm_config``): the key is read when the evolver loads (a named
+variable that is unset fails then, before any request; no key, no Authorization header), and
+requests get eva's concurrency cap, retry policy (``max_retries``, ``backoff_s``,
+``max_backoff_s``, Retry-After), fractional ``timeout_s`` and the client's request and token
+counts. Three of distilabel's behaviours are corrected:
 
-- Outside a Pipeline one failed request (a timeout, a 503 after retries) raises out of
-  ``asyncio.gather`` and loses the whole batch, and a ``None`` generation crashes EvolInstruct's
-  ``str.split``. The LLM below turns every per-request failure into ``""``, which eva's
-  post-processing counts as ``empty``; only configuration errors (401/403/404) stop the stage.
+- Outside a Pipeline one failed request would lose the whole batch, and a ``None`` generation
+  crashes EvolInstruct's ``str.split``. Over ``ClientLLM`` every per-request failure (a timeout,
+  a 503 after retries) is ``""``, which eva's post-processing counts as ``empty``; only
+  configuration errors (401/403/404) stop the stage (``LLMBatchError``, naming the status).
 - A chain link whose input failed (empty, a refusal) is not sent, as rewriting it only yields
-  junk: it comes back ``""`` too.
+  junk: it is marked ``SKIP`` and comes back ``""`` too.
 - EvolInstruct's ``seed`` is never applied (``np.random.choice`` on the global generator), so
   mutations are drawn here from one generator per prompt seeded with ``(seed, prompt index)``:
   the same choices whatever the batch size or the neighbours, and global numpy state untouched
   (seeding the global generator per prompt would serialize requests, one prompt at a time).
 
-The endpoint is the same ``LLMClientConfig`` every LLM backend takes (``tasks.backends.
-llm_client``): base_url, model, the key from that module's ``api_key`` (so a named variable that
-is unset fails at load, as everywhere), concurrency, max_retries and timeout are handed to
-distilabel's ``OpenAILLM``. Its requests go through the ``openai`` library, so the retry loop is
-the library's: it retries timeouts, dropped connections, 408, 409, 429 and 5xx up to
-``max_retries`` times with its own backoff (about 0.5 s doubling to 8 s, honouring
-Retry-After); ``backoff_s`` and ``max_backoff_s`` do not apply here, and distilabel takes the
-timeout in whole seconds (rounded up). Without a key a placeholder is sent, which local servers
-ignore.
+``stats()`` are the request outcomes of the last evolve call, as ``ClientLLM`` counts them:
+``requests`` (each request once, retries not included), ``timeout``, ``error_<status>``,
+``error_connection``, ``error_malformed``, ``skipped_after_failure`` and ``no_content``, a key
+present once nonzero. The HTTP-level counts (requests with retries, retries, failures, tokens)
+are the client's: ``self.client.stats()``.
 
 distilabel is imported lazily (seconds, and warnings): the CLI pays only when it is used.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import math
 import warnings
 from collections.abc import Sequence
 from functools import cache
@@ -44,11 +45,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from eva_core.evolution import is_refusal
-from eva_runtime.llm_client import content_seed
-from eva_runtime.llm_config import NamedLLMConfig, api_key
-
-# The user message of a chain link whose input failed: recognised and answered "" unsent.
-_SKIP = "\x00eva-skip\x00"
+from eva_runtime.llm_client import LLMClient
+from eva_runtime.llm_config import NamedLLMConfig
 
 
 class DistilabelEvolver(BaseModel):
@@ -63,8 +61,8 @@ class DistilabelEvolver(BaseModel):
         "self_instruct: num_evolutions new queries inspired by the prompt.",
     )
     llm: NamedLLMConfig = Field(
-        description="Endpoint, model (required), key, concurrency, timeout and max_retries "
-        "(distilabel's client retries with its own backoff)."
+        description="Endpoint, model (required), key, concurrency, timeout and retries: "
+        "distilabel's requests go through eva's client."
     )
     temperature: float = Field(default=0.88, ge=0.0, description="Official eva evolve: 0.88.")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -89,33 +87,32 @@ class DistilabelRewriter:
     def __init__(self, config: DistilabelEvolver):
         self.config = config
         self.counts: dict[str, int] = {}
-        # Resolved now, so a named variable that is unset fails at load; kept out of repr.
-        self._key = api_key(config.llm) or "EMPTY"
+        # Built now, so a named key variable that is unset fails at load; the key lives only in
+        # the client's headers.
+        self.client = LLMClient(config.llm)
 
     def __repr__(self) -> str:
         return f"DistilabelRewriter(task={self.config.task!r}, model={self.config.llm.model!r})"
 
+    def close(self) -> None:
+        self.client.close()
+
     def _llm(self, seed: int) -> Any:
-        """A loaded distilabel ``OpenAILLM`` that never raises for one failed request; built
-        per evolve call, as its async client belongs to the event loop of one call."""
-        cfg, llm = self.config, self.config.llm
-        out = _runtime().GuardedOpenAILLM(
-            model=llm.model,
-            base_url=llm.base_url,
-            api_key=self._key,
-            timeout=math.ceil(llm.timeout_s),  # distilabel declares an int
-            max_retries=llm.max_retries,
-            generation_kwargs={
-                "temperature": cfg.temperature,
-                "top_p": cfg.top_p,
-                "max_new_tokens": cfg.max_tokens,
-            },
+        """A loaded distilabel LLM over this rewriter's client that never raises for one failed
+        request; built per evolve call, so that its counts are that call's."""
+        cfg = self.config
+        out = _runtime().ClientLLM.over(
+            self.client,
+            seed=seed if cfg.seed_requests else None,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_new_tokens=cfg.max_tokens,
         )
-        out.configure(llm.concurrency, seed if cfg.seed_requests else None)
         out.load()
         return out
 
-    def stats(self) -> dict[str, int]:  # request outcomes of the last evolve call
+    def stats(self) -> dict[str, int]:
+        """Request outcomes of the last evolve call (see the module docstring)."""
         return dict(self.counts)
 
     def evolve(
@@ -188,70 +185,16 @@ def mutation_templates(task: str) -> dict[str, str]:
 
 @cache
 def _runtime() -> SimpleNamespace:
-    """distilabel and the two subclasses, built once. Its import and subclassing warn about its
-    own pydantic fields, and every standalone task logs that it has no Pipeline: all muted."""
-    import openai
+    """distilabel, eva's LLM adapter and the seeded EvolInstruct, built once. Its import and
+    subclassing warn about its own pydantic fields, and every standalone task logs that it has no
+    Pipeline: all muted."""
+    from eva_runtime.distilabel_llm import SKIP, ClientLLM
 
-    # Errors no retry can fix (a wrong key, model or URL): they stop the stage, not count.
-    fatal = (openai.AuthenticationError, openai.PermissionDeniedError, openai.NotFoundError)
     with warnings.catch_warnings(action="ignore"):
         import distilabel.pipeline  # noqa: F401  (a task imports it when created)
-        from distilabel.models.llms import OpenAILLM
         from distilabel.steps.tasks import EvolInstruct, SelfInstruct
         from distilabel.steps.tasks.evol_instruct import utils
         from distilabel.steps.tasks.evol_instruct.evol_complexity import utils as complexity
-
-        class GuardedOpenAILLM(OpenAILLM):
-            _limit: int = PrivateAttr(16)
-            _seed: int | None = PrivateAttr(None)
-            _counts: dict[str, int] = PrivateAttr(default_factory=dict)
-
-            def configure(self, limit: int, seed: int | None) -> None:
-                self._limit, self._seed = limit, seed
-
-            @property
-            def counts(self) -> dict[str, int]:
-                return dict(self._counts)
-
-            async def _agenerate(
-                self, inputs: list[Any], num_generations: int = 1, **kwargs: Any
-            ) -> list[dict[str, Any]]:
-                gate, counts = asyncio.Semaphore(self._limit), self._counts
-                empty = {
-                    "generations": [""] * num_generations,
-                    "statistics": {"input_tokens": [0], "output_tokens": [0]},
-                }
-
-                def count(what: str) -> dict[str, Any]:
-                    counts[what] = counts.get(what, 0) + 1
-                    return empty
-
-                async def one(messages: Any) -> dict[str, Any]:
-                    content = str(messages[-1]["content"]) if messages else ""
-                    if content == _SKIP:
-                        return count("skipped_after_failure")
-                    extra = dict(kwargs.get("extra_body") or {})
-                    if self._seed is not None:
-                        extra["seed"] = content_seed(self._seed, content)
-                    async with gate:
-                        count("requests")
-                        try:
-                            out = await self.agenerate(
-                                input=messages,
-                                num_generations=num_generations,
-                                **{**kwargs, "extra_body": extra or None},
-                            )
-                        except fatal:
-                            raise
-                        except openai.APITimeoutError:
-                            return count("timeout")
-                        except openai.APIError as exc:  # after the client's own retries
-                            return count(f"error_{getattr(exc, 'status_code', 'connection')}")
-                    if any(g is None for g in out["generations"]):
-                        count("no_content")
-                    return {**out, "generations": [g or "" for g in out["generations"]]}
-
-                return list(await asyncio.gather(*(one(m) for m in inputs)))
 
         class SeededEvolInstruct(EvolInstruct):
             _rngs: list[np.random.Generator] = PrivateAttr(default_factory=list)
@@ -277,14 +220,14 @@ def _runtime() -> SimpleNamespace:
                 name = names[int(self._rngs[i].integers(len(names)))]
                 self._drawn[i].append(name)  # drawn for a skipped link too: later draws stay put
                 if not instruction.strip() or is_refusal(instruction):
-                    return _SKIP
+                    return SKIP  # answered "" without a request
                 return self.mutation_templates[name].replace("<PROMPT>", instruction)
 
     logging.getLogger("distilabel.step.None").addFilter(  # an unnamed step's logger
         lambda record: "hasn't received a pipeline" not in record.getMessage()
     )
     return SimpleNamespace(
-        GuardedOpenAILLM=GuardedOpenAILLM,
+        ClientLLM=ClientLLM,
         SeededEvolInstruct=SeededEvolInstruct,
         SelfInstruct=SelfInstruct,
         instruct_templates=utils.MUTATION_TEMPLATES,
