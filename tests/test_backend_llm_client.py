@@ -76,6 +76,17 @@ class ScriptedServer:
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
                 step = server.script[n] if n < len(server.script) else Step()
+                counted = True  # this request is in server.in_flight
+
+                def answered() -> None:
+                    # Before any byte of the answer leaves: a client that has its answer may
+                    # send its next request at once, which must not overlap this one's count.
+                    nonlocal counted
+                    if counted:
+                        counted = False
+                        with server._lock:
+                            server.in_flight -= 1
+
                 try:
                     time.sleep(step.delay or server.delay)
                     answer: dict[str, Any] = {"error": {"message": f"scripted {step.status}"}}
@@ -90,6 +101,7 @@ class ScriptedServer:
                                 "completion_tokens": completion,
                             }
                     data = json.dumps(answer).encode()
+                    answered()
                     self.send_response(step.status)
                     for name, value in step.headers.items():
                         self.send_header(name, value)
@@ -100,8 +112,7 @@ class ScriptedServer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client timed out and left
                 finally:
-                    with server._lock:
-                        server.in_flight -= 1
+                    answered()  # no answer was sent (the client left)
 
         return Handler
 
