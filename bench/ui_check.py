@@ -20,11 +20,13 @@ import sys
 import tempfile
 import time
 import urllib.request
+from functools import partial
 from typing import Any
 
 import yaml
 
-from eva_runtime.engines import free_port
+from eva_runtime.poll import wait_until
+from eva_runtime.process import free_port
 from flows.config import PROJECT_DIR
 
 RUN = "ui"
@@ -59,6 +61,13 @@ def _api(url: str, body: dict[str, Any] | None = None) -> Any:
         return json.loads(resp.read())
 
 
+def _healthy(url: str) -> bool:
+    try:
+        return _api(url) is True
+    except OSError:
+        return False  # not listening yet
+
+
 def _chromium(args: list[str]) -> str:
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
@@ -86,12 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     missing: list[str] = []
     try:
-        for _ in range(120):
-            try:
-                if _api(f"{base}/api/health") is True:
-                    break
-            except OSError:
-                time.sleep(1)
+        wait_until(
+            partial(_healthy, f"{base}/api/health"), 120, interval_s=1.0,
+            what=f"answer from the Prefect server at {base}",
+        )  # fmt: skip
         config = os.path.join(work, "ui.yaml")
         with open(config, "w") as f:
             yaml.safe_dump({**CONFIG, "root": os.path.join(work, "runs")}, f)

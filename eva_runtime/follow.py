@@ -2,7 +2,7 @@
 
 accelerate needs ``accelerate launch`` started on every machine, each with its own
 ``--machine_rank``, and all of them with the same script arguments. The train stage runs on
-machine 0 and publishes its launch as a request file (``launch.write_request``) in the run's
+machine 0 and publishes its launch as a request file (``eva_runtime.accelerate``) in the run's
 ``.launch`` folder; a follower on every other machine waits for that file, starts the same
 command with its own rank, and waits for the next one, so one follower serves every train
 stage of a run, and exits once the run has finished (a finished ``eva run`` writes
@@ -10,28 +10,21 @@ stage of a run, and exits once the run has finished (a finished ``eva run`` writ
 same path (the request names the pairs, the policy and the output folder by path).
 
 The follower never writes an artifact: only global rank 0 (on machine 0) saves the checkpoint
-and the metrics, and the stage on machine 0 publishes them.
+and the metrics, and the stage on machine 0 publishes them. It knows nothing of training
+either: a request is a ``Launch`` of plain values (the entry module and an opaque spec).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
-import time
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 
+from eva_runtime.accelerate import END_FILE, REQUEST_FILE, Launch, read_published, run_launch
 from eva_runtime.errors import EvaError
-from tasks.backends.protocols import no_progress
-from tasks.backends.train.launch import (
-    END_FILE,
-    REQUEST_FILE,
-    LaunchSpec,
-    NodesConfig,
-    _stream,
-    accelerate_command,
-    child_env,
-)
+from eva_runtime.poll import PollTimeout, wait_until
 
 RANK_ENV = "EVA_MACHINE_RANK"
 # A Kubernetes indexed Job numbers its pods 0..completions-1: run the followers as one with
@@ -76,13 +69,15 @@ def _int(text: str, name: str) -> int:
         raise FollowError(f"{name}={text!r} is not a whole number") from None
 
 
-def _read(folder: str, name: str) -> dict | None:
-    try:
-        with open(os.path.join(folder, name)) as f:
-            found = json.load(f)
-    except FileNotFoundError:
-        return None
-    return found if isinstance(found, dict) else None
+def _next(folder: str, served: set[str], earlier: str | None) -> tuple[str, dict] | None:
+    """A request not served yet, else this run's finish (not the ``earlier`` one), else None."""
+    request = read_published(folder, REQUEST_FILE)
+    if request is not None and request.get("id") not in served:
+        return "request", request
+    finished = read_published(folder, END_FILE)
+    if finished is not None and finished.get("id") != earlier:
+        return "finished", finished
+    return None
 
 
 def follow(
@@ -96,43 +91,34 @@ def follow(
 ) -> int:
     """Serve machine 0's launch requests in ``folder`` as machine ``rank`` (see
     ``machine_rank``) until the run finishes (0), or, with ``once``, return the first launch's
-    exit status; ``wait_s`` bounds the wait for a request (None: forever)."""
+    exit status; ``wait_s`` bounds each wait for a request (None: forever)."""
     served: set[str] = set()
     # A finish written before this follower started is an earlier launch's: wait for the next.
-    earlier = (_read(folder, END_FILE) or {}).get("id")
-    deadline = None if wait_s is None else time.monotonic() + wait_s
+    earlier = (read_published(folder, END_FILE) or {}).get("id")
     log(f"waiting for launch requests in {folder}")
     while True:
-        request = _read(folder, REQUEST_FILE)
-        if request is not None and request.get("id") not in served:
-            served.add(request["id"])
-            status = _launch(request, rank, log)
-            if once:
-                return status
-            deadline = None if wait_s is None else time.monotonic() + wait_s
-        elif (finished := _read(folder, END_FILE)) is not None and finished.get("id") != earlier:
+        try:
+            kind, found = wait_until(
+                partial(_next, folder, served, earlier), wait_s, interval_s=poll_s,
+                what=f"launch request in {folder}",
+            )  # fmt: skip
+        except PollTimeout as exc:
+            raise FollowError(f"no launch request in {folder} within {exc.timeout_s:g} s") from None
+        if kind == "finished":
             log(f"the run finished after {len(served)} launch(es): nothing more to join")
             return 0
-        elif deadline is not None and time.monotonic() > deadline:
-            raise FollowError(f"no launch request in {folder} within {wait_s:g} s")
-        time.sleep(poll_s)
+        served.add(found["id"])
+        status = _launch(found, rank, log)
+        if once:
+            return status
 
 
-def _launch(request: dict, rank: int | None, log: Callable[[str], None]) -> int:
-    nodes = NodesConfig.model_validate(request["nodes"])
-    spec = LaunchSpec.model_validate(request["spec"])
-    this = machine_rank(rank, nodes.machines)
-    cmd = accelerate_command(
-        spec.model_dump_json(),
-        accelerate_config=request["accelerate_config"],
-        num_processes=int(request["num_processes"]),
-        bf16=spec.solver.bf16,
-        nodes=nodes,
-        machine_rank=this,
-    )
-    log(f"launch {request['id'][:8]}: machine {this} of {nodes.machines}")
+def _launch(request: dict[str, Any], rank: int | None, log: Callable[[str], None]) -> int:
+    launch = Launch.from_json(request["launch"])
+    this = machine_rank(rank, launch.nodes.machines)
+    log(f"launch {request['id'][:8]}: machine {this} of {launch.nodes.machines}")
     # A private working folder: launchers may write files into it (DeepSpeed's .deepspeed_env).
     with tempfile.TemporaryDirectory(prefix="eva-train-node-") as cwd:
-        status, _ = _stream(cmd, child_env(), cwd, log, no_progress, 1)
+        status, _ = run_launch(launch, cwd=cwd, machine_rank=this, log=log, tail_lines=1)
     log(f"launch {request['id'][:8]}: machine {this} exited with status {status}")
     return status

@@ -15,8 +15,8 @@ subprocess on a SQLite database). eva starts the same app itself, for two reason
   transaction begins ``IMMEDIATE``: it takes the write lock before its first read, so a second
   writer waits on the busy timeout (milliseconds) instead of failing. The same reruns take
   1.5-1.9 s with no retries (``python -m bench.cached_rerun``; docs/benchmarks.md, section 2).
-* **No orphan.** The server runs under eva's engine guard (``eva_runtime.engines``): it stops
-  with the command, also when the command is killed with SIGKILL.
+* **No orphan.** The server is a ``ManagedProcess`` (``eva_runtime.process``): it runs under
+  eva's guard and stops with the command, also when the command is killed with SIGKILL.
 
 The UI sees what it sees on Prefect's temporary server: the app, its database and its services
 are Prefect's own; only the transaction mode differs.
@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from eva_runtime.engines import Engine, ServerStartError, free_port, log_tail
+from eva_runtime.process import ManagedProcess, ServerStartError, free_port, log_tail
 
 STOP_GRACE_S = 10.0  # uvicorn's graceful shutdown stops Prefect's services first
 
@@ -65,7 +65,7 @@ def create_app() -> Any:
     return prefect_app()
 
 
-def _start(database_url: str | None, timeout_s: float) -> tuple[Engine, str]:
+def _start(database_url: str | None, timeout_s: float) -> tuple[ManagedProcess, str]:
     from prefect.settings import get_current_settings
 
     env = {
@@ -81,21 +81,21 @@ def _start(database_url: str | None, timeout_s: float) -> tuple[Engine, str]:
     project = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for _ in range(3):
         port = free_port()
-        engine = Engine(
+        server = ManagedProcess(
             [sys.executable, "-m", "uvicorn", "--app-dir", project, "--factory",
              "eva_runtime.prefect_server:create_app", "--host", "127.0.0.1", "--port", str(port),
              "--log-level", "error", "--lifespan", "on"],
-            env, port, STOP_GRACE_S,
+            env=env, stop_s=STOP_GRACE_S,
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}/api"
         try:
-            engine.wait_until(
+            server.wait_until(
                 partial(_healthy, url),
                 timeout_s,
-                name="the Prefect server",
-                hint=" (PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)",
+                what="the Prefect server",
+                hint="raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS",
             )
-            return engine, url
+            return server, url
         except ServerStartError as exc:
             if exc.returncode is None or "address already in use" not in log_tail(exc.log_path):
                 raise
@@ -123,7 +123,7 @@ def temporary_server(database_url: str | None = None, say: bool = True) -> Itera
         temporary_settings,
     )
 
-    engine, url = _start(
+    server, url = _start(
         database_url, float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
     )
     try:
@@ -139,7 +139,7 @@ def temporary_server(database_url: str | None = None, say: bool = True) -> Itera
             finally:
                 _drain_to(url)
     finally:
-        engine.stop()
+        server.stop()
 
 
 def start_lasting(argv: list[str]) -> int:

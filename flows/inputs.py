@@ -26,7 +26,7 @@ def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
     _check_checkpoint(config.bootstrap.init_checkpoint)
     _check_api_keys(config)
     if isinstance(config, RunConfig) and config.train.launcher == "accelerate":
-        from tasks.backends.train.launch import resolve_config
+        from eva_runtime.accelerate import resolve_config
 
         if not os.path.isfile(resolve_config(config.train.accelerate_config)):
             raise ConfigError(

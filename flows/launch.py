@@ -6,13 +6,13 @@ from typing import Any
 
 from prefect.artifacts import create_markdown_artifact
 
+from eva_runtime.accelerate import write_run_finished
 from eva_runtime.engines import ENGINES
 from eva_runtime.follow import request_dir
 from eva_runtime.prefect_ui import POSTER, REUSED
 from flows.config import OnlineRunConfig, RunConfig
 from flows.inputs import check_inputs
 from flows.summary import summary_markdown
-from tasks.backends.train.launch import write_run_finished
 from tasks.stage import Plan, RunContext
 
 

@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import psutil
 import pyarrow as pa
 import pytest
 import torch
 import yaml
 from transformers import AutoModelForCausalLM
 
+from eva_runtime.accelerate import REPO_ROOT, resolve_config, stream
 from tasks.backends.train.dpo import DPOSolverConfig
-from tasks.backends.train.launch import (
-    REPO_ROOT,
-    LaunchError,
-    _stream,
-    launch_train,
-    resolve_config,
-)
+from tasks.backends.train.launch import LaunchError, launch_train
 from tasks.train import TrainConfig, train
 
 PROMPTS = [f"{a}+{b}=" for a in range(4) for b in range(3)]  # 12 pairs
@@ -116,7 +114,7 @@ def test_a_failing_launch_raises_with_its_last_lines(tmp_path: Path, cpu_yaml: s
 def test_output_is_streamed_line_by_line(tmp_path: Path):
     arrivals: list[tuple[str, float]] = []
     code = "import time; print('first', flush=True); time.sleep(1.0); print('second')"
-    rc, tail = _stream(
+    rc, tail = stream(
         [sys.executable, "-c", code],
         {},
         str(tmp_path),
@@ -127,6 +125,51 @@ def test_output_is_streamed_line_by_line(tmp_path: Path):
     assert (rc, tail) == (0, ["second"])
     assert [a[0] for a in arrivals] == ["first", "second"]
     assert arrivals[1][1] - arrivals[0][1] > 0.5  # "first" arrived before the process ended
+
+
+KILLED_EVA = """
+import sys
+from eva_runtime.accelerate import Launch, run_launch
+launch = Launch(module="tests.support.sleeper", spec_json=sys.argv[1],
+                accelerate_config=sys.argv[2], num_processes=1, bf16=False)
+run_launch(launch, cwd=sys.argv[3], log=lambda line: print(line, flush=True),
+           progress=lambda f: print(f"progress {f}", flush=True))
+"""
+
+
+def test_a_sigkill_of_eva_leaves_no_training_behind(tmp_path: Path, cpu_yaml: str):
+    # A real `accelerate launch` of a stand-in training (tests/support/sleeper.py) that also
+    # starts a worker in a session of its own; eva is killed outright while it runs, so only
+    # the guard can stop them.
+    pid_file = tmp_path / "pids"
+    spec = json.dumps({"pids": str(pid_file)})
+    eva = subprocess.Popen(
+        [sys.executable, "-c", KILLED_EVA, spec, cpu_yaml, str(tmp_path)],
+        stdout=subprocess.PIPE, cwd=REPO_ROOT, text=True,
+    )  # fmt: skip
+    try:
+        assert eva.stdout is not None
+        # The launch's lines reach eva's log as they are written; its marks become progress.
+        assert [eva.stdout.readline() for _ in range(2)] == ["progress 0.5\n", "training\n"]
+        launcher, training, worker = (int(p) for p in pid_file.read_text().split())
+        (guard,) = psutil.Process(eva.pid).children()
+        tree = [guard.pid, launcher, training, worker]
+        assert all(psutil.pid_exists(p) for p in tree)
+        assert psutil.Process(launcher).parent().pid == guard.pid  # accelerate's own process
+    finally:
+        eva.kill()  # SIGKILL: no finally, no finalizer of eva's runs
+        eva.wait()
+    deadline = time.monotonic() + 20
+    while (left := [p for p in tree if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"processes of the launch outlived eva: {left}"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def test_default_config_is_zero3_and_resolves_from_anywhere(

@@ -16,16 +16,12 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from eva_runtime.engines import free_port
+from eva_runtime.accelerate import REPO_ROOT, write_run_finished
 from eva_runtime.follow import FollowError, follow, machine_rank
+from eva_runtime.process import free_port
 from flows.config import ConfigError, load_config, validate_config
 from tasks.backends.train.dpo import DPOSolverConfig
-from tasks.backends.train.launch import (
-    REPO_ROOT,
-    NodesConfig,
-    accelerate_command,
-    write_run_finished,
-)
+from tasks.backends.train.launch import NodesConfig, accelerate_command
 from tasks.train import TrainConfig, train
 from tests.test_backend_launch import FAST, PROMPTS, _Log
 

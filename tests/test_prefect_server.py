@@ -107,7 +107,7 @@ def test_subflows_opened_after_tasks_are_never_answered_503(prefect_api) -> None
 def test_eva_prefect_server_is_a_lasting_server_with_the_same_change(tmp_path) -> None:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from eva_runtime.engines import free_port
+    from eva_runtime.process import free_port
 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}

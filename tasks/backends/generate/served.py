@@ -43,8 +43,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from eva_runtime.engines import ENGINES, Engine, EnginePool, ServerStartError, free_port
+from eva_runtime.engines import ENGINES, Engine, EnginePool
 from eva_runtime.llm_config import LLMClientConfig, auth_headers
+from eva_runtime.process import ServerStartError, free_port
 from tasks.backends.generate.openai import GenerationError, OpenAIGeneration, OpenAIGenerator
 from tasks.backends.protocols import Progress, no_progress
 

@@ -1,49 +1,48 @@
 """Multi-GPU training: run a solver under ``accelerate launch`` in a subprocess.
 
-``launch_train`` writes the pairs to a parquet file, starts ``accelerate launch --config_file
-<yaml> -m tasks.backends.train.launch <spec json>``, forwards every output line to a logger as it
-arrives, and reads the metrics back. Every process of the launch runs ``main`` below, which
-calls the same ``Solver.train`` as the in-process path, so the two cannot drift apart. The
-default config (``infra/accelerate/zero3.yaml``) is DeepSpeed ZeRO-3 on 8 GPUs; it needs the
-``deepspeed`` package, which the CPU install does not carry.
+``launch_train`` writes the pairs to a parquet file and has ``eva_runtime.accelerate`` run
+``accelerate launch --config_file <yaml> -m tasks.backends.train.launch <spec json>``, which
+forwards every output line to a logger as it arrives; then it reads the metrics back. Every
+process of the launch runs ``main`` below, which calls the same ``Solver.train`` as the
+in-process path, so the two cannot drift apart. The default config
+(``infra/accelerate/zero3.yaml``) is DeepSpeed ZeRO-3 on 8 GPUs; it needs the ``deepspeed``
+package, which the CPU install does not carry.
 
-Progress crosses the process boundary as marker lines on rank 0's stdout; the metrics as a JSON
-file rank 0 writes after the checkpoint is saved.
+This module is the method's side of the launch (what to train, and the entry point that trains
+it); starting, following and stopping the processes, and the multi-node request files, are the
+runtime's (``eva_runtime.accelerate``), which sees the spec only as a JSON string. Progress
+crosses the process boundary as marker lines on rank 0's stdout (``eva_runtime.progress``); the
+metrics as a JSON file rank 0 writes after the checkpoint is saved.
 
 Several machines (``NodesConfig.machines > 1``): every machine must run ``accelerate launch``
 with its own ``--machine_rank``. The stage is machine 0; before it launches, it writes a launch
 request (``train-request.json``) into a folder every machine sees, and each other machine runs
 ``eva train-node``, which waits for the request and launches the same command with its own rank
-(``tasks/backends/follow.py``). The paths in the request (pairs, policy, output) must therefore
+(``eva_runtime/follow.py``). The paths in the request (pairs, policy, output) must therefore
 mean the same on every machine: a run root on a shared filesystem mounted at the same path.
 """
 
 from __future__ import annotations
 
-import collections
 import json
 import os
-import subprocess
 import sys
-import uuid
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from transformers.utils import logging as hf_logging
 
+from eva_runtime.accelerate import Launch, Nodes, run_launch
 from eva_runtime.errors import EvaError
+from eva_runtime.progress import progress_line
 from tasks.backends.protocols import Progress, no_progress
 from tasks.backends.train import SolverBackend
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_ACCELERATE_CONFIG = "infra/accelerate/zero3.yaml"
-_PROGRESS = "@@eva-progress "  # a line rank 0 prints; never forwarded to the log
-REQUEST_FILE = "train-request.json"  # what machine 0 publishes for the others (multi-node)
-END_FILE = "run-finished.json"  # written when the run finished: the followers exit
+ENTRY_MODULE = "tasks.backends.train.launch"  # what every launched process runs: main below
 
 
 class NodesConfig(BaseModel):
@@ -103,14 +102,6 @@ class LaunchSpec(BaseModel):
     metrics_path: str
 
 
-def resolve_config(path: str) -> str:
-    """``path`` as given when it exists, else relative to the repository (the default is a
-    repo-relative path that must work whatever the working directory is)."""
-    if os.path.exists(path) or os.path.isabs(path):
-        return os.path.abspath(path)
-    return str(REPO_ROOT / path)
-
-
 def launch_train(
     solver: SolverBackend,
     policy_dir: str,
@@ -144,24 +135,13 @@ def launch_train(
     )
     table = pa.table({"prompt": list(prompts), "chosen": list(chosen), "rejected": list(rejected)})
     pq.write_table(table, spec.pairs_path)
-    cmd = accelerate_command(
-        spec.model_dump_json(),
-        accelerate_config=accelerate_config,
-        num_processes=num_processes,
-        bf16=solver.bf16,
-        nodes=nodes,
-        machine_rank=0,
+    launch = _plain_launch(
+        spec.model_dump_json(), accelerate_config, num_processes, solver.bf16, nodes
     )
-    request = None
-    if nodes.machines > 1:
-        if request_dir is None:
-            raise ValueError("several machines need a request_dir every machine can read")
-        request = write_request(request_dir, spec, accelerate_config, num_processes, nodes)
-    try:
-        returncode, tail = _stream(cmd, child_env(), scratch, log, progress, tail_lines)
-    finally:
-        if request is not None:  # a machine whose follower starts later must not join it
-            Path(request).unlink(missing_ok=True)
+    returncode, tail = run_launch(
+        launch, cwd=scratch, request_dir=request_dir, log=log, progress=progress,
+        tail_lines=tail_lines,
+    )  # fmt: skip
     if returncode != 0:
         raise LaunchError(
             f"accelerate launch exited with status {returncode}; last output:\n" + "\n".join(tail)
@@ -181,126 +161,23 @@ def accelerate_command(
     nodes: NodesConfig,
     machine_rank: int,
 ) -> list[str]:
-    """The ``accelerate launch`` command of one machine. Everything eva decides is on the
-    command line, so the yaml cannot disagree with the run's config."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",  # the venv's accelerate, whatever PATH says
-        "--config_file",
-        resolve_config(accelerate_config),
-        # The total over all machines (accelerate splits it evenly across them).
-        "--num_processes",
-        str(num_processes),
-        # Always given: a yaml written for two machines must not turn a one-machine run into
-        # half of a two-machine one that waits for a partner forever.
-        "--num_machines",
-        str(nodes.machines),
-        "--machine_rank",
-        str(machine_rank),
-        # The solver config decides precision; a yaml that disagrees would make the Trainer
-        # and DeepSpeed disagree, so the command line overrides it.
-        "--mixed_precision",
-        "bf16" if bf16 else "no",
-    ]
-    if nodes.machines > 1:
-        cmd += [
-            "--main_process_ip",
-            str(nodes.main_process_ip),
-            "--main_process_port",
-            str(nodes.main_process_port),
-            # accelerate 1.x takes neither of these two from the yaml (their command-line
-            # defaults are not None, so the yaml's value never applies): they must be flags.
-            "--rdzv_backend",
-            nodes.rdzv_backend,
-            *(["--same_network"] if nodes.same_network else []),
-        ]
-    return [*cmd, "-m", "tasks.backends.train.launch", spec_json]
+    """The ``accelerate launch`` command of one machine (``eva_runtime.accelerate.Launch``)."""
+    launch = _plain_launch(spec_json, accelerate_config, num_processes, bf16, nodes)
+    return launch.command(machine_rank)
 
 
-def child_env() -> dict[str, str]:
-    """The launched processes' environment: unbuffered, and this checkout importable."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    return env
-
-
-def write_request(
-    request_dir: str,
-    spec: LaunchSpec,
-    accelerate_config: str,
-    num_processes: int,
-    nodes: NodesConfig,
-) -> str:
-    """Publish machine 0's launch for the other machines; returns the request's path."""
-    return _publish(
-        request_dir,
-        REQUEST_FILE,
-        {
-            "spec": spec.model_dump(mode="json"),
-            "accelerate_config": accelerate_config,
-            "num_processes": num_processes,
-            "nodes": nodes.model_dump(mode="json"),
-        },
+def _plain_launch(
+    spec_json: str, accelerate_config: str, num_processes: int, bf16: bool, nodes: NodesConfig
+) -> Launch:
+    """The launch as the runtime takes it: plain values, the spec an opaque JSON string."""
+    return Launch(
+        module=ENTRY_MODULE,
+        spec_json=spec_json,
+        accelerate_config=accelerate_config,
+        num_processes=num_processes,
+        bf16=bf16,
+        nodes=Nodes(**nodes.model_dump()),
     )
-
-
-def write_run_finished(request_dir: str) -> str:
-    """Tell the other machines that the run finished (every iteration done), so their
-    followers exit; returns the marker's path. Each finish gets a new id: a follower started
-    after an earlier finish of the same run waits for the next one."""
-    return _publish(request_dir, END_FILE, {})
-
-
-def _publish(request_dir: str, name: str, body: dict[str, Any]) -> str:
-    """Write ``{"id": <new>, **body}`` as ``name`` in ``request_dir``, whole (a rename), so a
-    follower never reads half of it; returns its path."""
-    os.makedirs(request_dir, exist_ok=True)
-    path = os.path.join(request_dir, name)
-    new_id = uuid.uuid4().hex
-    tmp = f"{path}.tmp-{new_id[:8]}"
-    with open(tmp, "w") as f:
-        json.dump({"id": new_id, **body}, f)
-    os.replace(tmp, path)
-    return path
-
-
-def _stream(
-    cmd: list[str],
-    env: dict[str, str],
-    cwd: str,
-    log: Callable[[str], None],
-    progress: Progress,
-    tail_lines: int,
-) -> tuple[int, list[str]]:
-    """Run ``cmd``, handing each output line to ``log`` as soon as it is written."""
-    tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
-    # stderr merged into stdout: tracebacks and warnings arrive in order with the rest.
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        errors="replace",
-        bufsize=1,
-        env=env,
-        cwd=cwd,
-    )
-    try:
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            line = raw.rstrip("\n")
-            if line.startswith(_PROGRESS):
-                progress(float(line[len(_PROGRESS) :]))
-                continue
-            if line.strip():
-                tail.append(line)
-                log(line)
-        return proc.wait(), list(tail)
-    finally:
-        if proc.poll() is None:  # the caller was interrupted: leave no training behind
-            proc.kill()
-            proc.wait()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -317,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def report(fraction: float) -> None:
         if rank0:
-            print(f"{_PROGRESS}{fraction:.4f}", flush=True)
+            print(progress_line(fraction=fraction), flush=True)
 
     rows = spec.solver.load().train(
         spec.policy_dir,
