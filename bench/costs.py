@@ -26,6 +26,7 @@ The creator's CPU path at 1M prompts is ``bench.creator_cpu``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -35,6 +36,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
+from eva_runtime.poll import PollTimeout, wait_until
 from eva_runtime.prefect_api import prefect_api
 from eva_runtime.prefect_server import counting_retries
 from flows.config import RunConfig, deep_merge, load_config, validate_config
@@ -198,13 +200,15 @@ def cached_rerun(cfg: RunConfig, original_seconds: float, repeats: int = 3) -> d
     ]
     (top,) = _flow_runs(cfg.run, since, launch=True)[-1:]
     # The server files task runs from their events, a moment after the run: wait for all.
-    deadline = time.monotonic() + 30
-    while True:
+    stage_tasks: list[Any] = []
+
+    def all_filed() -> bool:
         tasks = [tr for fr in (top, *flow_runs) for tr in _task_runs(fr.id).values()]
-        stage_tasks = [tr for tr in tasks if tr.state_name == "Cached"]
-        if len(stage_tasks) >= len(before) or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+        stage_tasks[:] = [tr for tr in tasks if tr.state_name == "Cached"]
+        return len(stage_tasks) >= len(before)
+
+    with contextlib.suppress(PollTimeout):  # report what was filed by then
+        wait_until(all_filed, 30, interval_s=0.5, what="cached task runs filed")
     changed = sorted(os.path.relpath(p, cfg.root) for p in before if before[p] != after.get(p))
     median = sorted(times)[len(times) // 2]
     return {

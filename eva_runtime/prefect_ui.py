@@ -32,6 +32,7 @@ from functools import partial
 from typing import Any
 from uuid import UUID
 
+from eva_runtime.poll import PollTimeout, wait_until
 from tasks.store import iteration_dir
 
 log = logging.getLogger("eva")
@@ -142,11 +143,13 @@ class Poster:
 
     def flush(self, timeout_s: float = 60.0) -> bool:
         """Wait until every queued artifact is created (False if ``timeout_s`` passed first)."""
-        deadline = time.monotonic() + timeout_s
-        while self._queue.unfinished_tasks:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.005)
+        try:
+            wait_until(
+                lambda: not self._queue.unfinished_tasks, timeout_s, interval_s=0.005,
+                what="UI posts sent",
+            )  # fmt: skip
+        except PollTimeout:
+            return False
         return True
 
 

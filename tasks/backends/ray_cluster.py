@@ -37,7 +37,9 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from eva_runtime.errors import StageError, first_line
-from tasks.backends.ray_job import ERROR_MARK, PROGRESS_MARK, VALUE_COLUMN, JobSpec
+from eva_runtime.poll import PollTimeout, wait_until
+from eva_runtime.progress import read_progress
+from tasks.backends.ray_job import ERROR_MARK, VALUE_COLUMN, JobSpec
 from tasks.stage import StageContext
 from tasks.store import iteration_dir
 
@@ -188,17 +190,20 @@ def _submit_and_follow(ctx: StageContext, ray: RayJob, spec: JobSpec, total: int
         raise StageError(f"{what} refused the job: {first_line(exc)}") from None
     ctx.log.info("%s: submitted Ray job %s to %s", ctx.artifact, job_id, ray.address)
     follower = _LogFollower(ctx, total, time.monotonic())
-    deadline = None if ray.timeout_s is None else time.monotonic() + ray.timeout_s
     status = "PENDING"
+
+    def ended() -> bool:
+        nonlocal status
+        status = str(client.get_job_status(job_id).value)
+        follower.feed(client.get_job_logs(job_id))
+        return status in _TERMINAL
+
     try:
-        while status not in _TERMINAL:
-            time.sleep(ray.poll_s)
-            status = str(client.get_job_status(job_id).value)
-            follower.feed(client.get_job_logs(job_id))
-            if deadline is not None and time.monotonic() > deadline:
-                raise StageError(f"{ctx.artifact}: Ray job {job_id} ran past {ray.timeout_s:g} s")
+        wait_until(ended, ray.timeout_s, interval_s=ray.poll_s, what=f"end of Ray job {job_id}")
         follower.feed(client.get_job_logs(job_id), final=True)
         info_message = client.get_job_info(job_id).message if status != "SUCCEEDED" else None
+    except PollTimeout as exc:
+        raise StageError(f"{ctx.artifact}: Ray job {job_id} ran past {exc.timeout_s:g} s") from None
     except StageError:
         raise
     except Exception as exc:  # the cluster went away mid-job
@@ -249,8 +254,8 @@ class _LogFollower:
         lines, self.seen = text[self.seen : end].splitlines(), max(self.seen, end)
         now = time.monotonic()
         for line in lines:
-            if PROGRESS_MARK in line:
-                self.done += int(line.rsplit(PROGRESS_MARK, 1)[1].split()[0])
+            if (mark := read_progress(line)) is not None:
+                self.done += mark.done or 0
                 self.ctx.progress(min(1.0, self.done / self.total))
                 self.last = now
             elif ERROR_MARK in line and self.error is None:  # the first: a worker's, if any

@@ -28,13 +28,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from eva_runtime.progress import progress_line
 from tasks.backends.generate.openai import derive_seed
 from tasks.backends.generate.vllm import VLLMGeneration
 from tasks.backends.protocols import RewardModel
 from tasks.store import RunStore, is_hub_id
 
-# Lines the job prints for the stage that follows its log: responses done, and why it failed.
-PROGRESS_MARK = "eva-ray-rows-done"
+# The line the job prints for the stage that follows its log when it fails (responses done are
+# eva_runtime.progress marks).
 ERROR_MARK = "eva-ray-error"
 VALUE_COLUMN = {"generate": "response", "annotate": "reward"}
 CLUSTER_BACKENDS = ("transformers", "vllm")  # generation backends a cluster can run
@@ -194,7 +195,7 @@ class StageWorker:
         else:
             responses = batch.column("responses").to_pylist()
             out = long_form(rows, self.scorer.score(prompts, responses), "reward", pa.float64())
-        print(f"{PROGRESS_MARK} {out.num_rows}", flush=True)  # responses, as the stage counts
+        print(progress_line(done=out.num_rows), flush=True)  # responses, as the stage counts
         return out
 
 
@@ -237,7 +238,7 @@ def fan_out(batch: pa.Table) -> pa.Table:
             "response": batch.column("response").cast(pa.string()).take(take),
         }
     )
-    print(f"{PROGRESS_MARK} {out.num_rows}", flush=True)
+    print(progress_line(done=out.num_rows), flush=True)
     return out
 
 
