@@ -36,18 +36,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
+from bench.arms import baseline_run, sft_steps, start_from, world_sizes
 from eva_runtime.poll import PollTimeout, wait_until
 from eva_runtime.prefect_api import prefect_api
 from eva_runtime.prefect_server import counting_retries
 from flows.config import RunConfig, deep_merge, load_config, validate_config
-from flows.order import OFFLINE_ORDER
 from tasks.store import RunStore, iteration_dir
 
 # The world's own config (deep-merged: a partial section would start from paper defaults).
 DEMO = validate_config(
     deep_merge(
         load_config(None).model_dump(mode="json"),
-        {"prompts": {"world_size": 1000}, "bootstrap": {"sft": {"steps": 300}}},
+        {**world_sizes(1000), **sft_steps(300)},
     )
 )
 SCALE = 10
@@ -126,7 +126,7 @@ def timed_run(cfg: RunConfig) -> dict[str, Any]:
     manifests = {
         (t, artifact): m
         for t in (None, *range(cfg.iterations + 1))
-        for artifact in OFFLINE_ORDER
+        for artifact in store.artifacts(t)
         if (m := store.read_manifest(t, artifact)) is not None
     }
     iterations = []
@@ -346,23 +346,22 @@ def run_costs(root: str, quick: bool, base: dict[str, Any] | None = None) -> dic
     # The same theta_0 for every other run: bootstrap is setup, not part of an iteration.
     demo_store = RunStore(root, "demo")
     theta0 = demo_store.absolute(_manifest(demo_store, None, "bootstrap")["model_uri"])
-    shared = deep_merge(base, {"bootstrap": {"init_checkpoint": theta0}})
+    shared = deep_merge(base, {"bootstrap": start_from(theta0)})
     if not quick:
-        size = demo.prompts.world_size * SCALE
-        big = validate_config(
-            deep_merge(shared, {"run": "demo-10x", "prompts": {"world_size": size}})
-        )
+        assert demo.prompts.source is not None
+        size = demo.prompts.source.options["size"] * SCALE
+        big = validate_config(deep_merge(shared, {"run": "demo-10x", **world_sizes(size)}))
         results["demo_10x"] = timed_run(big)
         gen = results["demo_10x"]["iterations"][0]["stages"]["generate"]
         results["rollout_10x"] = rollout_efficiency(big, 1, gen["task"])
 
     per_pair = {"eva": generation_per_pair(RunStore(root, "demo"), demo.iterations)}
-    for name, extra in (
-        ("dpo", {"prompt_strategy": "fresh"}),
-        ("eva-previous", {"creator_rollouts": "previous"}),
-    ):
+    for name, extra in (("dpo", {}), ("eva-previous", {"creator_rollouts": "previous"})):
         cfg = validate_config(deep_merge(shared, {"run": name, **extra}))
-        eva_run(cfg)
+        if name == "dpo":  # iterative DPO on fresh seed prompts
+            baseline_run(cfg, "fresh")
+        else:
+            eva_run(cfg)
         per_pair[name] = generation_per_pair(RunStore(root, name), cfg.iterations)
     results["generation_per_pair"] = per_pair
     return results

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
+from bench.arms import Baseline, baseline_run, start_from, world_sizes
 from eva_core.informativeness import METRICS, reward_matrix
 from eva_world import world
 from flows.config import (
@@ -65,14 +66,15 @@ class Arm:
     iterations: int
     overrides: dict[str, Any] = field(default_factory=dict)
     start: str = "theta_1"  # the model it starts from: theta_1 or theta_1-<solver>
+    baseline: Baseline | None = None  # new prompts each iteration (bench.arms), not eva
 
 
 def arms(quick: bool) -> list[Arm]:
     long = 2 if quick else 3
     out = [
-        Arm("fresh", "T2/T13", long, {"prompt_strategy": "fresh"}),
+        Arm("fresh", "T2/T13", long, baseline="fresh"),
         Arm("eva", "T2/T13", long, {}),
-        Arm("target", "T2/T13", 1 if quick else long, {"prompt_strategy": "target"}),
+        Arm("target", "T2/T13", 1 if quick else long, baseline="target"),
     ]
     metrics = ("uniform",) if quick else tuple(m for m in METRICS if m != "a_min")
     out += [Arm(f"metric-{m}", "T4", 1, {"score": {"metric": m}}) for m in metrics]
@@ -85,7 +87,7 @@ def arms(quick: bool) -> list[Arm]:
         for s in SOLVERS:
             solver = {"train": {"solver": solver_settings(s)}}
             start = f"theta_1-{s}"
-            out.append(Arm(f"fresh-{s}", "T2", 1, {"prompt_strategy": "fresh", **solver}, start))
+            out.append(Arm(f"fresh-{s}", "T2", 1, solver, start, baseline="fresh"))
             out.append(Arm(f"eva-{s}", "T2", 1, solver, start))
     return out
 
@@ -111,8 +113,7 @@ def base_config(root: str, seed: int, quick: bool, overrides: list[str]) -> dict
         {
             "root": root,
             "seed": seed,
-            "prompts": {"world_size": 1000 if quick else 2000},
-            "heldout": {"world_size": 300 if quick else 500},
+            **world_sizes(1000 if quick else 2000, 300 if quick else 500),
             "pairs": {"max_pairs": PAIR_BUDGET},
         },
     )
@@ -177,13 +178,18 @@ def arm_config(base: dict[str, Any], name: str, overrides: dict[str, Any]) -> An
     return validate_config(deep_merge(merged, overrides))
 
 
-def _offline(base: dict[str, Any], name: str, overrides: dict[str, Any]) -> Any:
+def _offline(
+    base: dict[str, Any], name: str, overrides: dict[str, Any], baseline: Baseline | None = None
+) -> Any:
     """Run one offline arm (or base run) to completion; returns its store."""
     from flows.run import eva_run
     from tasks.store import RunStore
 
     cfg = arm_config(base, name, overrides)
-    eva_run(cfg)
+    if baseline is None:
+        eva_run(cfg)
+    else:
+        baseline_run(cfg, baseline)
     return RunStore(cfg.root, cfg.run)
 
 
@@ -210,7 +216,7 @@ def run_seed(
         if arm.start not in starts:  # a paper solver's own theta_0 -> theta_1 (Table 2)
             solver = arm.overrides["train"]
             s = _offline(base, f"s{seed}-base-{arm.start}", {
-                "iterations": 0, "bootstrap": {"init_checkpoint": theta0}, "train": solver,
+                "iterations": 0, "bootstrap": start_from(theta0), "train": solver,
             })  # fmt: skip
             starts[arm.start] = _model(s, 0)
             result[arm.start] = {**_iteration_row(s, 0), "base": "theta_0"}
@@ -218,9 +224,9 @@ def run_seed(
         store = _offline(base, f"s{seed}-{arm.name}", {
             "iterations": arm.iterations,
             "iteration0_dpo": False,
-            "bootstrap": {"init_checkpoint": starts[arm.start]},
+            "bootstrap": start_from(starts[arm.start]),
             **arm.overrides,
-        })  # fmt: skip
+        }, arm.baseline)  # fmt: skip
         result[arm.name] = {
             "table": arm.table,
             "base": arm.start,
@@ -250,7 +256,7 @@ def online_config(root: str, seed: int, evolve: bool, budget: float, base: dict[
                 "seed": seed,
                 "prompts": {"path": _uri(setup, "prompts"), "limit": ONLINE_SEEDS},
                 "heldout": {"path": _uri(setup, "heldout")},
-                "bootstrap": {"init_checkpoint": _model(setup, None)},
+                "bootstrap": start_from(_model(setup, None)),
                 "online": {
                     "budget": budget,
                     "steps_per_segment": per_x,

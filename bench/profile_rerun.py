@@ -22,10 +22,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--run", default="demo")
     ap.add_argument("--lines", type=int, default=40)
     args = ap.parse_args(argv)
-    from flows.cli import stored_config
+    from flows.config import RunConfig
     from flows.run import eva_run
+    from flows.runs import stored_config
 
     config = stored_config(args.root, args.run)
+    if not isinstance(config, RunConfig):
+        raise SystemExit(f"{args.run} is an online run; profile an offline one")
     eva_run(config)  # warm: server up, modules imported
     profile = cProfile.Profile()
     started = time.perf_counter()

@@ -26,7 +26,7 @@ VARIANTS: dict[str, list[str]] = {
     "epochs-8": ["train.solver.num_train_epochs=8"],
     "lr-5e-4-epochs-4": ["train.solver.learning_rate=5e-4", "train.solver.num_train_epochs=4"],
     "lr-1e-3": ["train.solver.learning_rate=1e-3"],
-    "pairs-160": ["prompts.world_size=800", "pairs.max_pairs=160"],
+    "pairs-160": ["prompts.source.options.size=800", "pairs.max_pairs=160"],
     "dpo-nll": ["train.solver.loss_type=[sigmoid, sft]"],
     "dpo-nll-epochs-8": [
         "train.solver.loss_type=[sigmoid, sft]",

@@ -35,9 +35,9 @@ CONFIG = {
     "extends": os.path.join(PROJECT_DIR, "configs", "world.yaml"),
     "run": RUN,
     "iterations": 2,
-    "prompts": {"world_size": 200},
-    "heldout": {"world_size": 100},
-    "bootstrap": {"sft": {"steps": 300}},
+    "prompts": {"source": {"options": {"size": 200}}},
+    "heldout": {"source": {"options": {"size": 100}}},
+    "bootstrap": {"builder": {"options": {"sft": {"steps": 300}}}},
 }
 # artifact key suffix -> texts its rendered page must contain
 CHECKS: dict[str, tuple[str, ...]] = {

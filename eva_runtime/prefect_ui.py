@@ -33,7 +33,6 @@ from typing import Any
 from uuid import UUID
 
 from eva_runtime.poll import PollTimeout, wait_until
-from tasks.store import iteration_dir
 
 log = logging.getLogger("eva")
 
@@ -179,9 +178,9 @@ POSTER = Poster()
 atexit.register(POSTER.flush, 30.0)
 
 
-def artifact_key(run: str, iteration: int | None, artifact: str, suffix: str = "") -> str:
+def artifact_key(run: str, where: str, artifact: str, suffix: str = "") -> str:
     """Prefect artifact keys allow lowercase letters, digits and dashes only."""
-    raw = "-".join(p for p in (run, iteration_dir(iteration), artifact, suffix) if p)
+    raw = "-".join(p for p in (run, where, artifact, suffix) if p)
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", raw.lower())).strip("-")
 
 
@@ -252,24 +251,30 @@ def _json_cell(value: Any) -> Any:
     return None if isinstance(value, float) and value != value else value
 
 
-def link_reused(run: str, iteration: int | None, artifact: str, manifest: dict) -> None:
+def link_reused(run: str, where: str, artifact: str, manifest: dict) -> None:
     """A cached stage, in its flow run's "reused" table: what it reused, when that was made, and
     the key of the summary published then, so a rerun's page leads to what it did not redo."""
     REUSED.add(
         {
-            "iteration": iteration_dir(iteration),
+            "iteration": where,
             "stage": artifact,
             "reused": manifest["uri"],
             "rows": manifest["rows"],
             "made": manifest.get("created_at", "?"),
-            "summary artifact": artifact_key(run, iteration, artifact),
+            "summary artifact": artifact_key(run, where, artifact),
         }
     )
 
 
+def publish_markdown(run: str, name: str, markdown: str, description: str) -> None:
+    """A markdown artifact of the asking flow run under the stable key ``{run}-{name}`` (a run's
+    summary, its charts): posted like every other artifact, by ``POSTER``."""
+    POSTER.post("markdown", markdown, key=artifact_key(run, "", name), description=description)
+
+
 def publish_stage(
     run: str,
-    iteration: int | None,
+    where: str,
     artifact: str,
     manifest: dict[str, Any],
     tables: Mapping[str, list[dict[str, Any]]],
@@ -278,7 +283,7 @@ def publish_stage(
     """A finished stage's summary (its stats) and its tables, keyed by run, iteration and
     artifact, so the UI's artifact pages track each across reruns."""
     lines = [
-        f"### {artifact} · {iteration_dir(iteration)}",
+        f"### {artifact} · {where}",
         f"{manifest['rows']} rows in {manifest['seconds']:.2f} s → `{manifest['uri']}`",
         "",
         "| stat | value |",
@@ -289,7 +294,7 @@ def publish_stage(
         POSTER.post(
             "markdown",
             "\n".join(lines),
-            key=artifact_key(run, iteration, artifact),
+            key=artifact_key(run, where, artifact),
             description=f"{artifact} summary",
         )
         for suffix, rows in tables.items():
@@ -298,8 +303,8 @@ def publish_stage(
                 POSTER.post(
                     "table",
                     json.dumps(cells),
-                    key=artifact_key(run, iteration, artifact, suffix),
-                    description=f"{artifact} {iteration_dir(iteration)}: "
+                    key=artifact_key(run, where, artifact, suffix),
+                    description=f"{artifact} {where}: "
                     + (notes or {}).get(suffix, f"{len(rows)} of {manifest['rows']} rows"),
                 )
     except Exception as exc:  # the artifact on disk is what matters; the UI is a view of it

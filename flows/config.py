@@ -1,10 +1,13 @@
 """The run configuration: one model per stage, composed; validated once, at the edge.
 
-Every default is the paper's (see each stage's config class), so ``RunConfig()`` is the paper's
-method on the built-in world's prompts. The embedded demo is a config file like any recipe,
-``configs/world.yaml`` (``configs/world-online.yaml`` for ``eva online``): what it changes for a
-0.4M-parameter model, and why, is written there, and ``extends:`` and ``--set`` layer on top of
-it the same way they layer on a user's file.
+Every default is the paper's method (see each stage's config class): 6 samples a prompt,
+A_min, a 25% subset drawn in proportion to it, 4 evolutions, 80/20 mixing, each solver's
+appendix-A settings. What no default can name is the user's: the policy, the prompts and the
+held-out set, the reward model and the rewriter LLM; ``flows.inputs`` refuses a run that lacks
+one, naming the field. The embedded demo is a config file like any recipe,
+``configs/world.yaml`` (``configs/world-online.yaml`` for ``eva online``), which selects the
+built-in world's components by import path; ``extends:`` and ``--set`` layer on top of it the
+same way they layer on a user's file.
 """
 
 from __future__ import annotations
@@ -88,23 +91,19 @@ class RunConfig(BaseModel):
     )
     seed: int = Field(default=0, description="Seeds every stage (each derives its own).")
     torch_threads: int | None = Field(
-        default=1,
+        default=None,
         ge=1,
-        description="torch CPU threads (None: torch's default). One thread suits the world's "
-        "0.45M-parameter model: with two, any other busy process on a 2-core machine slows "
-        "each step by up to 20x.",
+        description="torch CPU threads (None: torch's default). The built-in world sets 1: its "
+        "tiny model spins on a second thread whenever another process is busy.",
     )
     iterations: int = Field(default=2, ge=0, description="eva iterations T after iteration 0.")
     iteration0_dpo: bool = Field(
         default=True, description="Iteration 0: plain DPO on the seed set (the paper's theta_0->1)."
     )
-    prompt_strategy: Literal["eva", "fresh", "subset", "target"] = Field(
+    prompt_strategy: Literal["eva", "subset"] = Field(
         default="eva",
-        description="eva: evolve the informative subset and mix (the method). fresh: a new seed "
-        "split each iteration (the paper's '+new seed prompts' baseline; world prompts only). "
-        "subset: train on the informative subset without evolving (Table 5 ablation). target: "
-        "a new split of the held-out (target) distribution each iteration, never the held-out "
-        "prompts themselves: the upper bound of what a prompt set can give (world only).",
+        description="eva: evolve the informative subset and mix (the method). subset: train on "
+        "the informative subset without evolving (the paper's Table 5 ablation).",
     )
     creator_rollouts: Literal["fresh", "previous"] = Field(
         default="fresh",
@@ -112,11 +111,16 @@ class RunConfig(BaseModel):
         "reuse the last solver step's rollouts of X_{t-1} (by theta_{t-2}): one step "
         "off-policy, no extra generation.",
     )
-    prompts: PromptsConfig = Field(default_factory=PromptsConfig)
-    heldout: PromptsConfig = Field(
-        default_factory=lambda: PromptsConfig(world_distribution="heldout")
+    prompts: PromptsConfig = Field(
+        default_factory=PromptsConfig, description="The seed prompt set X_0 (required)."
     )
-    bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig)
+    heldout: PromptsConfig = Field(
+        default_factory=PromptsConfig,
+        description="The held-out prompts every checkpoint is scored on (required).",
+    )
+    bootstrap: BootstrapConfig = Field(
+        default_factory=BootstrapConfig, description="theta_0: the policy (required)."
+    )
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
     annotate: AnnotateConfig = Field(default_factory=AnnotateConfig)
     score: ScoreConfig = Field(default_factory=ScoreConfig)
@@ -124,9 +128,9 @@ class RunConfig(BaseModel):
     evolve: EvolveConfig = Field(default_factory=EvolveConfig)
     mix: MixConfig = Field(default_factory=MixConfig)
     complexity: ComplexityConfig | None = Field(
-        default_factory=ComplexityConfig,
+        default=None,
         description="Score each X_t's complexity (and quality, with an LLM judge) to chart "
-        "the curriculum (paper Table 7); null skips it.",
+        "the curriculum (paper Table 7); null (the default) skips it.",
     )
     pairs: PairsConfig = Field(default_factory=PairsConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
@@ -137,14 +141,11 @@ class RunConfig(BaseModel):
     def _extends(cls, data: Any) -> Any:
         return _inline_extends(data)
 
-    @model_validator(mode="after")
-    def _fresh_needs_world(self) -> RunConfig:
-        if self.prompt_strategy in ("fresh", "target") and self.prompts.path is not None:
-            raise ValueError(
-                f"prompt_strategy {self.prompt_strategy!r} draws new world prompts; "
-                "unset prompts.path"
-            )
-        return self
+    @property
+    def evaluation(self) -> EvaluateConfig:
+        """The evaluate stage's config, scoring with the run's own reward model unless it
+        names one."""
+        return _scored_by(self.evaluate, self.annotate.reward)
 
 
 class OnlineRunConfig(BaseModel):
@@ -158,10 +159,14 @@ class OnlineRunConfig(BaseModel):
     )
     storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options.")
     seed: int = Field(default=0, description="Seeds every stage (each derives its own).")
-    torch_threads: int | None = Field(default=1, ge=1, description="torch CPU threads.")
-    prompts: PromptsConfig = Field(default_factory=PromptsConfig, description="The seed set D.")
+    torch_threads: int | None = Field(
+        default=None, ge=1, description="torch CPU threads (None: torch's default)."
+    )
+    prompts: PromptsConfig = Field(
+        default_factory=PromptsConfig, description="The seed set D (required)."
+    )
     heldout: PromptsConfig = Field(
-        default_factory=lambda: PromptsConfig(world_distribution="heldout")
+        default_factory=PromptsConfig, description="The held-out prompts (required)."
     )
     bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig)
     online: OnlineConfig = Field(default_factory=OnlineConfig)
@@ -171,6 +176,19 @@ class OnlineRunConfig(BaseModel):
     @classmethod
     def _extends(cls, data: Any) -> Any:
         return _inline_extends(data)
+
+    @property
+    def evaluation(self) -> EvaluateConfig:
+        """The evaluate stage's config, scoring with the online reward unless it names one."""
+        return _scored_by(self.evaluate, self.online.reward)
+
+
+def _scored_by(evaluate: EvaluateConfig, reward: Any) -> EvaluateConfig:
+    """``evaluate`` with ``reward`` filled in where it names none (a pairwise reward cannot
+    score one answer alone: ``flows.inputs`` refuses that run before it starts)."""
+    if evaluate.reward is not None or reward is None or reward.kind == "pairwise":
+        return evaluate
+    return evaluate.model_copy(update={"reward": reward})
 
 
 C = TypeVar("C", bound=BaseModel)

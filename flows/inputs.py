@@ -1,66 +1,137 @@
-"""Checks on user inputs that must pass before a run writes anything.
+"""Checks that a run can work, made before it writes anything: in seconds, each failure one line
+naming the field to set.
 
-Config fields are validated by pydantic when the config is built; what remains are the
-contents of files the config points at (a prompt file's columns and rows) and whether the run
-root can be written at all. Each failure is one line naming the field or file.
+Config fields are validated by pydantic when the config is built; what remains is what no field
+can check alone: that the run names what only its user can (a policy, prompts, a reward model, a
+rewriter), that its components accept its prompts (the built-in world's only know world
+prompts), that every prompt fits the policy's context whenever the policy is known before
+training, that API keys are set and that the run root can be written.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
-import tempfile
-import threading
+from collections.abc import Iterator
 from typing import Any
 
-import fsspec
+from pydantic import BaseModel
 
-from eva_runtime.errors import first_line
-from flows.config import ConfigError, OnlineRunConfig, RunConfig
-from tasks.prompts import read_prompt_file
+from eva_runtime.errors import ConfigError, first_line
+from flows.config import OnlineRunConfig, RunConfig
+from flows.roots import check_root
+from tasks.backends.python import PythonComponent
+from tasks.prompts import PromptsConfig, read_prompts
+from tasks.store import is_hub_id
 
-ROOT_TIMEOUT_S = 20.0
+OWN_MODEL = "start from configs/own-model.yaml"
 
 
 def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
+    _check_required(config)
     _check_checkpoint(config.bootstrap.init_checkpoint)
     _check_api_keys(config)
     if isinstance(config, RunConfig) and config.train.launcher == "accelerate":
-        from eva_runtime.accelerate import resolve_config
-
-        if not os.path.isfile(resolve_config(config.train.accelerate_config)):
-            raise ConfigError(
-                f"train.accelerate_config: no file at {config.train.accelerate_config!r}"
-            )
-        if config.train.nodes.machines > 1 and "://" in config.root:
-            # The other machines read the pairs and the policy, and machine 0's launch
-            # request, by path (tasks/backends/follow.py).
-            raise ConfigError(
-                f"train.nodes.machines={config.train.nodes.machines} needs a run root on a "
-                f"filesystem every machine mounts at the same path, not {config.root}"
-            )
-    for field, prompts in (("prompts", config.prompts), ("heldout", config.heldout)):
+        _check_accelerate(config)
+    components = dict(_loaded_components(config))
+    for field in ("prompts", "heldout"):
+        prompts: PromptsConfig = getattr(config, field)
         if prompts.path is None:
             continue
         try:
-            table = read_prompt_file(prompts)
+            texts = read_prompts(prompts).column("prompt").to_pylist()
         except FileNotFoundError:
             raise ConfigError(f"{field}.path: no file at {prompts.path!r}") from None
         except ValueError as exc:
             raise ConfigError(f"{field}.path: {exc}") from None
-        _check_context(config, field, table.column("prompt").to_pylist())
+        for where, component in components.items():
+            check = getattr(component, "check_prompts", None)
+            try:
+                if check is not None:
+                    check(texts)
+            except ValueError as exc:
+                raise ConfigError(
+                    f"{field}.path: {prompts.path}: {exc}",
+                    hint=f"{where} is {_named(config, where)}",
+                ) from None
+        _check_context(config, field, texts)
     check_root(config.root, config.storage_options)
 
 
-def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: list[str]) -> None:
-    """Every prompt of a file fits the starting checkpoint's context with the configured
-    answer length, when both are known here (a local checkpoint, transformers generation)."""
-    checkpoint = config.bootstrap.init_checkpoint
+def _check_required(config: RunConfig | OnlineRunConfig) -> None:
+    """What only the user can name: refused in one line rather than hours into a run."""
+    boot = config.bootstrap
+    if boot.init_checkpoint is None and boot.builder is None:
+        raise ConfigError(
+            "no policy to start from",
+            field="bootstrap.init_checkpoint",
+            hint="set a Hub id or a local checkpoint, e.g. --set "
+            "bootstrap.init_checkpoint=Qwen/Qwen2.5-0.5B-Instruct; or run the built-in demo "
+            "with --config configs/world.yaml",
+        )
+    for field in ("prompts", "heldout"):
+        if not getattr(config, field).given:
+            raise ConfigError(
+                "no prompts", field=f"{field}.path", hint=f"set a prompt file; {OWN_MODEL}"
+            )
     if isinstance(config, RunConfig):
-        backend: Any = config.generate.backend
+        reward, reward_field = config.annotate.reward, "annotate.reward"
+        needs_evolver = config.prompt_strategy == "eva"
+        evolver, evolver_field = config.evolve.evolver, "evolve.evolver"
     else:
-        backend = config.evaluate.generation
-    if checkpoint is None or not os.path.isdir(checkpoint) or backend.kind != "transformers":
+        reward, reward_field = config.online.reward, "online.reward"
+        needs_evolver = config.online.buffer.evolve
+        evolver, evolver_field = config.online.evolver, "online.evolver"
+    if reward is None:
+        raise ConfigError(
+            "no reward model",
+            field=reward_field,
+            hint="e.g. {kind: sequence_classifier, model: Skywork/Skywork-Reward-Llama-3.1-8B"
+            f"-v0.2}}; {OWN_MODEL}",
+        )
+    if needs_evolver and evolver is None:
+        raise ConfigError(
+            "no rewriter to evolve prompts with",
+            field=evolver_field,
+            hint=f"e.g. {{kind: distilabel, llm: {{base_url: ..., model: ...}}}}; {OWN_MODEL}",
+        )
+    if config.evaluation.reward is None:
+        raise ConfigError(
+            f"{reward_field} is pairwise and cannot score one answer alone",
+            field="evaluate.reward",
+            hint="set a pointwise reward for evaluation",
+        )
+
+
+def _loaded_components(config: BaseModel, path: str = "") -> Iterator[tuple[str, Any]]:
+    """Every Python component the config names, built now: options it refuses fail here."""
+    if isinstance(config, PythonComponent):
+        try:
+            yield path, config.load()
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{path}.options: {first_line(exc, with_type=False)}") from None
+        return
+    for name in type(config).model_fields:
+        value = getattr(config, name)
+        if isinstance(value, BaseModel):
+            yield from _loaded_components(value, f"{path}.{name}" if path else name)
+
+
+def _named(config: BaseModel, where: str) -> str:
+    node: Any = config
+    for part in where.split("."):
+        node = getattr(node, part)
+    return str(node.factory)
+
+
+def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: list[str]) -> None:
+    """Every prompt of a file fits the starting policy's context with the configured answer
+    length, when the policy is known before training (a local checkpoint or a Hub id) and the
+    generation backend runs it here (transformers)."""
+    checkpoint = config.bootstrap.init_checkpoint
+    backend: Any = config.generate.backend if isinstance(config, RunConfig) else None
+    backend = backend or config.evaluate.generation
+    if checkpoint is None or backend.kind != "transformers":
         return
     from transformers import AutoConfig, AutoTokenizer
 
@@ -68,12 +139,15 @@ def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: lis
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    except Exception as exc:
-        raise ConfigError(f"bootstrap.init_checkpoint: {checkpoint}: no usable tokenizer "
-                          f"({type(exc).__name__})") from None  # fmt: skip
+        model_config = AutoConfig.from_pretrained(checkpoint)
+    except Exception as exc:  # a Hub id that does not exist, or is not cached offline
+        raise ConfigError(
+            f"bootstrap.init_checkpoint: {checkpoint}: cannot be loaded "
+            f"({first_line(exc, with_type=False)})"
+        ) from None
     lengths = [len(tokenizer(p)["input_ids"]) for p in prompts]
     try:
-        check_fits(AutoConfig.from_pretrained(checkpoint), lengths, backend.max_new_tokens)
+        check_fits(model_config, lengths, backend.max_new_tokens)
     except ValueError as exc:
         path = getattr(config, field).path
         raise ConfigError(f"{field}.path: {path}: {exc}") from None
@@ -84,12 +158,10 @@ _WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.j
 
 
 def _check_checkpoint(checkpoint: str | None) -> None:
-    """A local starting checkpoint has a readable config and weights (a hub id is left to the
-    download, which names itself)."""
-    if checkpoint is None or not os.path.isdir(checkpoint):
+    """A local starting checkpoint has a readable config and weights (a Hub id is checked by
+    loading its config, in ``_check_context`` when prompts are read, else by its first stage)."""
+    if checkpoint is None or is_hub_id(checkpoint) or not os.path.isdir(checkpoint):
         return
-    import json
-
     try:
         with open(os.path.join(checkpoint, "config.json")) as f:
             json.load(f)
@@ -104,11 +176,23 @@ def _check_checkpoint(checkpoint: str | None) -> None:
         )
 
 
+def _check_accelerate(config: RunConfig) -> None:
+    from eva_runtime.accelerate import resolve_config
+
+    if not os.path.isfile(resolve_config(config.train.accelerate_config)):
+        raise ConfigError(f"train.accelerate_config: no file at {config.train.accelerate_config!r}")
+    if config.train.nodes.machines > 1 and "://" in config.root:
+        # The other machines read the pairs and the policy, and machine 0's launch request, by
+        # path (eva_runtime/follow.py).
+        raise ConfigError(
+            f"train.nodes.machines={config.train.nodes.machines} needs a run root on a "
+            f"filesystem every machine mounts at the same path, not {config.root}"
+        )
+
+
 def _check_api_keys(config: Any) -> None:
     """Every LLM endpoint in the config whose key variable is named has it set, checked before
     the run writes anything rather than when its stage is reached."""
-    from pydantic import BaseModel
-
     from eva_runtime.llm_config import LLMClientConfig, LLMConfigError, api_key
 
     def visit(node: Any, path: str) -> None:
@@ -122,53 +206,3 @@ def _check_api_keys(config: Any) -> None:
                 visit(getattr(node, name), f"{path}.{name}" if path else name)
 
     visit(config, "")
-
-
-def check_root(root: str, storage_options: dict[str, Any]) -> None:
-    """The run root can be written (a local folder) or reached (a remote URL), checked without
-    leaving anything behind and without waiting on an endpoint that does not answer."""
-    if "://" not in root:
-        _check_local_root(root)
-        return
-    outcome: list[BaseException | None] = []
-
-    options = dict(storage_options)
-    if root.startswith(("s3://", "s3a://")):
-        # One quick attempt for the probe only: botocore's default retries and back-off made a
-        # dead endpoint take 40 s to report (the run itself keeps the user's settings).
-        quick = {"connect_timeout": 5, "read_timeout": 10, "retries": {"max_attempts": 1}}
-        options["config_kwargs"] = {**quick, **options.get("config_kwargs", {})}
-        options["skip_instance_cache"] = True
-
-    def probe() -> None:
-        try:
-            fs, path = fsspec.core.url_to_fs(root, **options)
-            fs.exists(path)
-            outcome.append(None)
-        except BaseException as exc:
-            outcome.append(exc)
-
-    thread = threading.Thread(target=probe, daemon=True)  # a hung endpoint must not hang us
-    thread.start()
-    thread.join(ROOT_TIMEOUT_S)
-    endpoint = storage_options.get("endpoint_url") or (
-        storage_options.get("client_kwargs") or {}
-    ).get("endpoint_url")
-    where = f"{root}" + (f" (endpoint {endpoint})" if endpoint else "")
-    if not outcome:
-        raise ConfigError(f"root: no answer from {where} within {ROOT_TIMEOUT_S:g} s")
-    if (exc := outcome[0]) is not None:
-        raise ConfigError(f"root: cannot reach {where}: {first_line(exc, with_type=False)}")
-
-
-def _check_local_root(root: str) -> None:
-    if os.path.exists(root) and not os.path.isdir(root):
-        raise ConfigError(f"root: {root} is a file, not a folder")
-    # Absolute first: the parent of a relative "runs" is "", which never exists.
-    existing = os.path.abspath(root)
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    try:  # a real write, removed at once: os.access cannot see read-only mounts or /proc
-        shutil.rmtree(tempfile.mkdtemp(prefix=".eva-write-check-", dir=existing))
-    except OSError as exc:
-        raise ConfigError(f"root: cannot write under {root} ({exc.strerror})") from None

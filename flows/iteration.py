@@ -39,7 +39,7 @@ def solver_step(
     rewarded = annotate(run, t, cfg.annotate, rollouts=rollouts)
     preference_pairs = pairs(run, t, cfg.pairs, annotated=rewarded)
     new_policy = train(run, t, cfg.train, pairs=preference_pairs, policy=policy)
-    evaluate(run, t, cfg.evaluate, heldout=heldout, policy=new_policy)
+    evaluate(run, t, cfg.evaluation, heldout=heldout, policy=new_policy)
     return Step(prompts, new_policy, rewarded)
 
 

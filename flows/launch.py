@@ -4,12 +4,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from prefect.artifacts import create_markdown_artifact
-
 from eva_runtime.accelerate import write_run_finished
 from eva_runtime.engines import ENGINES
 from eva_runtime.follow import request_dir
-from eva_runtime.prefect_ui import POSTER, REUSED
+from eva_runtime.prefect_ui import POSTER, REUSED, publish_markdown
 from flows.config import OnlineRunConfig, RunConfig
 from flows.inputs import check_inputs
 from flows.summary import summary_markdown
@@ -17,18 +15,16 @@ from tasks.stage import Plan, RunContext
 
 
 @contextmanager
-def opened_run(
-    config: RunConfig | OnlineRunConfig, plan: Plan | None, order: tuple[str, ...]
-) -> Iterator[RunContext]:
+def opened_run(config: RunConfig | OnlineRunConfig, plan: Plan | None) -> Iterator[RunContext]:
     """The run, opened for the flow's body and closed after it, whatever the body raised.
 
     Opening checks inputs (again: a run started from the UI never passed through the CLI), sets
     the torch threads, sweeps what a killed launch left, and records the config being run.
-    ``order`` is the flow's artifact order, which the plan of ``eva stage`` needs. A whole run
+    A whole run
     that finished releases the other machines of multi-node training. Closing stops
     the inference servers kept for a next stage (there is none now), posts the tables of reused
     stages and waits for the stages' summaries still queued for the UI."""
-    run = _open(config, plan, order)
+    run = _open(config, plan)
     try:
         yield run
         _finished(config, run)
@@ -38,12 +34,8 @@ def opened_run(
         POSTER.flush()
 
 
-def _open(
-    config: RunConfig | OnlineRunConfig, plan: Plan | None, order: tuple[str, ...]
-) -> RunContext:
+def _open(config: RunConfig | OnlineRunConfig, plan: Plan | None) -> RunContext:
     check_inputs(config)
-    # The flow's own order, whatever the caller built the plan with.
-    plan = Plan.model_validate({**(plan.model_dump() if plan else {}), "order": order})
     if config.torch_threads:
         import torch
 
@@ -53,7 +45,7 @@ def _open(
         run=config.run,
         seed=config.seed,
         storage_options=config.storage_options,
-        plan=plan,
+        plan=plan or Plan(),
     )
     store = run.store()
     store.sweep()  # staging copies and stage scratch of a killed launch
@@ -88,17 +80,10 @@ def run_name() -> str:
 
 def publish_charts(run: str, markdown: str) -> None:
     """The run's charts (``flows.run_charts``) as a markdown artifact under a stable key."""
-    create_markdown_artifact(
-        markdown,
-        key=f"{run.lower().replace('_', '-').replace('.', '-')}-charts",
-        description="eva run charts: held-out, informativeness, curriculum, training",
-    )
+    description = "eva run charts: held-out, informativeness, curriculum, training"
+    publish_markdown(run, "charts", markdown, description)
 
 
 def publish_summary(run: str, rows: list[dict[str, Any]], title: str) -> None:
     """The run's summary table as a markdown artifact under a stable key."""
-    create_markdown_artifact(
-        summary_markdown(run, rows, title=title),
-        key=f"{run.lower().replace('_', '-').replace('.', '-')}-summary",
-        description=f"{title} summary",
-    )
+    publish_markdown(run, "summary", summary_markdown(run, rows, title=title), f"{title} summary")

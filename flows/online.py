@@ -12,7 +12,6 @@ from prefect import flow
 
 from flows.config import OnlineRunConfig
 from flows.launch import opened_run, publish_summary, run_name
-from flows.order import ONLINE_ORDER
 from flows.summary import online_summary
 from tasks.bootstrap import bootstrap
 from tasks.evaluate import evaluate
@@ -23,17 +22,17 @@ from tasks.stage import Plan
 
 @flow(name="eva-online", flow_run_name=run_name)
 def eva_online(config: OnlineRunConfig, plan: Plan | None = None) -> list[dict[str, Any]]:
-    with opened_run(config, plan, ONLINE_ORDER) as run:
+    with opened_run(config, plan) as run:
         seeds = load_prompts(run, None, config.prompts)  # D
         heldout = load_heldout(run, None, config.heldout, seed_set=seeds)
         policy = bootstrap(run, None, config.bootstrap, heldout=heldout)  # theta_0
-        evaluate(run, None, config.evaluate, heldout=heldout, policy=policy)
+        evaluate(run, None, config.evaluation, heldout=heldout, policy=policy)
         for segment in range(1, config.online.segments(seeds.rows) + 1):
             # S steps of RLOO; the buffer's state travels inside the checkpoint.
             policy = online(
                 run, segment, config.online, seeds=seeds, heldout=heldout, policy=policy
             )
-            evaluate(run, segment, config.evaluate, heldout=heldout, policy=policy)
+            evaluate(run, segment, config.evaluation, heldout=heldout, policy=policy)
 
         rows = online_summary(run.store(), config.online.segments(seeds.rows))
         publish_summary(config.run, rows, "eva online run")

@@ -11,12 +11,11 @@ from prefect import flow
 from flows.config import RunConfig
 from flows.iteration import dpo_iteration, eva_iteration
 from flows.launch import opened_run, publish_charts, publish_summary, run_name
-from flows.order import OFFLINE_ORDER
 from flows.run_charts import run_charts
 from flows.summary import iteration_summary
 from tasks.bootstrap import bootstrap
 from tasks.evaluate import evaluate
-from tasks.prompts import load_heldout, load_prompts, load_split
+from tasks.prompts import load_heldout, load_prompts
 from tasks.stage import Plan
 from tasks.store import RunStore
 
@@ -28,29 +27,19 @@ def eva_run(config: RunConfig, plan: Plan | None = None, advance: int = 0) -> li
     if advance:
         reached = finished_iterations(RunStore(config.root, config.run, config.storage_options))
         config = config.model_copy(update={"iterations": reached + advance})
-    with opened_run(config, plan, OFFLINE_ORDER) as run:
+    with opened_run(config, plan) as run:
         prompts = load_prompts(run, None, config.prompts)  # X_0
         heldout = load_heldout(run, None, config.heldout, seed_set=prompts)
         policy = bootstrap(run, None, config.bootstrap, heldout=heldout)  # theta_0
-        evaluate(run, None, config.evaluate, heldout=heldout, policy=policy)
+        evaluate(run, None, config.evaluation, heldout=heldout, policy=policy)
 
         step = None
         if config.iteration0_dpo:
             step = dpo_iteration(run, 0, config, prompts, policy, heldout)
             policy = step.policy
         for t in range(1, config.iterations + 1):
-            if config.prompt_strategy in ("fresh", "target"):
-                # Baselines: new prompts instead of evolved ones, never seen before by this arm and
-                # never in the held-out set: a new seed split ("+new seed prompts"), or a split of
-                # the target distribution itself (the upper bound eva's curriculum aims at).
-                source = config.prompts
-                if config.prompt_strategy == "target":
-                    source = source.model_copy(update={"world_distribution": "heldout"})
-                prompts = load_split(run, t, source, artifact="prompts", heldout=heldout)
-                step = dpo_iteration(run, t, config, prompts, policy, heldout)
-            else:
-                last = step.rollouts if step else None
-                step = eva_iteration(run, t, config, prompts, policy, heldout, last)
+            last = step.rollouts if step else None
+            step = eva_iteration(run, t, config, prompts, policy, heldout, last)
             prompts, policy = step.prompts, step.policy
 
         rows = iteration_summary(run.store(), config)

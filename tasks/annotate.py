@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import time
 import warnings
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.informativeness import reward_matrix
-from eva_world.components import WorldReward
 from tasks.backends.protocols import stats_of
 from tasks.backends.ray_cluster import RayJob, run_on_ray
 from tasks.backends.reward import RewardBackend
@@ -22,10 +22,12 @@ ANNOTATED_COLUMNS = (*ROLLOUT_COLUMNS, "rewards")
 
 class AnnotateConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    reward: RewardBackend = Field(
-        default_factory=WorldReward,
-        description="world (verifier), sequence_classifier (Skywork/ArmoRM-style RM), "
-        "vllm_pooling, callable (package.module:function), pairwise (LLM judge win rate).",
+    reward: RewardBackend | None = Field(
+        default=None,
+        description="The reward model, by kind: sequence_classifier (Skywork/ArmoRM-style RM; "
+        "the paper's is RLHFlow/ArmoRM-Llama3-8B-v0.1 with trust_remote_code and output: "
+        "score), vllm_pooling, callable (package.module:function), pairwise (LLM judge win "
+        "rate), python (an object of yours). Required: a run without one is refused.",
     )
     max_unscored_share: float = Field(
         default=0.5,
@@ -48,20 +50,23 @@ class AnnotateConfig(BaseModel):
     )
 
 
-@stage("annotate", inputs={"rollouts": ROLLOUT_COLUMNS}, outputs=ANNOTATED_COLUMNS)
+@stage("annotate", version=1, inputs={"rollouts": ROLLOUT_COLUMNS}, outputs=ANNOTATED_COLUMNS)
 def annotate(ctx: StageContext, config: AnnotateConfig, rollouts: pa.Table) -> StageOutput:
     started = time.perf_counter()  # load included, as in every stage's backend_seconds
     prompts = rollouts.column("prompt").to_pylist()
     responses = rollouts.column("responses").to_pylist()
+    if config.reward is None:  # refused before the run started (flows.inputs)
+        raise StageError(f"{ctx.artifact}: no reward model", field="annotate.reward")
     if config.ray is not None:
         counts = [len(rs) for rs in responses]
-        rewards, backend_stats = run_on_ray(
+        rewards, cluster = run_on_ray(
             ctx, config.ray, "annotate", "rollouts", config.reward, counts
         )
+        backend: dict[str, Any] = {}
     else:
         model = config.reward.load()
         rewards = model.score(prompts, responses, ctx.progress)
-        backend_stats = stats_of(model)
+        backend, cluster = stats_of(model), {}
     seconds = time.perf_counter() - started
     flat = np.array([r for rs in rewards for r in rs], dtype=np.float64)
     out = rollouts.append_column("rewards", pa.array(rewards, pa.list_(pa.float64())))
@@ -86,8 +91,9 @@ def annotate(ctx: StageContext, config: AnnotateConfig, rollouts: pa.Table) -> S
         "unscored_prompts": int(n - scored.sum()), "tied_prompts": int(tied.sum()),
         "mean_reward": round(float(finite.mean()), 4) if finite.size else None,
         "backend_seconds": round(seconds, 3),
-        # Backend-specific counts (failures, too-long conversations, unreadable verdicts; on a
-        # Ray cluster they stay with its workers) or the Ray job that scored.
-        **backend_stats,
+        # The reward model's own counts (failures, too-long conversations, unreadable verdicts;
+        # on a Ray cluster they stay with its workers), or the Ray job that scored.
+        **({"backend": backend} if backend else {}),
+        **cluster,
     }  # fmt: skip
     return StageOutput(out, stats=stats)

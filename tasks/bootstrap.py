@@ -1,9 +1,11 @@
 """Stage ``bootstrap``: theta_0, the policy every eva run starts from.
 
-Either an existing checkpoint (``init_checkpoint``: a directory ``from_pretrained`` can load,
-used in place, not copied) or, for the built-in world, a tiny GPT-2 trained from scratch by SFT
-on the world's SFT distribution: easy problems of every category, so theta_0 can do a little of
-everything and much of the seed set, which leaves informativeness a frontier to find.
+Either the user's checkpoint (``init_checkpoint``: a local directory ``from_pretrained`` can
+load, used in place and keyed on its bytes, or a Hugging Face Hub id ``org/name``, loaded through
+the Hub's cache wherever a stage needs it), or a policy built by code the config names
+(``builder``, e.g. the built-in world's SFT from scratch, ``eva_world.bootstrap:WorldSFT``). A
+checkpoint given on top of a config with a builder (``--set bootstrap.init_checkpoint=...``)
+replaces the builder.
 """
 
 from __future__ import annotations
@@ -14,42 +16,25 @@ import time
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from eva_world import world
-from eva_world.tiny_lm import (
-    SFTConfig,
-    TinyModelConfig,
-    build_char_tokenizer,
-    build_tiny_model,
-    save_checkpoint,
-    sft,
-)
-from tasks.stage import StageContext, StageOutput, stage
-from tasks.store import checkpoint_hash, is_hub_id
+from tasks.backends.protocols import stats_of
+from tasks.backends.python import PythonComponent
+from tasks.stage import StageContext, StageError, StageOutput, stage
+from tasks.store import checkpoint_hash, hub_ref, is_hub_id
 
 
 class BootstrapConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     init_checkpoint: str | None = Field(
         default=None,
-        description="Start from this checkpoint instead of the world's SFT: a local directory "
-        "(checked now, keyed on its bytes) or a Hub id org/name (fetched by from_pretrained); "
-        "write a relative local path as ./dir.",
+        description="The policy to start from: a local directory (checked now, keyed on its "
+        "bytes) or a Hugging Face Hub id org/name (loaded through the Hub's cache); write a "
+        "relative local path as ./dir. When set, it is used instead of builder.",
     )
-    model: TinyModelConfig = Field(default_factory=TinyModelConfig)
-    sft: SFTConfig = Field(default_factory=SFTConfig)
-    sft_examples: int = Field(
-        default=192_000,
-        ge=1,
-        description="World demonstrations to draw (one pass at 3,000 steps x batch 64).",
-    )
-    careless: float = Field(
-        default=0.6,
-        ge=0.0,
-        le=1.0,
-        description="Share of careless world demonstrations (carries or borrows dropped, strings "
-        "copied instead of reversed). Above one half, theta_0's most likely answer is often the "
-        "careless one while the correct one stays among its samples: the uncertainty that "
-        "preference optimization learns from (docs/benchmarks.md, world design).",
+    builder: PythonComponent | None = Field(
+        default=None,
+        description="Build theta_0 with code instead: {kind: python, factory: "
+        "package.module:Name, options: {...}}, an object with build(out_dir, seed, exclude, "
+        "progress) (the built-in world's: eva_world.bootstrap:WorldSFT).",
     )
 
     @field_validator("init_checkpoint")
@@ -69,6 +54,7 @@ def _checkpoint_key(config: BootstrapConfig) -> dict[str, str]:
 
 @stage(
     "bootstrap",
+    version=1,
     inputs={"heldout": ("prompt",)},
     outputs=("step", "loss"),
     extra_key=_checkpoint_key,
@@ -77,38 +63,27 @@ def bootstrap(ctx: StageContext, config: BootstrapConfig, heldout: pa.Table) -> 
     if config.init_checkpoint:
         table = pa.table({"step": pa.array([], pa.int64()), "loss": pa.array([], pa.float64())})
         ref = config.init_checkpoint
-        if not is_hub_id(ref) and "://" not in ref:
+        if is_hub_id(ref):
+            ref = hub_ref(ref)  # never a path inside the run: loaded through the Hub's cache
+        elif "://" not in ref:
             ref = os.path.abspath(ref)  # manifests resolve relative paths inside the run
-        return StageOutput(table, stats={"checkpoint": ref}, external_model=ref)
+        return StageOutput(table, stats={"checkpoint": config.init_checkpoint}, external_model=ref)
+    if config.builder is None:
+        raise StageError(
+            "bootstrap: no policy to start from", field="bootstrap.init_checkpoint",
+            hint="set it to a Hub id or a local checkpoint",
+        )  # fmt: skip
     started = time.perf_counter()
-    tokenizer = build_char_tokenizer(world.ALPHABET)
-    model = build_tiny_model(config.model, tokenizer, seed=ctx.seed)
-    # The held-out prompts are kept out of the demonstrations: no arm ever trains on them.
-    examples = world.sft_examples(
-        world.SFT_DISTRIBUTION,
-        config.sft_examples,
-        seed=ctx.seed,
-        careless=config.careless,
-        exclude=set(heldout.column("prompt").to_pylist()),
-    )
-    metrics = sft(
-        model, tokenizer, examples, **config.sft.model_dump(), seed=ctx.seed, progress=ctx.progress
-    )
+    builder = config.builder.load()
     out_dir = os.path.join(ctx.scratch, "model")
-    save_checkpoint(model, tokenizer, out_dir)
+    # The held-out prompts are kept out of what theta_0 learns from: no arm ever trains on them.
+    exclude = set(heldout.column("prompt").to_pylist())
+    metrics = builder.build(out_dir, ctx.seed, exclude, ctx.progress)
     seconds = time.perf_counter() - started
     # Wall-clock seconds stay out of the table: its content hash keys everything downstream,
     # and a rerun that reproduces the same model must not look like a new theta_0.
     table = pa.Table.from_pylist([{k: v for k, v in m.items() if k != "seconds"} for m in metrics])
-    params = sum(p.numel() for p in model.parameters())
-    final = metrics[-1] if metrics else {}
-    return StageOutput(
-        table,
-        stats={
-            "parameters": params,
-            "steps": config.sft.steps,
-            "final_loss": final.get("loss"),
-            "backend_seconds": round(seconds, 3),
-        },
-        model_dir=out_dir,
-    )
+    if table.num_columns == 0:
+        table = pa.table({"step": pa.array([], pa.int64()), "loss": pa.array([], pa.float64())})
+    stats = {**stats_of(builder), "backend_seconds": round(seconds, 3)}
+    return StageOutput(table, stats=stats, model_dir=out_dir)

@@ -2,8 +2,8 @@
 
 The paper (Table 7) shows that evolved prompts grow in complexity and keep their quality by
 asking an LLM judge to rate both from 1 to 10 (``llm``, over any OpenAI-compatible endpoint).
-The built-in world needs no LLM: its judge (``world``) reports the exact difficulty (digits + 2
-per extra operand, or string length) and no quality. The judges live in
+A judge of your own plugs in as ``python``: the built-in world's reports the exact difficulty
+(digits + 2 per extra operand, or string length) and no quality. The judges live in
 ``tasks.backends.evolve.judge``.
 """
 
@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasks.backends.evolve.judge import ComplexityJudgeBackend, WorldComplexityJudge
+from tasks.backends.evolve.judge import ComplexityJudgeBackend
 from tasks.backends.protocols import stats_of
 from tasks.stage import StageContext, StageOutput, stage
 
@@ -25,11 +25,16 @@ COMPLEXITY_COLUMNS = ("prompt_id", "prompt", "complexity", "quality")
 
 class ComplexityConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    judge: ComplexityJudgeBackend = Field(default_factory=WorldComplexityJudge)
+    judge: ComplexityJudgeBackend = Field(
+        description="llm (the paper's Table 7 judge over an OpenAI-compatible endpoint) or python "
+        "(an object of yours; the built-in world's: eva_world.components:WorldDifficulty)."
+    )
     chunk: int = Field(default=256, ge=1, description="Prompts per judge call (progress step).")
 
 
-@stage("complexity", inputs={"prompts": ("prompt_id", "prompt")}, outputs=COMPLEXITY_COLUMNS)
+@stage(
+    "complexity", version=1, inputs={"prompts": ("prompt_id", "prompt")}, outputs=COMPLEXITY_COLUMNS
+)
 def complexity(ctx: StageContext, config: ComplexityConfig, prompts: pa.Table) -> StageOutput:
     judge = config.judge.load()
     texts = prompts.column("prompt").to_pylist()
@@ -47,9 +52,9 @@ def complexity(ctx: StageContext, config: ComplexityConfig, prompts: pa.Table) -
         return round(float(ok.mean()), 4) if ok.size else None
 
     stats = {
-        "judge": config.judge.kind, "prompts": len(texts),
+        "judge": getattr(config.judge, "factory", config.judge.kind), "prompts": len(texts),
         "mean_complexity": mean(values[:, 0]), "mean_quality": mean(values[:, 1]),
-        "unscored": int((~np.isfinite(values[:, 0])).sum()), "requests": stats_of(judge),
+        "unscored": int((~np.isfinite(values[:, 0])).sum()), "backend": stats_of(judge),
     }  # fmt: skip
     top = pc.sort_indices(out, [("complexity", "descending")])[:20]
     rows = [

@@ -14,12 +14,11 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-from eva_world.components import WorldReward
 from tasks.backends.generate import GenerationBackend
 from tasks.backends.generate.transformers import TransformersGeneration
 from tasks.backends.protocols import close_after, engine_stats, stats_of
 from tasks.backends.reward import PointwiseRewardBackend
-from tasks.stage import MODEL, StageContext, StageOutput, stage
+from tasks.stage import MODEL, StageContext, StageError, StageOutput, stage
 
 
 class EvaluateConfig(BaseModel):
@@ -28,14 +27,16 @@ class EvaluateConfig(BaseModel):
         default_factory=lambda: TransformersGeneration(temperature=0.0),
         description="Decoding for evaluation (greedy by default).",
     )
-    reward: PointwiseRewardBackend = Field(
-        default_factory=WorldReward,
-        description="Scores one answer per prompt, so pairwise judges do not apply here.",
+    reward: PointwiseRewardBackend | None = Field(
+        default=None,
+        description="Scores one answer per prompt (pairwise judges do not apply here). None: "
+        "the run's own reward model.",
     )
 
 
 @stage(
     "evaluate",
+    version=1,
     inputs={"heldout": ("prompt_id", "prompt", "category"), "policy": MODEL},
     outputs=("prompt_id", "prompt", "category", "response", "reward"),
 )
@@ -49,6 +50,8 @@ def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> St
         responses = [rs[0] for rs in generator.generate(prompts, 1, ctx.seed, ctx.progress)]
         requests = stats_of(generator) or None  # HTTP backends count their requests
         engines = engine_stats(generator)
+    if config.reward is None:  # a run config resolves it to the run's own reward model
+        raise StageError(f"{ctx.artifact}: no reward model", field="evaluate.reward")
     rewards = np.array(
         [rs[0] for rs in config.reward.load().score(prompts, [[r] for r in responses])]
     )
@@ -71,7 +74,7 @@ def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> St
         "solved": round(float(np.mean(rewards == 1.0)), 4),
         "per_category": {c: round(float(np.nanmean(v)), 4) for c, v in sorted(by_cat.items())},
         "backend_seconds": round(seconds, 3),
-        **({"requests": requests} if requests is not None else {}),
+        **({"backend": requests} if requests is not None else {}),
         **engines,
     }
     return StageOutput(out, stats=stats, ui_tables={"responses": out.slice(0, 20).to_pylist()})

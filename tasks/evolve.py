@@ -15,9 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.evolution import clean_rewrite, evolved_records
 from eva_core.schema import LINEAGE_COLUMNS, PROMPT_COLUMNS
-from tasks.backends.evolve import EvolverBackend, WorldEvolver
+from tasks.backends.evolve import EvolverBackend
 from tasks.backends.protocols import ReportsStats
-from tasks.stage import StageContext, StageOutput, check_failures, stage
+from tasks.stage import StageContext, StageError, StageOutput, check_failures, stage
 
 
 class EvolveConfig(BaseModel):
@@ -33,11 +33,17 @@ class EvolveConfig(BaseModel):
     max_chars: int | None = Field(
         default=8192, ge=1, description="Drop rewrites longer than this many characters."
     )
-    evolver: EvolverBackend = Field(default_factory=WorldEvolver)
+    evolver: EvolverBackend | None = Field(
+        default=None,
+        description="The rewriter, by kind: distilabel (EvolInstruct over an OpenAI-compatible "
+        "LLM, the paper's), paper (the paper's appendix-F templates), python (an object of "
+        "yours). Required when prompts are evolved.",
+    )
 
 
 @stage(
     "evolve",
+    version=1,
     inputs={"subset": PROMPT_COLUMNS, "heldout": ("prompt_id",)},
     outputs=PROMPT_COLUMNS,
 )
@@ -45,6 +51,8 @@ def evolve(
     ctx: StageContext, config: EvolveConfig, subset: pa.Table, heldout: pa.Table
 ) -> StageOutput:
     parents = subset.column("prompt").to_pylist()
+    if config.evolver is None:
+        raise StageError(f"{ctx.artifact}: no evolver", field="evolve.evolver")
     started = time.perf_counter()
     evolver = config.evolver.load()
     raw = evolver.evolve(

@@ -49,7 +49,12 @@ class GenerateConfig(BaseModel):
         return self
 
 
-@stage("generate", inputs={"prompts": PROMPT_COLUMNS, "policy": MODEL}, outputs=ROLLOUT_COLUMNS)
+@stage(
+    "generate",
+    version=1,
+    inputs={"prompts": PROMPT_COLUMNS, "policy": MODEL},
+    outputs=ROLLOUT_COLUMNS,
+)
 def generate(ctx: StageContext, config: GenerateConfig, prompts: pa.Table) -> StageOutput:
     texts = prompts.column("prompt").to_pylist()
     # backend_seconds spans load to close: everything the backend does, nothing eva does.
@@ -74,7 +79,7 @@ def generate(ctx: StageContext, config: GenerateConfig, prompts: pa.Table) -> St
         "prompts": len(texts), "responses": len(texts) * config.n,
         "backend_seconds": round(seconds, 3), "response_chars": chars,
         "mean_distinct_responses": round(distinct, 3),
-        **({"requests": requests} if requests is not None else {}),
+        **({"backend": requests} if requests is not None else {}),
         **engines,
         **cluster,
     }  # fmt: skip

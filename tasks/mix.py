@@ -22,7 +22,13 @@ class MixConfig(BaseModel):
     )
 
 
-@stage("mix", inputs={"current": PROMPT_COLUMNS, "evolved": PROMPT_COLUMNS}, outputs=PROMPT_COLUMNS)
+@stage(
+    "mix",
+    version=1,
+    libraries=("numpy",),
+    inputs={"current": PROMPT_COLUMNS, "evolved": PROMPT_COLUMNS},
+    outputs=PROMPT_COLUMNS,
+)
 def mix(ctx: StageContext, config: MixConfig, current: pa.Table, evolved: pa.Table) -> StageOutput:
     mixed, stats = mix_prompt_sets(current, evolved, config.ratio_evolved, ctx.seed, config.size)
     categories = Counter(str(c) for c in mixed.column("category").to_pylist())

@@ -31,6 +31,8 @@ class PairsConfig(BaseModel):
 
 @stage(
     "pairs",
+    version=1,
+    libraries=("numpy",),
     inputs={"annotated": ("prompt_id", "prompt", "responses", "rewards")},
     outputs=PAIR_COLUMNS,
 )

@@ -23,6 +23,8 @@ class SampleConfig(BaseModel):
 
 @stage(
     "sample",
+    version=1,
+    libraries=("numpy",),
     inputs={"scores": (*PROMPT_COLUMNS, "informativeness")},
     outputs=(*PROMPT_COLUMNS, "informativeness", "draw_rank"),
 )

@@ -25,7 +25,13 @@ class ScoreConfig(BaseModel):
     )
 
 
-@stage("score", inputs={"annotated": (*PROMPT_COLUMNS, "rewards")}, outputs=SCORE_COLUMNS)
+@stage(
+    "score",
+    version=1,
+    libraries=("numpy",),
+    inputs={"annotated": (*PROMPT_COLUMNS, "rewards")},
+    outputs=SCORE_COLUMNS,
+)
 def score(ctx: StageContext, config: ScoreConfig, annotated: pa.Table) -> StageOutput:
     rewards = reward_matrix(annotated.column("rewards"))
     info = informativeness(rewards, config.metric)

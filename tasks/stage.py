@@ -4,7 +4,8 @@ A stage module writes a plain function ``fn(ctx, config, **input_tables) -> Stag
 declares, distilabel-style, the columns it needs from each named input and the columns it
 writes. ``@stage`` turns it into a Prefect task that
 
-1. keys the stage on its config, its inputs' content hashes, the run seed and its code;
+1. keys the stage on its declared version, its config, its inputs' content hashes, the run
+   seed and the versions of what it runs (``tasks.keys``), never on the text of eva's code;
 2. returns the stored artifact as a *Cached* state when a complete one has that key, so a new
    flow run (after a crash, a kill, or a UI retry) re-executes only unfinished stages;
 3. otherwise reads the input parquet files, checks their columns, runs ``fn``, writes the
@@ -17,26 +18,19 @@ Prefect's key would have to hash inputs it cannot see (file contents behind URIs
 
 from __future__ import annotations
 
-import ast
-import hashlib
-import importlib.util
-import inspect
 import json
 import logging
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
-from importlib import metadata
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow as pa
 from prefect import task
 from prefect.cache_policies import NONE
 from prefect.states import Completed
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.schema import missing_columns
 from eva_runtime.errors import StageError
@@ -47,10 +41,11 @@ from eva_runtime.prefect_ui import (
     publish_stage,
     readable,
 )
+from tasks.keys import cache_key, recorded_versions, sha
+from tasks.plan import Plan
 from tasks.store import Ref, RunStore, checkpoint_hash, iteration_dir
 
 MODEL = None  # an input that is consumed as a checkpoint, not read as a table
-_PACKAGES = ("eva", "prefect", "torch", "transformers", "trl", "pyarrow", "numpy")
 
 
 class _WithoutTraceback(logging.Filter):
@@ -68,52 +63,6 @@ for _logger in ("prefect.task_runs", "prefect.flow_runs"):
     logging.getLogger(_logger).addFilter(_WithoutTraceback())
 
 
-class Plan(BaseModel):
-    """Which stages to force, reuse only, or skip; the default runs whatever is not cached.
-
-    ``eva stage NAME --iteration T`` sets ``target``: everything before it must already be
-    cached, the target runs (again, with ``force``), and everything after it is skipped unless
-    ``downstream``, in which case it runs too, forced when ``force`` is set (in Algorithm 1's
-    linear order, what follows a stage is exactly what depends on it). ``order`` is the order in
-    which the flow calls its artifacts within an iteration: the flow declares it (the framework
-    knows no stage names), so a new stage is added where the flow calls it.
-    """
-
-    model_config = ConfigDict(frozen=True)
-    target_iteration: int | None = None
-    target: str | None = None
-    force: bool = True
-    downstream: bool = False
-    order: tuple[str, ...] = ()
-
-    @model_validator(mode="after")
-    def _target_in_order(self) -> Plan:
-        if self.target is not None and self.target not in self.order:
-            raise ValueError(f"target {self.target!r} is not one of the flow's {self.order}")
-        return self
-
-    def _position(self, artifact: str) -> int:
-        if artifact not in self.order:
-            raise StageError(f"{artifact}: not in the flow's declared stage order {self.order}")
-        return self.order.index(artifact)
-
-    def decide(
-        self, iteration: int | None, artifact: str
-    ) -> Literal["auto", "force", "cached", "skip"]:
-        if self.target is None:
-            return "auto"
-        here = (-1 if iteration is None else iteration, self._position(artifact))
-        mark = (
-            -1 if self.target_iteration is None else self.target_iteration,
-            self._position(self.target),
-        )
-        if here < mark:
-            return "cached"
-        if here > mark and not self.downstream:
-            return "skip"
-        return "force" if self.force else "auto"
-
-
 class RunContext(BaseModel):
     """What every stage needs to know about the run it belongs to."""
 
@@ -128,10 +77,30 @@ class RunContext(BaseModel):
         return RunStore(self.root, self.run, self.storage_options)
 
 
+# A stage's stats, one shape for every stage: names to numbers, text, booleans or None, or to
+# one level of breakdown (a count per category, per drop reason; a backend's own counts under
+# "backend"). The manifest keeps them whole, the UI shows them as a table, the log as a line.
+Stats = dict[str, Any]  # checked at run time by check_stats (typed loosely: stages build them)
+_SCALARS = (int, float, str, bool, type(None))
+
+
+def check_stats(artifact: str, stats: Mapping[str, Any]) -> None:
+    """Refuse stats of another shape (a stage bug, caught where it is made)."""
+    for name, value in stats.items():
+        leaves = value.items() if isinstance(value, Mapping) else [("", value)]
+        for sub, leaf in leaves:
+            if not isinstance(leaf, _SCALARS):
+                where = f"{name}.{sub}" if sub else name
+                raise StageError(
+                    f"{artifact}: stat {where} is a {type(leaf).__name__}; stats are numbers, "
+                    "text or one level of breakdown"
+                )
+
+
 @dataclass
 class StageOutput:
     table: pa.Table
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: Stats = field(default_factory=dict)
     model_dir: str | None = None  # a local checkpoint to publish as {iter}/model
     external_model: str | None = None  # a checkpoint used where it is (never copied)
     ui_tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -178,13 +147,15 @@ class Stage:
         self,
         name: str,
         fn: StageFn,
+        *,
+        version: int,
         inputs: Mapping[str, Sequence[str] | None],
         outputs: Sequence[str],
         extra_key: Callable[[Any], dict[str, Any]] | None = None,
+        libraries: Sequence[str] = (),
     ):
         self.name, self.fn, self.inputs, self.outputs = name, fn, dict(inputs), tuple(outputs)
-        self.extra_key = extra_key
-        _DECLARED.append(fn.__module__)
+        self.version, self.extra_key, self.libraries = version, extra_key, tuple(libraries)
 
         # One function per stage: Prefect keys a task on its function's qualified name, so a
         # shared `_execute` would make every stage the same task in the UI's views and filters.
@@ -221,19 +192,17 @@ class Stage:
         artifact: str,
         refs: Mapping[str, Ref],
     ) -> str:
-        _hash_declared()
-        payload = {
-            "stage": self.name,
-            "artifact": artifact,
-            "iteration": iteration,
-            "seed": run.seed,
-            "config": config.model_dump(mode="json"),
-            "inputs": {k: refs[k].content_hash for k in sorted(refs)},
-            "extra": self.extra_key(config) if self.extra_key else {},
-            "code": _code_hash(self.fn.__module__),
-            "user_code": _user_code(config),
-        }
-        return _sha(json.dumps(payload, sort_keys=True, default=str))
+        return cache_key(
+            stage=self.name,
+            version=self.version,
+            artifact=artifact,
+            iteration=iteration,
+            seed=run.seed,
+            config=config,
+            inputs={k: r.content_hash for k, r in refs.items()},
+            extra=self.extra_key(config) if self.extra_key else {},
+            libraries=self.libraries,
+        )
 
     def _execute(
         self,
@@ -243,28 +212,37 @@ class Stage:
         artifact: str,
         refs: dict[str, Ref],
     ) -> Any:
-        decision = run.plan.decide(iteration, artifact)
-        if decision == "skip" or any(r.skipped for r in refs.values()):
-            return Completed(name="Skipped", data=Ref(artifact, iteration, "", "", 0, skipped=True))
+        plan = run.plan
+        decision = plan.decide(iteration, artifact, refs)
+        skipped = sorted(name for name, r in refs.items() if r.skipped)
+        if skipped and plan.is_target(iteration, artifact):
+            raise StageError(
+                f"{artifact} of {iteration_dir(iteration)}: its input {skipped[0]!r} has no "
+                "finished artifact for this config; run `eva run` for this run first"
+            )
+        if decision == "skip" or skipped:
+            return Completed(name="Skipped", data=_skipped(artifact, iteration))
         unknown = set(refs) ^ set(self.inputs)
         if unknown:
             raise StageError(
                 f"{artifact}: expected inputs {sorted(self.inputs)}, got {sorted(refs)}"
             )
+        # Made by the target of `eva stage`, or from something that was: what depends on it
+        # knows from this flag (tasks/plan.py).
+        rerun = plan.is_target(iteration, artifact) or any(r.rerun for r in refs.values())
         store = run.store()
         key = self.cache_key(run, iteration, config, artifact, refs)
         if decision != "force":
             manifest = store.read_manifest(iteration, artifact)
             if manifest and manifest["key"] == key and store.is_complete(manifest):
-                link_reused(run.run, iteration, artifact, manifest)
+                link_reused(run.run, iteration_dir(iteration), artifact, manifest)
                 return Completed(
-                    name="Cached", message=f"reused {manifest['uri']}", data=_ref(manifest)
+                    name="Cached",
+                    message=f"reused {manifest['uri']}",
+                    data=_ref(manifest, rerun),
                 )
-            if decision == "cached":
-                raise StageError(
-                    f"{artifact} of {iteration_dir(iteration)} has no finished artifact for "
-                    "this config; run `eva run` for this run first"
-                )
+            if decision == "reuse":  # neither the target nor downstream of it: never computed
+                return Completed(name="Skipped", data=_skipped(artifact, iteration))
 
         started = time.perf_counter()
         tables = {}
@@ -280,7 +258,8 @@ class Stage:
             tables[name] = table
 
         store.invalidate(iteration, artifact)
-        progress = ProgressArtifact(artifact_key(run.run, iteration, artifact, "progress"))
+        where = iteration_dir(iteration)
+        progress = ProgressArtifact(artifact_key(run.run, where, artifact, "progress"))
         # Scratch lives in the run's own scratch area, which the next launch sweeps: a killed
         # stage leaves nothing in the system's temporary folder.
         with tempfile.TemporaryDirectory(prefix=f"{artifact}-", dir=store.scratch_dir()) as scratch:
@@ -295,6 +274,7 @@ class Stage:
                 progress,
             )
             out = self.fn(ctx, config, **tables)
+            check_stats(artifact, out.stats)
             if missing := missing_columns(out.table, self.outputs):
                 raise StageError(
                     f"{artifact}: output lacks declared column(s) {', '.join(missing)}"
@@ -308,15 +288,15 @@ class Stage:
         if progress.started:  # close the bar of a stage that reported progress
             progress(1.0)
         seconds = time.perf_counter() - started
-        content_hash = _sha(table_hash + (model_hash or ""))
+        content_hash = sha(table_hash + (model_hash or ""))
+        config_json = config.model_dump(mode="json")
         manifest = {
-            "stage": self.name, "artifact": artifact, "iteration": iteration, "key": key,
-            "uri": uri, "bytes": nbytes, "rows": out.table.num_rows,
-            "content_hash": content_hash, "model_uri": model_uri,
-            "config": config.model_dump(mode="json"),
-            "config_hash": _sha(json.dumps(config.model_dump(mode="json"), sort_keys=True)),
+            "stage": self.name, "version": self.version, "artifact": artifact,
+            "iteration": iteration, "key": key, "uri": uri, "bytes": nbytes,
+            "rows": out.table.num_rows, "content_hash": content_hash, "model_uri": model_uri,
+            "config": config_json, "config_hash": sha(json.dumps(config_json, sort_keys=True)),
             "inputs": {k: {"uri": r.uri, "content_hash": r.content_hash} for k, r in refs.items()},
-            "seconds": round(seconds, 3), "stats": out.stats, "versions": _versions(),
+            "seconds": round(seconds, 3), "stats": out.stats, "versions": recorded_versions(),
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }  # fmt: skip
         store.write_manifest(iteration, artifact, manifest)
@@ -324,20 +304,32 @@ class Stage:
             "%s %s: %d rows in %.1f s; %s", artifact, iteration_dir(iteration),
             out.table.num_rows, seconds, readable(out.stats),
         )  # fmt: skip
-        publish_stage(run.run, iteration, artifact, manifest, out.ui_tables, out.ui_notes)
-        return _ref(manifest)
+        publish_stage(run.run, where, artifact, manifest, out.ui_tables, out.ui_notes)
+        return _ref(manifest, rerun)
 
 
 def stage(
     name: str,
     *,
+    version: int,
     inputs: Mapping[str, Sequence[str] | None],
     outputs: Sequence[str],
     extra_key: Callable[[Any], dict[str, Any]] | None = None,
+    libraries: Sequence[str] = (),
 ) -> Callable[[StageFn], Stage]:
-    """Declare a stage: ``inputs`` maps input names to required columns (``MODEL`` for a
-    checkpoint), ``outputs`` lists the columns it writes."""
-    return lambda fn: Stage(name, fn, inputs, outputs, extra_key)
+    """Declare a stage: ``version`` (bump it when a change can change what the stage writes),
+    ``inputs`` maps input names to required columns (``MODEL`` for a checkpoint), ``outputs``
+    lists the columns it writes, ``libraries`` the packages it computes with beyond its
+    backends' (their versions key it too), ``extra_key`` what its config points at."""
+    return lambda fn: Stage(
+        name,
+        fn,
+        version=version,
+        inputs=inputs,
+        outputs=outputs,
+        extra_key=extra_key,
+        libraries=libraries,
+    )
 
 
 def check_failures(
@@ -366,114 +358,23 @@ def check_failures(
 
 def stage_seed(run_seed: int, iteration: int | None, artifact: str) -> int:
     """A per-stage seed, so re-running one stage reproduces it without replaying the others."""
-    return int(_sha(f"{run_seed}/{iteration}/{artifact}")[:8], 16)
+    return int(sha(f"{run_seed}/{iteration}/{artifact}")[:8], 16)
 
 
-def _ref(m: dict[str, Any]) -> Ref:
+def _ref(m: dict[str, Any], rerun: bool = False) -> Ref:
     return Ref(
-        m["artifact"], m["iteration"], m["uri"], m["content_hash"], m["rows"], m.get("model_uri")
+        m["artifact"],
+        m["iteration"],
+        m["uri"],
+        m["content_hash"],
+        m["rows"],
+        m.get("model_uri"),
+        rerun=rerun,
     )
 
 
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-_PROJECT = ("eva_core", "tasks", "flows")
-_DECLARED: list[str] = []  # the module of every stage declared in this process
-
-
-@cache
-def _hash_declared() -> None:
-    """Hash the code of every stage declared so far, on a process's first cache key: their
-    closures share most modules, and the flow's first stage runs before any iteration, so this
-    once-per-process parse is not paid by whichever iteration first meets a stage."""
-    for module in _DECLARED:
-        _code_hash(module)
-
-
-@cache
-def _code_hash(module: str) -> str:
-    """Hash of the code a stage runs: its module and every project module it imports,
-    directly or not (at top level or inside a function). Editing one backend reruns the
-    stages that can call it, not the bootstrap SFT."""
-    return _sha("".join(_module_file(m).read_text() for m in sorted(_closure(module))))
-
-
-@cache
-def _closure(module: str) -> frozenset[str]:
-    seen: set[str] = set()
-    todo = [module]
-    while todo:
-        name = todo.pop()
-        if name not in seen:
-            seen.add(name)
-            todo += _imports(name)
-    return frozenset(seen)
-
-
-@cache
-def _imports(module: str) -> tuple[str, ...]:
-    """The project modules ``module`` imports. Parsed once per process: the stages' closures
-    share most modules, and parsing them again for each stage added up."""
-    found: list[str] = []
-    for node in ast.walk(ast.parse(_module_file(module).read_text())):
-        targets: list[str] = []
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            # "from pkg import mod" may name a module as well as an attribute
-            targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        found += [t for t in targets if t.split(".")[0] in _PROJECT and _is_module(t)]
-    return tuple(found)
-
-
-@cache
-def _is_module(name: str) -> bool:
-    try:  # "pkg.mod.Name" (an attribute, not a module) raises rather than returning None
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, AttributeError, ValueError):
-        return False
-
-
-@cache
-def _module_file(name: str) -> Path:
-    spec = importlib.util.find_spec(name)
-    assert spec is not None and spec.origin, name
-    return Path(spec.origin)
-
-
-def _user_code(config: BaseModel) -> dict[str, str]:
-    """Hashes of user code a config names (``package.module:function`` rewards), so editing
-    that code reruns the stages that call it."""
-    from tasks.backends.reward.function import CallableReward, resolve_function
-
-    out: dict[str, str] = {}
-
-    def visit(value: Any) -> None:
-        if isinstance(value, CallableReward):
-            source = inspect.getsourcefile(resolve_function(value.function))
-            out[value.function] = _sha(Path(source).read_text()) if source else "?"
-        elif isinstance(value, BaseModel):
-            for name in type(value).model_fields:
-                visit(getattr(value, name))
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                visit(item)
-
-    visit(config)
-    return out
-
-
-@cache
-def _versions() -> dict[str, str]:
-    out = {}
-    for pkg in _PACKAGES:
-        try:
-            out[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
+def _skipped(artifact: str, iteration: int | None) -> Ref:
+    return Ref(artifact, iteration, "", "", 0, skipped=True)
 
 
 def _task_run_name() -> str:

@@ -44,7 +44,8 @@ class Ref:
     content_hash: str
     rows: int
     model_uri: str | None = None  # checkpoint directory, for stages that produce a policy
-    skipped: bool = False  # the plan asked to stop before this stage
+    skipped: bool = False  # the plan skipped this stage: nothing was made
+    rerun: bool = False  # made by the target of `eva stage`, or from something that was
 
 
 def iteration_dir(iteration: int | None) -> str:
@@ -121,13 +122,23 @@ class RunStore:
         except FileNotFoundError:
             return None
 
+    def artifacts(self, iteration: int | None) -> list[str]:
+        """The artifacts with a manifest in ``iteration`` (None: setup), sorted."""
+        found = self.fs.glob(self.path(iteration, "*.manifest.json"))
+        return sorted(p.rsplit("/", 1)[-1].removesuffix(".manifest.json") for p in found)
+
+    def iterations(self) -> list[int]:
+        """The iterations (online: segments) that have a folder, in order."""
+        names = [p.rsplit("/", 1)[-1] for p in self.fs.glob(f"{self.base}/iter_*")]
+        return sorted(int(n[5:]) for n in names if n[5:].isdigit())
+
     def is_complete(self, manifest: dict[str, Any]) -> bool:
         """The manifest's parquet (and checkpoint) are present at the recorded size."""
         try:
             if self.fs.size(self.resolve(manifest["uri"])) != manifest["bytes"]:
                 return False
             model = manifest.get("model_uri")
-            if model is None or is_hub_id(model):
+            if model is None or model.startswith(HUB):
                 return True
             if model.startswith("/"):  # a user's local checkpoint, wherever the run root is
                 return os.path.isfile(os.path.join(model, "config.json"))
@@ -198,11 +209,14 @@ class RunStore:
         return self.relative(dest), digest
 
     def local_model(self, model_uri: str, content_hash: str) -> str:
-        """A local directory holding the checkpoint (downloaded once if it is remote).
+        """What ``from_pretrained`` loads the checkpoint from: a local directory (downloaded
+        once if it is remote), or a Hub id, which the Hub's own cache serves.
 
         The download cache is keyed on the checkpoint's content hash, so a retrained
         checkpoint at the same URI is never served stale.
         """
+        if model_uri.startswith(HUB):
+            return model_uri.removeprefix(HUB)
         if model_uri.startswith(("/", "file://")):
             return model_uri.removeprefix("file://")
         if self.is_local and "://" not in model_uri:
@@ -218,6 +232,8 @@ class RunStore:
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# How a manifest records a Hub checkpoint: a bare "org/name" reads like a path inside the run.
+HUB = "hub:"
 
 
 def is_hub_id(ref: str) -> bool:
@@ -225,10 +241,16 @@ def is_hub_id(ref: str) -> bool:
     return bool(_HUB_ID.match(ref)) and not os.path.exists(ref)
 
 
+def hub_ref(model_id: str) -> str:
+    """A Hub id as a manifest records it (``hub:org/name``)."""
+    return HUB + model_id
+
+
 def checkpoint_hash(ref: str) -> str:
     """Content hash of a local checkpoint; a Hub id is keyed by the id itself."""
-    if is_hub_id(ref):
-        return hashlib.sha256(f"hub:{ref}".encode()).hexdigest()
+    model_id = ref.removeprefix(HUB)
+    if ref.startswith(HUB) or is_hub_id(ref):
+        return hashlib.sha256(f"hub:{model_id}".encode()).hexdigest()
     return hash_directory(ref)
 
 

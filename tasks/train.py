@@ -23,6 +23,7 @@ from tasks.backends.train.dpo import DPOSolverConfig, batch_layout
 from tasks.backends.train.launch import DEFAULT_ACCELERATE_CONFIG, NodesConfig, launch_train
 from tasks.backends.train.rewriter import RewriterConfig
 from tasks.stage import MODEL, StageContext, StageOutput, stage
+from tasks.store import HUB
 
 
 class TrainConfig(BaseModel):
@@ -86,7 +87,10 @@ class TrainConfig(BaseModel):
 
 
 @stage(
-    "train", inputs={"pairs": ("prompt", "chosen", "rejected"), "policy": MODEL}, outputs=("step",)
+    "train",
+    version=1,
+    inputs={"pairs": ("prompt", "chosen", "rejected"), "policy": MODEL},
+    outputs=("step",),
 )
 def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutput:
     policy_dir = ctx.model_dir("policy")
@@ -95,9 +99,11 @@ def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutpu
             raise ValueError("no preference pairs to train on (train.on_no_pairs: fail)")
         ctx.log.warning("no preference pairs: the policy is passed on unchanged")
         empty = pa.table({"step": pa.array([], pa.int64())})
-        return StageOutput(
-            empty, stats={"pairs": 0, "steps": 0, "no_pairs": True}, model_dir=policy_dir
-        )
+        none = {"pairs": 0, "steps": 0, "no_pairs": True}
+        kept = ctx.refs["policy"].model_uri or ""
+        if kept.startswith(HUB):  # a Hub checkpoint stays where it is
+            return StageOutput(empty, stats=none, external_model=kept)
+        return StageOutput(empty, stats=none, model_dir=policy_dir)
     # Training needs the GPU that sampling engines kept for reuse, and their checkpoint is about
     # to be superseded: stop them (a served backend starts one on the new checkpoint).
     engines_stopped = ENGINES.stop_all()

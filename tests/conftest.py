@@ -76,17 +76,38 @@ def local_s3() -> Any:
         server.stop()
 
 
+def world(factory: str, **options: Any) -> dict[str, Any]:
+    """A built-in world component, as a config names it."""
+    return {"kind": "python", "factory": f"eva_world.{factory}", "options": options}
+
+
+def world_prompts(distribution: str, size: int) -> dict[str, Any]:
+    """A prompts/heldout section drawing ``size`` prompts of a world distribution."""
+    return {"source": world("components:WorldPrompts", distribution=distribution, size=size)}
+
+
+def world_sft(steps: int = 40, batch_size: int = 32, examples: int = 2000) -> dict[str, Any]:
+    """A bootstrap section training the world's theta_0 for a few seconds."""
+    options = {"sft": {"steps": steps, "batch_size": batch_size}, "sft_examples": examples}
+    return {"builder": world("bootstrap:WorldSFT", **options)}
+
+
 def tiny_run_config(root: str, run: str = "t", **overrides: Any) -> dict[str, Any]:
-    """A run small enough for a test: a few dozen prompts, a few seconds of SFT."""
+    """A run on the built-in world small enough for a test: a few dozen prompts, a few seconds
+    of SFT, the world's components named as configs/world.yaml names them."""
     gen = {"max_new_tokens": 10, "batch_size": 256}
     cfg: dict[str, Any] = {
         "run": run,
         "root": root,
         "seed": 0,
+        "torch_threads": 1,
         "iterations": 1,
-        "prompts": {"world_size": 24},
-        "heldout": {"world_size": 24, "world_distribution": "heldout"},
-        "bootstrap": {"sft": {"steps": 40, "batch_size": 32}, "sft_examples": 2000},
+        "prompts": world_prompts("seed", 24),
+        "heldout": world_prompts("heldout", 24),
+        "bootstrap": world_sft(),
+        "annotate": {"reward": world("components:WorldVerifier")},
+        "evolve": {"evolver": world("components:WorldRewriter")},
+        "complexity": {"judge": world("components:WorldDifficulty")},
         "generate": {"n": 4, "backend": gen},
         # 40 SFT steps solve almost nothing exactly: train on best-vs-worst pairs regardless.
         "pairs": {"min_chosen_reward": None},

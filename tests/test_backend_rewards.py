@@ -14,9 +14,9 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from transformers import LlamaConfig, LlamaForSequenceClassification
 
 from eva_world import world
-from eva_world.components import WorldReward
 from eva_world.tiny_lm import build_char_tokenizer
 from tasks.backends.protocols import RewardModel
+from tasks.backends.python import PythonComponent
 from tasks.backends.reward import RewardBackend
 from tasks.backends.reward.function import CallableReward
 from tasks.backends.reward.pairwise import PairwiseReward
@@ -26,8 +26,11 @@ from tasks.backends.reward.vllm_pooling import VLLMPoolingReward, VLLMPoolingSco
 ADAPTER: TypeAdapter[Any] = TypeAdapter(RewardBackend)
 
 
+VERIFIER = {"kind": "python", "factory": "eva_world.components:WorldVerifier"}
+
+
 class StageLike(BaseModel):
-    reward: RewardBackend = Field(default_factory=WorldReward)
+    reward: RewardBackend | None = Field(default=None)
 
 
 # --- the union --------------------------------------------------------------------------------
@@ -36,7 +39,7 @@ class StageLike(BaseModel):
 @pytest.mark.parametrize(
     ("data", "cls"),
     [
-        ({"kind": "world"}, WorldReward),
+        (VERIFIER, PythonComponent),
         (
             {"kind": "sequence_classifier", "model": "org/rm", "output": "score"},
             SequenceClassifierReward,
@@ -57,8 +60,9 @@ def test_dicts_validate_into_the_backend_their_kind_names(data: dict[str, Any], 
     assert type(StageLike.model_validate({"reward": data}).reward) is cls
 
 
-def test_default_is_the_world_and_unknown_kinds_fail_naming_the_choices():
-    assert StageLike().reward == WorldReward()
+def test_no_default_reward_and_unknown_kinds_fail_naming_the_choices():
+    # The reward model is the user's to name (the run refuses none, tests/test_own_model.py).
+    assert StageLike().reward is None
     with pytest.raises(ValidationError) as info:
         StageLike.model_validate({"reward": {"kind": "armo"}})
     message = str(info.value)
@@ -241,4 +245,4 @@ def test_annotate_fails_when_most_prompts_are_unscored_and_counts_the_rest(tmp_p
     out = _annotate(tmp_path, nothing, [["?", "?"], ["7", "7"], ["?", "1"], ["8", "1"]])
     assert out.stats["unscored_prompts"] == 1 and out.stats["tied_prompts"] == 3
     with pytest.raises(StageError, match="no preference signal"):
-        _annotate(tmp_path, {"kind": "world"}, [["3", "3"], ["7", "7"]], fail_on_no_signal=True)
+        _annotate(tmp_path, VERIFIER, [["3", "3"], ["7", "7"]], fail_on_no_signal=True)

@@ -250,7 +250,7 @@ def test_generate_stage_starts_and_stops_the_server(tmp_path: Path):
     assert not alive(int(pid_file.read_text()))  # the stage closed it
     assert out.stats["engine_starts"] == 1
     # One request per prompt (n in one request); the stand-in reports 1 + 1 tokens each.
-    assert out.stats["requests"] == {
+    assert out.stats["backend"] == {
         "requests": 3, "retries": 0, "failures": 0, "prompt_tokens": 3, "completion_tokens": 3,
     }  # fmt: skip
 

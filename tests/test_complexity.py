@@ -1,5 +1,6 @@
-"""Stage ``complexity``: the world's exact difficulty, and the LLM judge over a real local
-OpenAI-compatible server (answers parsed, failures unscored rather than fatal)."""
+"""Stage ``complexity``: the world's exact difficulty (a judge plugged in by import path), and the
+LLM judge over a real local OpenAI-compatible server (answers parsed, failures unscored rather
+than fatal)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from tasks.backends.evolve.judge import JUDGE_TEMPLATE, LLMComplexityJudge, pars
 from tasks.complexity import COMPLEXITY_COLUMNS, ComplexityConfig, complexity
 from tasks.stage import RunContext, StageContext, StageOutput
 from tests.support.openai_server import OpenAICompatibleServer
+
+WORLD = {"kind": "python", "factory": "eva_world.components:WorldDifficulty"}
 
 
 def run_stage(tmp_path: Path, config: ComplexityConfig, prompts: list[str]) -> StageOutput:
@@ -34,7 +37,9 @@ def nan_to_none(values: list[float]) -> list[float | None]:
 def test_world_difficulty_needs_no_llm(tmp_path: Path):
     # digits + 2 per operand beyond the second (add/sub); string length (rev); NaN otherwise.
     prompts = ["12+34=", "1+2+3=", "53-17=", "r:abcd=", "123+4567+89+1=", "hello"]
-    out = run_stage(tmp_path, ComplexityConfig(chunk=4), prompts)
+    out = run_stage(
+        tmp_path, ComplexityConfig.model_validate({"judge": WORLD, "chunk": 4}), prompts
+    )
     assert nan_to_none(out.table.column("complexity").to_pylist()) == [4, 5, 4, 4, 14, None]
     assert all(math.isnan(q) for q in out.table.column("quality").to_pylist())
     assert out.stats["mean_complexity"] == round((4 + 5 + 4 + 4 + 14) / 5, 4)
@@ -63,7 +68,7 @@ def test_llm_judge_over_http(tmp_path: Path):
     assert nan_to_none(out.table.column("quality").to_pylist()) == [8, None, 8, None]
     assert out.stats["mean_complexity"] == 7 and out.stats["mean_quality"] == 8
     # 4 requests, no retries (max_retries 0), 1 failure; 1 + 1 tokens for each of 3 answers.
-    assert out.stats["unscored"] == 2 and out.stats["requests"] == {
+    assert out.stats["unscored"] == 2 and out.stats["backend"] == {
         "requests": 4, "retries": 0, "failures": 1, "prompt_tokens": 3, "completion_tokens": 3,
     }  # fmt: skip
     assert all(r["body"]["temperature"] == 0.0 for r in server.requests)  # it does not sample
@@ -90,7 +95,7 @@ def test_empty_prompt_set(tmp_path: Path):
     run = RunContext(root=str(tmp_path), run="t", seed=0)
     ctx = StageContext(run, 1, "complexity", 0, {}, str(tmp_path), run.store(), lambda _: None)
     empty = seed_records(["x"]).slice(0, 0)
-    out = complexity.fn(ctx, ComplexityConfig(), prompts=empty)
+    out = complexity.fn(ctx, ComplexityConfig.model_validate({"judge": WORLD}), prompts=empty)
     assert out.table.num_rows == 0 and out.stats["mean_complexity"] is None
     assert isinstance(out.table, pa.Table)
 

@@ -29,12 +29,14 @@ from eva_world.tiny_lm import (
 from tasks.annotate import AnnotateConfig, annotate
 from tasks.backends.generate.openai import derive_seed
 from tasks.backends.generate.vllm import VLLMGeneration
+from tasks.backends.python import PythonComponent
 from tasks.backends.ray_job import JobSpec, fan_out, vllm_processor_kwargs, vllm_requests
 from tasks.generate import GenerateConfig, generate
 from tasks.stage import RunContext, StageError
 from tasks.store import Ref, hash_directory
 
 BACKEND = {"max_new_tokens": 10, "batch_size": 16}
+VERIFIER = PythonComponent(factory="eva_world.components:WorldVerifier")
 STAGES = ("generate", "annotate")
 
 
@@ -89,7 +91,7 @@ def test_rollouts_and_rewards_through_the_cluster_are_byte_identical(cluster, tm
     rollouts = generate(
         local, 1, GenerateConfig(n=4, backend=BACKEND), prompts=prompts, policy=policy
     )
-    annotate(local, 1, AnnotateConfig(), rollouts=rollouts)
+    annotate(local, 1, AnnotateConfig(reward=VERIFIER), rollouts=rollouts)
 
     run, prompts, policy = _inputs(tmp_path, "ray")
     # A job that fails (no prompt fits 64 new tokens in the policy's 64 positions) fails the
@@ -106,7 +108,7 @@ def test_rollouts_and_rewards_through_the_cluster_are_byte_identical(cluster, tm
     # The rerun goes through; its rollouts, then its rewards, are the in-process bytes.
     config = GenerateConfig(n=4, backend=BACKEND, ray=ray)
     rollouts = generate(run, 1, config, prompts=prompts, policy=policy)
-    annotate(run, 1, AnnotateConfig(ray=ray), rollouts=rollouts)
+    annotate(run, 1, AnnotateConfig(reward=VERIFIER, ray=ray), rollouts=rollouts)
     for name in ("generate.parquet", "annotate.parquet"):
         ours, theirs = (tmp_path / r / "iter_1" / name for r in ("ray", "local"))
         assert ours.read_bytes() == theirs.read_bytes(), name
@@ -203,7 +205,7 @@ def test_an_s3_run_root_through_the_cluster(cluster, tmp_path: Path, local_s3):
         run, prompts, policy = _inputs(tmp_path, name, "s3://eva-bucket/runs", opts)
         config = GenerateConfig(n=2, backend=BACKEND, ray=where)
         rollouts = generate(run, 1, config, prompts=prompts, policy=policy)
-        annotate(run, 1, AnnotateConfig(ray=where), rollouts=rollouts)
+        annotate(run, 1, AnnotateConfig(reward=VERIFIER, ray=where), rollouts=rollouts)
         store = run.store()
         tables[name] = [store.read_table(f"iter_1/{s}.parquet") for s in STAGES]
         store.fs.invalidate_cache()

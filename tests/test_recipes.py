@@ -73,7 +73,8 @@ def test_the_world_config_is_a_file_and_defaults_elsewhere_are_the_papers(tmp_pa
     solver = demo.train.solver
     assert (solver.kind, solver.learning_rate, solver.effective_batch_size) == ("dpo_nll", 2e-4, 32)
     assert (solver.beta, solver.max_length, demo.pairs.min_chosen_reward) == (0.1, 64, 1.0)
-    assert demo.generate.backend.max_new_tokens == 10 and demo.prompts.world_size == 3000
+    assert demo.generate.backend.max_new_tokens == 10
+    assert demo.prompts.source is not None and demo.prompts.source.options["size"] == 3000
     # One rule: a file that names a section without extending the world gets the paper's
     # defaults there; one that extends it keeps the world's, exactly like --set does.
     (tmp_path / "own.yaml").write_text("train: {launcher: accelerate}\n")
@@ -144,10 +145,11 @@ def test_eva_config_prints_what_a_recipe_and_its_overrides_resolve_to(capsys) ->
 
 
 def test_run_names_stay_text_and_long_values_are_cut(tmp_path: Path) -> None:
-    from flows.cli import _load, _parser
+    from flows.cli import _parser
+    from flows.commands import load
 
     args = _parser().parse_args(["run", "--run", "2024", "--root", str(tmp_path)])
-    assert _load(args, RunConfigModel).run == "2024"  # not the integer 2024
+    assert load(args, RunConfigModel).run == "2024"  # not the integer 2024
     with pytest.raises(ConfigError) as err:
         load_config(None, ["train.solver={kind: dpo, beta: -1}"])
     assert str(err.value).startswith("train.solver.beta: Input should be greater than 0")

@@ -23,7 +23,7 @@ from tests.conftest import tiny_run_config
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
 SOLVER = ("generate", "annotate", "pairs", "train", "evaluate")
-CREATOR = ("creator_generate", "creator_annotate", "score", "sample", "evolve", "mix")
+CREATOR = ("creator_generate", "creator_annotate", "score", "sample", "evolve", "mix", "complexity")
 SETUP = ("prompts", "heldout", "bootstrap", "evaluate")
 
 
@@ -154,7 +154,97 @@ def test_stage_rerun_touches_only_that_stage_then_downstream(finished_run, capsy
     assert _rerun_evolve(config.root, "--downstream") == 0
     again = _manifests(store, config.iterations)
     changed = {k for k in again if again[k]["created_at"] != after[k]["created_at"]}
-    assert changed == {(1, s) for s in ("evolve", "mix", *SOLVER)}
+    assert changed == {(1, s) for s in ("evolve", "mix", "complexity", *SOLVER)}
+
+
+def test_edited_eva_code_keeps_a_finished_run_cached(finished_run, tmp_path) -> None:
+    """Keys follow declared versions, not code text: with a comment line appended to every
+    module of eva and a string of its UI changed (as an upgrade of eva would), relaunching a
+    finished run from that copy of eva reruns nothing."""
+    import shutil
+
+    config, _ = finished_run
+    store = RunStore(config.root, config.run)
+    before = _manifests(store, config.iterations)
+    project = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    copy = tmp_path / "eva"
+    for package in ("eva_core", "tasks", "flows", "eva_runtime", "eva_world"):
+        shutil.copytree(
+            os.path.join(project, package),
+            copy / package,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
+    for module in copy.rglob("*.py"):
+        module.write_text(module.read_text() + "\n# edited after the run finished\n")
+    ui = copy / "eva_runtime" / "prefect_ui.py"
+    assert "### {artifact}" in ui.read_text()
+    ui.write_text(ui.read_text().replace("### {artifact}", "#### stage {artifact}"))
+    (tmp_path / "run.json").write_text(config.model_dump_json())
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PYTHONPATH": str(copy), "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    code = (
+        "import flows.cli, sys; print(flows.cli.__file__); sys.exit(flows.cli.main(sys.argv[1:]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "run", "--config", str(tmp_path / "run.json")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith(str(copy / "flows" / "cli.py"))  # the edited copy ran
+    after = _manifests(store, config.iterations)
+    assert {k: m["created_at"] for k, m in after.items()} == {
+        k: m["created_at"] for k, m in before.items()
+    }
+
+
+def test_a_version_bump_reruns_that_stage_and_what_reads_its_new_output(
+    finished_run, tmp_path, monkeypatch
+) -> None:
+    """A stage whose code changed what it writes declares a new version: its artifact is
+    recomputed, and so is everything that reads the new output; the rest is reused."""
+    import dataclasses
+    import shutil
+
+    import numpy as np
+
+    import tasks.sample
+    from flows.run import eva_run
+
+    config, _ = finished_run
+    shutil.copytree(os.path.join(config.root, config.run), tmp_path / config.run)
+    copied = config.model_copy(update={"root": str(tmp_path)})
+    store = RunStore(copied.root, copied.run)
+    before = _manifests(store, copied.iterations)
+    original = tasks.sample.select_subset
+
+    def reversed_subset(*args, **kwargs):  # the "new code": the same draw, in reverse order
+        subset = original(*args, **kwargs)
+        return dataclasses.replace(subset, indices=np.asarray(subset.indices)[::-1])
+
+    monkeypatch.setattr(tasks.sample, "select_subset", reversed_subset)
+    monkeypatch.setattr(tasks.sample.sample, "version", 2)
+    time.sleep(1.1)
+    eva_run(copied)
+    after = _manifests(store, copied.iterations)
+    changed = {k for k in after if after[k]["created_at"] != before[k]["created_at"]}
+    assert changed == {(1, s) for s in ("sample", "evolve", "mix", "complexity", *SOLVER)}
+    assert after[(1, "sample")]["version"] == 2
+
+
+def test_downstream_follows_what_reads_a_stage_not_the_order(finished_run) -> None:
+    """Nothing reads complexity (it charts X_t): rerunning it with --downstream reruns it alone,
+    though generate, annotate, pairs and train come after it in the flow."""
+    config, _ = finished_run
+    store = RunStore(config.root, config.run)
+    before = _manifests(store, config.iterations)
+    time.sleep(1.1)
+    args = ["--run", "base", "--root", config.root, "--iteration", "1", "--force", "--downstream"]
+    assert main(["stage", "complexity", *args]) == 0
+    after = _manifests(store, config.iterations)
+    assert {k for k in after if after[k]["created_at"] != before[k]["created_at"]} == {
+        (1, "complexity")
+    }
 
 
 def test_a_copied_run_is_shown_and_rerun_where_it_is_without_touching_the_original(
@@ -220,7 +310,12 @@ def test_a_stage_that_does_not_run_there_is_refused(finished_run, capsys) -> Non
     args = ["stage", "evolve", "--run", "base", "--root", config.root, "--iteration", "setup"]
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "eva: error: evolve does not run in setup of base"
+    assert err.startswith("eva: error: evolve does not run in setup of base (it runs prompts, ")
+    assert "\n" not in err
+    # A typo gets the artifact it most likely meant.
+    args = ["stage", "evolv", "--run", "base", "--root", config.root, "--iteration", "1"]
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip().endswith("(did you mean evolve?)")
     # Misuse of the command line is one line too, with the same exit code.
     assert main(["show", "--run", "base", "--root", config.root, "--rows", "-1"]) == 2
     err = capsys.readouterr().err.strip()
@@ -327,7 +422,13 @@ def _bad_files(tmp_path, policy_dir: str) -> dict[str, str]:
     no_weights = tmp_path / "noweights"
     no_weights.mkdir()
     (no_weights / "config.json").write_text("{}")
-    out = {"DIRECTORY": str(tmp_path), "POLICY": policy_dir, "NOWEIGHTS": str(no_weights)}
+    own = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "own-model.yaml")
+    out = {
+        "DIRECTORY": str(tmp_path),
+        "POLICY": policy_dir,
+        "NOWEIGHTS": str(no_weights),
+        "OWNMODEL": own,
+    }
     for key, (name, data) in files.items():
         (tmp_path / name).write_bytes(data)
         out[key] = str(tmp_path / name)
@@ -346,8 +447,24 @@ def _bad_files(tmp_path, policy_dir: str) -> dict[str, str]:
         (["--config", "YAMLERROR"], "y.yaml: line 2, column 1:"),
         (["--config", "YAMLLATIN"], "ly.yaml: not UTF-8 text"),
         (["--root", "/proc/eva"], "root: cannot write under /proc/eva"),  # the last --root wins
-        (
+        (  # the world config refuses prompts its components cannot handle
             ["--set", "prompts.path=LONGPROMPT", "--set", "bootstrap.init_checkpoint=POLICY"],
+            "long.jsonl: row 0 ('111111111111111111111111111111111111111111111111111111111111')"
+            " is not a prompt of the built-in world",
+        ),
+        (  # your own model: prompts that do not fit its context
+            [
+                "--config",
+                "OWNMODEL",
+                "--set",
+                "prompts.path=LONGPROMPT",
+                "--set",
+                "heldout.path=LONGPROMPT",
+                "--set",
+                "bootstrap.init_checkpoint=POLICY",
+                "--set",
+                "generate.backend.max_new_tokens=10",
+            ],
             "prompt row 0 has 60 tokens; with max_new_tokens 10 it exceeds the model's 64",
         ),
         # Found by a corpus of 156 bad inputs (2026-11-22): each used to pass or crash.
@@ -401,12 +518,12 @@ def test_more_bad_input_is_one_line_and_writes_nothing(
 
 
 def test_prompt_files_as_json_arrays_are_read(tmp_path) -> None:
-    from tasks.prompts import PromptsConfig, read_prompt_file
+    from tasks.prompts import PromptsConfig, read_prompts
 
     (tmp_path / "s.json").write_text(json.dumps(["1+2=", "r:ab="]))
     (tmp_path / "o.json").write_text(json.dumps([{"prompt": "1+2=", "category": "add"}]))
-    strings = read_prompt_file(PromptsConfig(path=str(tmp_path / "s.json")))
-    objects = read_prompt_file(PromptsConfig(path=str(tmp_path / "o.json")))
+    strings = read_prompts(PromptsConfig(path=str(tmp_path / "s.json")))
+    objects = read_prompts(PromptsConfig(path=str(tmp_path / "o.json")))
     assert strings.column("prompt").to_pylist() == ["1+2=", "r:ab="]
     assert objects.column("category").to_pylist() == ["add"]
 
@@ -439,7 +556,7 @@ def test_deployment_spec_is_a_valid_run() -> None:
     assert deployment["schedules"][0]["active"] is False  # off until a user enables it
 
 
-def test_prompt_strategies_and_reused_rollouts(tmp_path) -> None:
+def test_subset_strategy_and_reused_rollouts(tmp_path) -> None:
     from flows.run import eva_run
 
     root = str(tmp_path)
@@ -458,90 +575,6 @@ def test_prompt_strategies_and_reused_rollouts(tmp_path) -> None:
     rollouts = store.read_table(store.read_manifest(1, "generate")["uri"])
     assert rollouts.column("prompt_id").to_pylist() == subset.column("prompt_id").to_pylist()
     assert rollouts.num_rows == 6  # 25% of 24
-
-    # Fresh seed split: a new, disjoint prompt set from the seed distribution; no creator.
-    cfg = validate_config(tiny_run_config(root, run="fresh", prompt_strategy="fresh"))
-    eva_run(cfg)
-    store = RunStore(root, "fresh")
-    x0 = set(store.read_table(store.read_manifest(None, "prompts")["uri"]).column("prompt_id"))
-    x1 = store.read_table(store.read_manifest(1, "prompts")["uri"])
-    assert x1.num_rows == 24 and not x0 & set(x1.column("prompt_id"))
-    assert set(x1.column("source").to_pylist()) == {"seed"}
-    assert store.read_manifest(1, "score") is None and store.read_manifest(1, "train")
-
-
-def _prompt_ids(store: RunStore, iteration: int | None, artifact: str) -> set[str]:
-    manifest = store.read_manifest(iteration, artifact)
-    return set(store.read_table(manifest["uri"]).column("prompt_id").to_pylist())
-
-
-@pytest.mark.parametrize("strategy", ["eva", "fresh", "target"])
-def test_no_arm_ever_trains_on_a_held_out_prompt(tmp_path, strategy) -> None:
-    """End to end, for each arm: every prompt an iteration trains on (and every evolved prompt)
-    is outside the held-out set, the baselines' splits never repeat one another, and the
-    target arm draws from the target distribution. (Random collisions are rare at this size;
-    test_split_and_evolve_skip_held_out_prompts forces them.)"""
-    from eva_world import world
-    from flows.run import eva_run
-
-    root = str(tmp_path)
-    cfg = tiny_run_config(root, run=strategy, prompt_strategy=strategy, iterations=2)
-    cfg["heldout"] = {"world_size": 400, "world_distribution": "heldout"}
-    eva_run(validate_config(cfg))
-    store = RunStore(root, strategy)
-    heldout = _prompt_ids(store, None, "heldout")
-    trained = [_prompt_ids(store, t, "generate") for t in (0, 1, 2)]
-    assert all(len(ids) == 24 for ids in trained)
-    assert not heldout & set().union(*trained)
-    if strategy == "eva":
-        assert not heldout & _prompt_ids(store, 1, "evolve")
-    else:
-        assert not trained[0] & trained[1] and not trained[1] & trained[2]
-        assert not trained[0] & trained[2]
-        x2 = store.read_table(store.read_manifest(2, "prompts")["uri"]).column("prompt")
-        dist = world.HELDOUT_DISTRIBUTION if strategy == "target" else world.SEED_DISTRIBUTION
-        assert all(dist.contains(p) for p in x2.to_pylist())
-
-
-def test_fresh_strategy_rejects_a_prompt_file(tmp_path, capsys) -> None:
-    args = ["--set", "prompt_strategy=fresh", "--set", "prompts.path=x.jsonl"]
-    assert main(["run", "--root", str(tmp_path / "r"), *args]) == 2
-    assert "prompt_strategy 'fresh' draws new world prompts" in capsys.readouterr().err
-
-
-def test_split_and_evolve_skip_held_out_prompts(tmp_path) -> None:
-    """The guards themselves, with collisions forced: the held-out set is made of exactly the
-    prompts an unguarded split (or the world evolver) would produce."""
-    from eva_core.schema import seed_records
-    from eva_world import world
-    from tasks.evolve import EvolveConfig, evolve
-    from tasks.prompts import PromptsConfig, load_split
-    from tasks.stage import RunContext, StageContext, stage_seed
-
-    run = RunContext(root=str(tmp_path), run="t", seed=3)
-
-    def ctx(t: int, artifact: str) -> StageContext:
-        return StageContext(run, t, artifact, 5, {}, str(tmp_path), run.store(), lambda _: None)
-
-    config = PromptsConfig(world_size=20)
-    unguarded = world.sample_prompts(
-        world.SEED_DISTRIBUTION, 60, seed=stage_seed(3, None, "prompts")
-    )
-    held = seed_records(unguarded[25:35])  # ten prompts split 1 would otherwise contain
-    split1 = load_split.fn(ctx(1, "prompts"), config, heldout=held).table
-    split2 = load_split.fn(ctx(2, "prompts"), config, heldout=held).table
-    p1, p2 = split1.column("prompt").to_pylist(), split2.column("prompt").to_pylist()
-    assert p1[:5] == unguarded[20:25] and not set(p1) & set(unguarded[25:35])
-    assert len(p1) == len(p2) == 20 and not set(p1) & set(p2)
-    assert not set(unguarded[:20]) & set(p1 + p2)  # X_0 is split 0: never drawn again
-
-    parents = seed_records(["12+34=", "r:abc="], ["add", "rev"])
-    everything = evolve.fn(ctx(1, "evolve"), EvolveConfig(), subset=parents, heldout=held).table
-    children = everything.column("prompt").to_pylist()
-    blocked = seed_records(children[:3])
-    out = evolve.fn(ctx(1, "evolve"), EvolveConfig(), subset=parents, heldout=blocked)
-    assert out.table.column("prompt").to_pylist() == children[3:]
-    assert out.stats["dropped"]["heldout"] == 3
 
 
 def test_a_dead_evolver_fails_the_run_and_is_retried_once_it_answers(

@@ -139,46 +139,52 @@ def test_crash_mid_stage_leaves_no_complete_artifact(tmp_path, monkeypatch) -> N
     assert leftovers == []
 
 
-def test_plan_targets_one_stage(tmp_path) -> None:
+def test_plan_targets_one_stage_and_follows_refs_not_order(tmp_path) -> None:
     run = _run(tmp_path)
     store = run.store()
     annotated = _input(store, 1, "creator_annotate", _annotated())
     scores = score(run, 1, ScoreConfig(), annotated=annotated)
     subset = sample(run, 1, SampleConfig(fraction=0.5), scores=scores)
-    # The order is the flow's (the framework knows no stage names): a flow that called its
-    # stages as score, sample, mix.
-    order = ("score", "sample", "mix")
-    plan_run = _run(tmp_path, plan=Plan(target_iteration=1, target="sample", order=order))
-    assert (
-        score.task(
-            plan_run, 1, ScoreConfig(), "score", {"annotated": annotated}, return_state=True
-        ).name
-        == "Cached"
+    plan = Plan(target_iteration=1, target="sample")
+    plan_run = _run(tmp_path, plan=plan)
+    # Neither the target nor made from it: reused, never computed.
+    state = score.task(
+        plan_run, 1, ScoreConfig(), "score", {"annotated": annotated}, return_state=True
     )
-    assert (
-        sample.task(
-            plan_run, 1, SampleConfig(fraction=0.5), "sample", {"scores": scores}, return_state=True
-        ).name
-        == "Completed"
+    assert state.name == "Cached" and not state.result().rerun
+    state = sample.task(
+        plan_run, 1, SampleConfig(fraction=0.5), "sample", {"scores": scores}, return_state=True
     )
-    # Downstream of the target is skipped unless asked for.
+    assert state.name == "Completed" and plan.met()
+    rerun_subset = state.result()
+    assert rerun_subset.rerun  # what reads it knows it was made by the target
+    # What reads the target is skipped unless asked for (no order: its refs say so).
     current = _input(store, 0, "mix", seed_records(["a", "b"]))
-    state = mix.task(
-        plan_run, 1, MixConfig(), "mix", {"current": current, "evolved": subset}, return_state=True
-    )
+    refs = {"current": current, "evolved": rerun_subset}
+    state = mix.task(plan_run, 1, MixConfig(), "mix", refs, return_state=True)
     assert state.name == "Skipped" and state.result().skipped
-    # An upstream stage that is not cached cannot be silently recomputed; the failure is
-    # logged as its one line, without Prefect's traceback.
-    missing = "score of iter_1 has no finished artifact"
+    # A stage that does not read the target and never finished is skipped, not computed...
+    refs = {"current": current, "evolved": subset}
+    state = mix.task(plan_run, 1, MixConfig(), "mix", refs, return_state=True)
+    assert state.name == "Skipped" and store.read_manifest(1, "mix") is None
+    # ... and with --downstream, what reads the target runs, forced.
+    down = _run(tmp_path, plan=Plan(target_iteration=1, target="sample", downstream=True))
+    refs = {"current": current, "evolved": rerun_subset}
+    state = mix.task(down, 1, MixConfig(), "mix", refs, return_state=True)
+    assert state.name == "Completed" and state.result().rerun
+    # An upstream stage that is not cached cannot be silently recomputed: it is skipped, and
+    # the target fails naming that input, logged as its one line without Prefect's traceback.
+    skipped = score(plan_run, 1, ScoreConfig(metric="var"), annotated=annotated)
+    assert skipped.skipped
+    missing = "sample of iter_1: its input 'scores' has no finished artifact"
     with _records("prefect.task_runs") as logged, pytest.raises(StageError, match=missing):
-        score(plan_run, 1, ScoreConfig(metric="var"), annotated=annotated)
+        sample(plan_run, 1, SampleConfig(fraction=0.5), scores=skipped)
     failed = [r for r in logged if "no finished artifact" in r.getMessage()]
     assert failed and all(r.exc_info is None for r in failed)
-    # A target the flow does not call, or a stage outside the flow's order, is refused.
-    with pytest.raises(ValidationError, match="target 'evolve' is not one of the flow's"):
-        Plan(target="evolve", order=order)
-    with pytest.raises(StageError, match="pairs: not in the flow's declared stage order"):
-        plan_run.plan.decide(1, "pairs")
+    # A target the flow never calls is never met: the CLI names it (test_run_e2e).
+    elsewhere = Plan(target_iteration=2, target="sample")
+    sample(_run(tmp_path, plan=elsewhere), 1, SampleConfig(fraction=0.5), scores=scores)
+    assert not elsewhere.met() and elsewhere.called_at(1) == ["sample"]
 
 
 def test_s3_root_through_a_local_s3_server(tmp_path, capsys, local_s3) -> None:
@@ -199,6 +205,7 @@ def test_s3_root_through_a_local_s3_server(tmp_path, capsys, local_s3) -> None:
     # run's stored options (here: the credentials) for everything else.
     from flows import cli
     from flows.config import RunConfig
+    from flows.runs import stored_config
 
     stored = RunConfig(root="s3://eva-bucket/runs", run="r", storage_options=opts)
     with store.fs.open("eva-bucket/runs/r/config.json", "w") as f:
@@ -207,11 +214,10 @@ def test_s3_root_through_a_local_s3_server(tmp_path, capsys, local_s3) -> None:
     assert cli.main([*argv, "--stage", "score", "--storage-options", json.dumps(opts)]) == 0
     printed = capsys.readouterr().out
     assert '"rows": 8' in printed and '"uri": "iter_1/score.parquet"' in printed
-    assert cli.stored_config("s3://eva-bucket/runs", "r", opts).storage_options == opts
+    assert stored_config("s3://eva-bucket/runs", "r", opts).storage_options == opts
 
 
 def test_init_checkpoint_local_or_hub_id(tmp_path) -> None:
-    from pydantic import ValidationError
 
     from tasks.bootstrap import BootstrapConfig, _checkpoint_key
     from tasks.store import is_hub_id
@@ -227,15 +233,62 @@ def test_init_checkpoint_local_or_hub_id(tmp_path) -> None:
     assert _checkpoint_key(BootstrapConfig(init_checkpoint=str(tmp_path))) != local
 
 
-def test_each_stage_is_keyed_on_the_code_it_can_run() -> None:
-    """Editing a solver backend reruns training, not the bootstrap SFT or the creator."""
-    from tasks.stage import _closure
+def test_keys_follow_declared_versions_not_code_text(tmp_path, monkeypatch) -> None:
+    """A stage's key is its version, config, inputs and the versions of what it runs: eva's own
+    version is not in it (an upgrade reruns nothing), a component's declared version is."""
+    from tasks.annotate import AnnotateConfig, annotate
+    from tasks.keys import components
 
-    boot, train, evolve = (_closure(f"tasks.{m}") for m in ("bootstrap", "train", "evolve"))
-    assert "tasks.backends.train.dpo" in train
-    assert "tasks.backends.train.dpo" not in boot and "tasks.backends.train.dpo" not in evolve
-    assert "eva_world.tiny_lm" in boot and "eva_world.world" in boot
-    assert "tasks.backends.evolve.paper" in evolve  # selectable by config, so keyed
+    run = RunContext(root=str(tmp_path), run="r", seed=0)
+    world = {"kind": "python", "factory": "eva_world.components:WorldVerifier"}
+    config = AnnotateConfig.model_validate({"reward": world})
+    key = annotate.cache_key(run, 1, config, "annotate", {})
+    assert dict(components(config))["eva_world.components:WorldVerifier"].version == 1
+    import importlib.metadata as metadata
+
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda p: "99.0" if p == "eva" else real(p))
+    assert annotate.cache_key(run, 1, config, "annotate", {}) == key  # an eva upgrade
+    from eva_world.components import WorldVerifier
+
+    monkeypatch.setattr(WorldVerifier, "version", 2)  # the world's verifier changed
+    assert annotate.cache_key(run, 1, config, "annotate", {}) != key
+    monkeypatch.undo()
+    monkeypatch.setattr(annotate, "version", 2)  # the stage itself changed
+    assert annotate.cache_key(run, 1, config, "annotate", {}) != key
+
+
+def test_every_stage_and_component_matches_its_recorded_version() -> None:
+    """The CI check behind versioned keys: code that changed without a version bump (or a
+    recorded fingerprint) fails here, naming it (`python -m tasks.versions`)."""
+    from tasks.versions import check
+
+    assert check() == []
+
+
+def test_a_code_change_without_a_version_bump_is_caught(tmp_path, monkeypatch) -> None:
+    import json
+
+    from tasks import versions
+
+    lock = tmp_path / "versions.lock.json"
+    monkeypatch.setattr(versions, "LOCK", lock)
+    versions.write()
+    assert versions.check() == []
+    recorded = json.loads(lock.read_text())
+    recorded["stage:score@tasks.score"]["code"] = "0" * 16  # as if score.py had been edited
+    lock.write_text(json.dumps(recorded))
+    assert versions.check() == [
+        "stage:score@tasks.score: its code changed but its version is still 1: bump it if what "
+        "it writes can change, then record it"
+    ]
+    recorded["stage:score@tasks.score"]["version"] = 0  # bumped in code, not yet recorded
+    lock.write_text(json.dumps(recorded))
+    assert versions.check()[0].startswith("stage:score@tasks.score: version 1 is not recorded")
+    # Comments, docstrings and layout are not code: the fingerprint ignores them.
+    plain = versions.code_of("def f(x):\n    return x + 1\n")
+    noted = '"""Doc."""\ndef f(x):\n    """Adds one."""\n    return (x +\n 1)  # why\n'
+    assert versions.code_of(noted) == plain != versions.code_of("def f(x):\n    return x + 2\n")
 
 
 def test_editing_a_user_reward_function_changes_the_annotate_key(tmp_path, monkeypatch) -> None:

@@ -32,7 +32,7 @@ def test_summaries_and_tables_land_on_the_stage_task_run_in_order(prefect_api) -
         for version in (1, 2):  # a rerun posts a new version of the same keys
             manifest["stats"] = {"version": version, "mean": float("nan")}
             table = [{"prompt": "p", "informativeness": 0.25 * version, "x": float("nan")}]
-            publish_stage(run, 1, "score", manifest, {"top": table}, {"top": "the top"})
+            publish_stage(run, "iter_1", "score", manifest, {"top": table}, {"top": "the top"})
 
     @flow
     def a_run() -> None:

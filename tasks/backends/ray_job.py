@@ -174,11 +174,11 @@ class StageWorker:
             # (vllm stages never get here: Ray Data LLM runs them, see _vllm)
             backend = TransformersGeneration.model_validate(spec.backend)
             self.generator = backend.load(_local_model(spec))
-        elif spec.backend.get("kind") == "world":
+        elif spec.backend.get("kind") == "python":
             # Plain Python: importing every reward backend would import torch, for nothing.
-            from eva_world.components import WorldReward
+            from tasks.backends.python import PythonComponent
 
-            self.scorer = WorldReward.model_validate(spec.backend).load()
+            self.scorer = PythonComponent.model_validate(spec.backend).load()
         else:
             from tasks.backends.reward import RewardBackend
 

@@ -1,7 +1,9 @@
 """The evolver a config may name: one pydantic union, told apart by ``kind``.
 
-``world`` needs nothing (the built-in world's operators); ``distilabel`` and ``paper`` need an
-OpenAI-compatible LLM endpoint. A YAML config picks one with ``evolver: {kind: ..., ...}``.
+``distilabel`` (EvolInstruct, the paper's) and ``paper`` (the paper's appendix-F templates) need
+an OpenAI-compatible LLM endpoint; ``python`` builds an object of yours with ``factory(**options)``
+(the built-in world's operators: ``eva_world.components:WorldRewriter``). A YAML config picks one
+with ``evolver: {kind: ..., ...}``.
 """
 
 from __future__ import annotations
@@ -10,12 +12,12 @@ from typing import Annotated
 
 from pydantic import Field
 
-from eva_world.components import WorldEvolver
 from tasks.backends.evolve.distilabel import DistilabelEvolver
 from tasks.backends.evolve.paper import PaperTemplateEvolver
+from tasks.backends.python import PythonComponent
 
 EvolverBackend = Annotated[
-    WorldEvolver | DistilabelEvolver | PaperTemplateEvolver, Field(discriminator="kind")
+    DistilabelEvolver | PaperTemplateEvolver | PythonComponent, Field(discriminator="kind")
 ]
 
-__all__ = ["DistilabelEvolver", "EvolverBackend", "PaperTemplateEvolver", "WorldEvolver"]
+__all__ = ["DistilabelEvolver", "EvolverBackend", "PaperTemplateEvolver", "PythonComponent"]

@@ -39,7 +39,7 @@ import warnings
 from collections.abc import Sequence
 from functools import cache
 from types import SimpleNamespace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
@@ -51,6 +51,9 @@ from eva_runtime.llm_config import NamedLLMConfig
 
 class DistilabelEvolver(BaseModel):
     """Evolve prompts with a distilabel task over an OpenAI-compatible LLM."""
+
+    version: ClassVar[int] = 1  # bump when a change can change what it computes
+    libraries: ClassVar[tuple[str, ...]] = ("distilabel",)
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     kind: Literal["distilabel"] = "distilabel"

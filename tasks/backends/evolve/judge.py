@@ -1,6 +1,7 @@
-"""Complexity/quality judges of prompts: the paper's LLM judge (Table 7) and the world's exact
-difficulty. The ``complexity`` stage charts a prompt set with them; the paper evolver's best-of-N
-tree ranks its rewrites with the LLM one.
+"""Complexity/quality judges of prompts: the paper's LLM judge (Table 7), or an object of yours
+(``python``; the built-in world's exact difficulty is ``eva_world.components:WorldDifficulty``).
+The ``complexity`` stage charts a prompt set with them; the paper evolver's best-of-N tree ranks
+its rewrites with the LLM one.
 """
 
 from __future__ import annotations
@@ -8,13 +9,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from eva_runtime.llm_client import LLMClient
 from eva_runtime.llm_config import NamedLLMConfig
-from eva_world import world
+from tasks.backends.python import PythonComponent
 
 JUDGE_TEMPLATE = """You are an expert judge of the user prompts used to train AI assistants.
 Rate the user prompt below on two scales from 1 to 10. Do not answer the prompt.
@@ -51,31 +52,11 @@ def parse_judgement(text: str) -> tuple[float, float]:
     return one("complexity"), one("quality")
 
 
-class WorldComplexityJudge(BaseModel):
-    """The built-in world's exact difficulty; no quality (NaN)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    kind: Literal["world"] = "world"
-
-    def load(self) -> WorldDifficultyScorer:
-        return WorldDifficultyScorer()
-
-
-class WorldDifficultyScorer:
-    """Scores world prompts by their exact difficulty; makes no requests, reports no counts."""
-
-    def score(self, prompts: Sequence[str]) -> list[tuple[float, float]]:
-        out = []
-        for p in prompts:
-            try:
-                out.append((float(world.difficulty(p)), math.nan))
-            except ValueError:  # not a world prompt: unscored rather than a failed stage
-                out.append((math.nan, math.nan))
-        return out
-
-
 class LLMComplexityJudge(BaseModel):
     """Ask an LLM to rate complexity and quality 1-10 (the paper's Table 7 judge)."""
+
+    version: ClassVar[int] = 1  # bump when a change can change what it computes
+    libraries: ClassVar[tuple[str, ...]] = ()
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     kind: Literal["llm"] = "llm"
@@ -114,5 +95,5 @@ class LLMComplexityScorer:
 
 
 ComplexityJudgeBackend = Annotated[
-    WorldComplexityJudge | LLMComplexityJudge, Field(discriminator="kind")
+    LLMComplexityJudge | PythonComponent, Field(discriminator="kind")
 ]

@@ -28,7 +28,7 @@ post-processing counts), a 401/403/404 stops the stage.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -119,6 +119,9 @@ def length_scorer(prompts: Sequence[str]) -> list[float]:
 
 class PaperTemplateEvolver(BaseModel):
     """Rewrite with the paper's strategies over an OpenAI-compatible LLM; optional best-of-N."""
+
+    version: ClassVar[int] = 1  # bump when a change can change what it computes
+    libraries: ClassVar[tuple[str, ...]] = ()
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     kind: Literal["paper"] = "paper"

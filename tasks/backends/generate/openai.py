@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -47,6 +47,9 @@ class GenerationError(EvaError, RuntimeError):
 
 class OpenAIGeneration(BaseModel):
     """Sample responses from an OpenAI-compatible HTTP endpoint (e.g. ``vllm serve``)."""
+
+    version: ClassVar[int] = 1  # bump when a change can change what it computes
+    libraries: ClassVar[tuple[str, ...]] = ()
 
     model_config = ConfigDict(extra="forbid")
 

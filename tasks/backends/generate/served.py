@@ -39,7 +39,7 @@ import logging
 import os
 import shutil
 from collections.abc import Hashable, Sequence
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -61,6 +61,9 @@ _LLM_DEFAULTS = LLMClientConfig()
 class ServedGeneration(BaseModel):
     """Start an OpenAI-compatible server (``vllm serve``) on the stage's checkpoint, sample from
     it, stop it."""
+
+    version: ClassVar[int] = 1  # bump when a change can change what it computes
+    libraries: ClassVar[tuple[str, ...]] = ()  # vLLM runs in its own environment
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -12,7 +12,7 @@ is masked), so this is ordinary temperature + nucleus sampling, just with addres
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal, cast
+from typing import Any, ClassVar, Literal, cast
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -79,6 +79,9 @@ class _GumbelSampling(LogitsProcessor):
 
 class TransformersGeneration(BaseModel):
     """Sample responses with ``transformers`` ``generate`` (no vLLM needed)."""
+
+    version: ClassVar[int] = 1  # bump when a change can change what it computes
+    libraries: ClassVar[tuple[str, ...]] = ("torch", "transformers")
 
     model_config = ConfigDict(extra="forbid")
 

@@ -14,7 +14,7 @@ across batch compositions, so a different ``chunk_size`` can in rare cases chang
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -32,6 +32,9 @@ MISSING_VLLM = (
 
 class VLLMGeneration(BaseModel):
     """Sample responses with vLLM's offline ``LLM`` engine (needs a GPU and vLLM installed)."""
+
+    version: ClassVar[int] = 1  # bump when a change can change what it computes
+    libraries: ClassVar[tuple[str, ...]] = ("vllm",)
 
     model_config = ConfigDict(extra="forbid")
 

@@ -8,11 +8,13 @@ returns an object satisfying ``tasks.backends.protocols.RewardModel``.
 ==================== ================================================================
 kind                 backend
 ==================== ================================================================
-world                the built-in world's verifier (the default, CPU, exact)
-sequence_classifier  a transformers reward model (Skywork-style logit, ArmoRM `score`)
+sequence_classifier  a transformers reward model (Skywork-style logit, ArmoRM `score`);
+                     the paper's ArmoRM is the default
 vllm_pooling         a classifier reward model on vLLM's pooling runner (GPU, optional)
 callable             any Python function ``package.module:function``
 pairwise             an LLM judge's pairwise preferences -> mean win probability
+python               an object of yours, ``factory(**options)`` (the built-in world's
+                     verifier: ``eva_world.components:WorldVerifier``)
 ==================== ================================================================
 """
 
@@ -22,7 +24,7 @@ from typing import Annotated, TypeAlias
 
 from pydantic import Field
 
-from eva_world.components import WorldReward
+from tasks.backends.python import PythonComponent
 from tasks.backends.reward.function import CallableReward
 from tasks.backends.reward.pairwise import PairwiseReward
 from tasks.backends.reward.sequence_classifier import SequenceClassifierReward
@@ -30,12 +32,16 @@ from tasks.backends.reward.vllm_pooling import VLLMPoolingReward
 
 # Scores one response on its own: what a stage with a single response per prompt can use.
 PointwiseRewardBackend: TypeAlias = Annotated[
-    WorldReward | SequenceClassifierReward | VLLMPoolingReward | CallableReward,
+    SequenceClassifierReward | VLLMPoolingReward | CallableReward | PythonComponent,
     Field(discriminator="kind"),
 ]
 
 RewardBackend: TypeAlias = Annotated[
-    WorldReward | SequenceClassifierReward | VLLMPoolingReward | CallableReward | PairwiseReward,
+    SequenceClassifierReward
+    | VLLMPoolingReward
+    | CallableReward
+    | PythonComponent
+    | PairwiseReward,
     Field(discriminator="kind"),
 ]
 
@@ -43,8 +49,8 @@ __all__ = [
     "CallableReward",
     "PairwiseReward",
     "PointwiseRewardBackend",
+    "PythonComponent",
     "RewardBackend",
     "SequenceClassifierReward",
     "VLLMPoolingReward",
-    "WorldReward",
 ]

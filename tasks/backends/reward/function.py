@@ -16,32 +16,22 @@ raises fails the call: its results cannot be attributed to single responses.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tasks.backends.protocols import Progress, no_progress
+from tasks.backends.python import resolve
 
 log = logging.getLogger(__name__)
 
 
 def resolve_function(path: str) -> Callable[..., Any]:
     """Import ``"package.module:name"`` and return the callable it names."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"expected 'package.module:function', got {path!r}")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"cannot import module {module_name!r}: {e}") from e
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"{module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+    obj = resolve(path, "function")
     if not callable(obj):
         raise ValueError(f"{path!r} is a {type(obj).__name__}, not a callable")
     return obj
@@ -54,6 +44,9 @@ def _as_reward(value: Any) -> float:
 
 class CallableReward(BaseModel):
     """Score responses with a Python function named by its import path."""
+
+    version: ClassVar[int] = 1  # bump when a change can change what it computes
+    libraries: ClassVar[tuple[str, ...]] = ()
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

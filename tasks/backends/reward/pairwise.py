@@ -25,7 +25,7 @@ import re
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Literal, Protocol, runtime_checkable
+from typing import ClassVar, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -75,6 +75,9 @@ def parse_verdict(text: str | None) -> float:
 
 class LLMPairwiseJudgeConfig(BaseModel):
     """An LLM judge behind an OpenAI-compatible ``/chat/completions`` endpoint."""
+
+    version: ClassVar[int] = 1  # bump when a change can change what it computes
+    libraries: ClassVar[tuple[str, ...]] = ()
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -151,6 +154,9 @@ class PairwiseJudge(Protocol):
 
 class PairwiseReward(BaseModel):
     """Per-response reward = mean win probability against the prompt's other responses."""
+
+    version: ClassVar[int] = 1  # bump when a change can change what it computes
+    libraries: ClassVar[tuple[str, ...]] = ()
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

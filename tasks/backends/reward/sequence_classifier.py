@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -84,6 +84,9 @@ def encode_all(
 
 class SequenceClassifierReward(BaseModel):
     """Score responses with a ``transformers`` sequence-classification reward model."""
+
+    version: ClassVar[int] = 1  # bump when a change can change what it computes
+    libraries: ClassVar[tuple[str, ...]] = ("torch", "transformers")
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,6 +29,9 @@ from tasks.backends.reward.sequence_classifier import encode_all, use_chat_templ
 
 class VLLMPoolingReward(BaseModel):
     """Score responses with a classifier reward model on vLLM's pooling runner."""
+
+    version: ClassVar[int] = 1  # bump when a change can change what it computes
+    libraries: ClassVar[tuple[str, ...]] = ("vllm",)
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

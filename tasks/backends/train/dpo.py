@@ -26,7 +26,7 @@ import os
 import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import datasets
 import torch
@@ -67,6 +67,9 @@ MAX_PROMPT_HELP = (
 
 class TRLSolverConfig(BaseModel):
     """Fields every TRL preference solver shares; subclasses name the objective and its knobs."""
+
+    version: ClassVar[int] = 1  # bump when a change can change what it computes
+    libraries: ClassVar[tuple[str, ...]] = ("torch", "transformers", "trl", "accelerate")
 
     model_config = ConfigDict(extra="forbid")
 

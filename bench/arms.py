@@ -1,0 +1,106 @@
+"""The benchmark's baselines: iterative DPO on new prompts every iteration instead of evolved ones.
+
+These are arms of the benchmark, not features of eva: they need a prompt source that can draw
+as many new prompts as asked (the built-in world's distributions), which a user's prompt file
+is not. Each iteration t trains on split t of a stream:
+
+* ``fresh``: new prompts of the seed distribution (the paper's "+new seed prompts" baseline);
+* ``target``: new prompts of the held-out (target) distribution itself, never the held-out
+  prompts: the upper bound of what a prompt set can give.
+
+The flow is the method's own solver step (``flows.iteration.dpo_iteration``) on those splits;
+only the prompts differ from an eva run.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import pyarrow as pa
+from prefect import flow
+
+from eva_core.schema import PROMPT_COLUMNS, seed_records
+from eva_world.components import WorldPrompts
+from flows.config import RunConfig
+from flows.iteration import dpo_iteration
+from flows.launch import opened_run, publish_summary, run_name
+from flows.summary import iteration_summary
+from tasks.bootstrap import bootstrap
+from tasks.evaluate import evaluate
+from tasks.prompts import PromptsConfig, load_heldout, load_prompts
+from tasks.stage import StageContext, StageOutput, stage, stage_seed
+
+Baseline = Literal["fresh", "target"]
+
+
+def world_sizes(prompts: int, heldout: int | None = None) -> dict[str, Any]:
+    """Config fields (to deep-merge onto configs/world.yaml) that size the world's seed and
+    held-out prompt sets."""
+    out: dict[str, Any] = {"prompts": {"source": {"options": {"size": prompts}}}}
+    if heldout is not None:
+        out["heldout"] = {"source": {"options": {"size": heldout}}}
+    return out
+
+
+def sft_steps(steps: int) -> dict[str, Any]:
+    """Config fields that shorten the world's theta_0 SFT."""
+    return {"bootstrap": {"builder": {"options": {"sft": {"steps": steps}}}}}
+
+
+def start_from(checkpoint: str) -> dict[str, Any]:
+    """The bootstrap section of a run that starts from a checkpoint, not the world's SFT."""
+    return {"init_checkpoint": checkpoint, "builder": None}
+
+
+def split_source(config: RunConfig, arm: Baseline) -> PromptsConfig:
+    """The prompt source an arm splits: the seed set's, or the target distribution at the seed
+    set's size."""
+    source = config.prompts.source
+    if source is None or config.prompts.path is not None:
+        raise ValueError(f"the {arm} arm draws new prompts: prompts needs a source, not a file")
+    if arm == "target":
+        options = {**source.options, "distribution": "heldout"}
+        source = source.model_copy(update={"options": options})
+    return PromptsConfig(source=source)
+
+
+@stage("split", version=1, inputs={"heldout": ("prompt",)}, outputs=PROMPT_COLUMNS)
+def load_split(ctx: StageContext, config: PromptsConfig, heldout: pa.Table) -> StageOutput:
+    """Split t of a baseline arm: ``size`` new prompts for iteration t.
+
+    Every split of an arm comes from one seeded stream that skips the held-out prompts, split
+    t taking its t-th slice, so splits never repeat each other and never touch the held-out
+    set. The stream has X_0's seed, so for the seed distribution its first slice *is* X_0
+    ("+new seed prompts" never retrains on X_0); for the target distribution (the upper-bound
+    arm) it is a stream of its own.
+    """
+    assert config.source is not None and ctx.iteration is not None
+    options: dict[str, Any] = dict(config.source.options)
+    size = int(options.get("size", 256))
+    stream = WorldPrompts(**{**options, "size": (ctx.iteration + 1) * size}).draw(
+        seed=stage_seed(ctx.run.seed, None, "prompts"),
+        exclude=set(heldout.column("prompt").to_pylist()),
+    )[ctx.iteration * size :]
+    table = seed_records([p for p, _ in stream], [c for _, c in stream])
+    cats = table.column("category").to_pylist()
+    counts = {str(c): cats.count(c) for c in sorted(set(cats), key=str)}
+    return StageOutput(table, stats={"prompts": table.num_rows, "categories": counts})
+
+
+@flow(name="eva-baseline", flow_run_name=run_name)
+def baseline_run(config: RunConfig, arm: Baseline) -> list[dict[str, Any]]:
+    """T iterations of iterative DPO, each on a new split of the arm's prompt source."""
+    source = split_source(config, arm)
+    with opened_run(config, None) as run:
+        prompts = load_prompts(run, None, config.prompts)
+        heldout = load_heldout(run, None, config.heldout, seed_set=prompts)
+        policy = bootstrap(run, None, config.bootstrap, heldout=heldout)
+        evaluate(run, None, config.evaluation, heldout=heldout, policy=policy)
+        if config.iteration0_dpo:
+            policy = dpo_iteration(run, 0, config, prompts, policy, heldout).policy
+        for t in range(1, config.iterations + 1):
+            prompts = load_split(run, t, source, artifact="prompts", heldout=heldout)
+            policy = dpo_iteration(run, t, config, prompts, policy, heldout).policy
+        rows = iteration_summary(run.store(), config)
+        publish_summary(config.run, rows, f"{arm} baseline, iteration {config.iterations}")
+        return rows

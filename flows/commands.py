@@ -1,0 +1,180 @@
+"""What each ``eva`` command does, once ``flows.cli`` has parsed its arguments.
+
+Every handler takes the parsed arguments and returns the exit status. Heavy imports (the
+flows, torch through the stages) happen inside the handlers, so ``eva --help`` and a usage
+error stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from typing import TypeVar
+
+from eva_runtime.errors import ConfigError
+from flows.config import OnlineRunConfig, RunConfig
+
+T = TypeVar("T", RunConfig, OnlineRunConfig)
+
+
+def load(args: argparse.Namespace, model: type[T]) -> T:
+    """The config ``--config``/``--set`` and the shortcut flags ask for, checked at the edge."""
+    from flows.config import load_config
+    from flows.inputs import check_inputs
+
+    overrides = list(args.set)
+    for field in ("run", "root", "iterations", "seed"):
+        value = getattr(args, field, None)
+        if value is not None:
+            # Names and paths stay text: `--run 2024` is a name, not the number 2024.
+            text = json.dumps(value) if isinstance(value, str) else value
+            overrides.append(f"{field}={text}")
+    config = load_config(args.config, overrides, model)
+    check_inputs(config)  # before any artifact is written
+    return config
+
+
+def run(args: argparse.Namespace) -> int:
+    config = load(args, RunConfig)  # refused here, in seconds, before any server starts
+    from eva_runtime.prefect_api import prefect_api
+    from flows.run import eva_run
+    from flows.summary import summary_table
+
+    with prefect_api():  # PREFECT_API_URL, else a running local server, else a temporary one
+        rows = eva_run(config)
+    print(f"\neva run '{config.run}' under {config.root}\n{summary_table(rows)}")
+    return 0
+
+
+def online(args: argparse.Namespace) -> int:
+    config = load(args, OnlineRunConfig)
+    from eva_runtime.prefect_api import prefect_api
+    from flows.online import eva_online
+    from flows.summary import summary_table
+
+    with prefect_api():
+        rows = eva_online(config)
+    print(f"\neva online run '{config.run}' under {config.root}\n{summary_table(rows)}")
+    return 0
+
+
+def stage(args: argparse.Namespace) -> int:
+    """Rerun one stage of a run (and, with --downstream, what depends on it): the flow runs
+    as it always does, and the plan reuses every other stage and computes none."""
+    from flows.runs import close_match, last_iteration, stored_config
+
+    config = stored_config(args.root, args.run, args.storage_options)
+    last = last_iteration(config)
+    if args.iteration is not None and args.iteration > last:
+        raise ConfigError(f"--iteration {args.iteration}: run {args.run} has {last}")
+    from eva_runtime.prefect_api import prefect_api
+    from flows.online import eva_online
+    from flows.run import eva_run
+    from flows.summary import summary_table
+    from tasks.plan import Plan
+
+    plan = Plan(
+        target_iteration=args.iteration,
+        target=args.name,
+        force=args.force,
+        downstream=args.downstream,
+    )
+    with prefect_api():
+        if isinstance(config, OnlineRunConfig):
+            rows = eva_online(config, plan)
+        else:
+            rows = eva_run(config, plan)
+    if not plan.met():
+        where = "setup" if args.iteration is None else f"iteration {args.iteration}"
+        called = plan.called_at(args.iteration)
+        near = close_match(args.name, called)
+        hint = f"did you mean {near}?" if near else f"it runs {', '.join(called) or 'nothing'}"
+        raise ConfigError(f"{args.name} does not run in {where} of {args.run}", hint=hint)
+    print(summary_table(rows))
+    return 0
+
+
+def show(args: argparse.Namespace) -> int:
+    from flows.runs import close_match, is_online, seed_count, stored_config
+    from flows.summary import iteration_summary, online_summary, summary_table
+    from tasks.store import RunStore
+
+    config = stored_config(args.root, args.run, args.storage_options)
+    store = RunStore(config.root, config.run, config.storage_options)
+    if args.stage is None:
+        if isinstance(config, OnlineRunConfig):
+            rows = online_summary(store, config.online.segments(seed_count(config)))
+        else:
+            rows = iteration_summary(store, config)
+        print(summary_table(rows))
+        return 0
+    manifest = store.read_manifest(args.iteration, args.stage)
+    if manifest is None:
+        step = "segment" if is_online(config) else "iteration"
+        where = "setup" if args.iteration is None else f"{step} {args.iteration}"
+        here = store.artifacts(args.iteration)
+        later = [i for i in store.iterations() if args.stage in store.artifacts(i)]
+        if args.iteration is None and later:
+            hint = f"it is made in every {step}: add --iteration N (e.g. --iteration {later[0]})"
+        elif near := close_match(args.stage, here):
+            hint = f"did you mean {near}?"
+        else:
+            hint = f"{where} has {', '.join(here) or 'no artifacts'}"
+        raise ConfigError(
+            f"--stage {args.stage}: no such artifact in {where} of {args.run}", hint=hint
+        )
+    print(
+        json.dumps(
+            {k: manifest[k] for k in ("uri", "rows", "seconds", "stats", "content_hash")},
+            indent=2,
+            default=str,
+        )
+    )
+    table = store.read_table(manifest["uri"]).slice(0, args.rows)
+    for row in table.to_pylist():
+        print(json.dumps(row, default=str)[:400])
+    return 0
+
+
+def train_node(args: argparse.Namespace) -> int:  # runs no flow: no Prefect API
+    from eva_runtime.follow import follow, request_dir
+    from flows.config import RUN_NAME
+
+    if not RUN_NAME.fullmatch(args.run):
+        raise ConfigError(f"--run {args.run!r}: a run name (letters, digits, '_', '.', '-')")
+    if "://" in args.root:
+        raise ConfigError(f"--root {args.root}: multi-node training needs a shared filesystem path")
+    folder = request_dir(os.path.join(os.path.abspath(args.root), args.run))
+    status = follow(folder, rank=args.machine_rank, once=args.once, wait_s=args.wait)
+    return 0 if status == 0 else 1
+
+
+def serve(args: argparse.Namespace) -> int:
+    from eva_runtime.prefect_api import prefect_api
+    from flows.serve import serve as serve_deployment
+
+    with prefect_api():
+        serve_deployment(args.file)
+    return 0
+
+
+def config(args: argparse.Namespace) -> int:
+    """What a recipe and its overrides amount to, before any GPU hour is spent on them."""
+    import yaml
+
+    from flows.config import load_config
+
+    model = OnlineRunConfig if args.online else RunConfig
+    resolved = load_config(args.config, list(args.set), model)
+    print(yaml.safe_dump(resolved.model_dump(mode="json"), sort_keys=False))
+    return 0
+
+
+def bench(args: argparse.Namespace) -> int:
+    """The benchmarks are their own program (``python -m bench``): the method does not import
+    the benchmark code, it only starts it."""
+    argv = [*(["--quick"] if args.quick else []), "--root", args.root, "--out", args.out]
+    return subprocess.call([sys.executable, "-m", "bench", *argv])

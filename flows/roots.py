@@ -1,0 +1,67 @@
+"""Whether a run root can be written (a local folder) or reached (a remote URL), checked before
+a run writes anything, without leaving anything behind and without waiting on an endpoint that
+does not answer."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+from typing import Any
+
+import fsspec
+
+from eva_runtime.errors import ConfigError, first_line
+
+ROOT_TIMEOUT_S = 20.0
+
+
+def check_root(root: str, storage_options: dict[str, Any]) -> None:
+    """The run root can be written (a local folder) or reached (a remote URL), checked without
+    leaving anything behind and without waiting on an endpoint that does not answer."""
+    if "://" not in root:
+        _check_local_root(root)
+        return
+    outcome: list[BaseException | None] = []
+
+    options = dict(storage_options)
+    if root.startswith(("s3://", "s3a://")):
+        # One quick attempt for the probe only: botocore's default retries and back-off made a
+        # dead endpoint take 40 s to report (the run itself keeps the user's settings).
+        quick = {"connect_timeout": 5, "read_timeout": 10, "retries": {"max_attempts": 1}}
+        options["config_kwargs"] = {**quick, **options.get("config_kwargs", {})}
+        options["skip_instance_cache"] = True
+
+    def probe() -> None:
+        try:
+            fs, path = fsspec.core.url_to_fs(root, **options)
+            fs.exists(path)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=probe, daemon=True)  # a hung endpoint must not hang us
+    thread.start()
+    thread.join(ROOT_TIMEOUT_S)
+    endpoint = storage_options.get("endpoint_url") or (
+        storage_options.get("client_kwargs") or {}
+    ).get("endpoint_url")
+    where = f"{root}" + (f" (endpoint {endpoint})" if endpoint else "")
+    if not outcome:
+        raise ConfigError(f"root: no answer from {where} within {ROOT_TIMEOUT_S:g} s")
+    if (exc := outcome[0]) is not None:
+        raise ConfigError(f"root: cannot reach {where}: {first_line(exc, with_type=False)}")
+
+
+def _check_local_root(root: str) -> None:
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise ConfigError(f"root: {root} is a file, not a folder")
+    # Absolute first: the parent of a relative "runs" is "", which never exists.
+    existing = os.path.abspath(root)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    try:  # a real write, removed at once: os.access cannot see read-only mounts or /proc
+        shutil.rmtree(tempfile.mkdtemp(prefix=".eva-write-check-", dir=existing))
+    except OSError as exc:
+        raise ConfigError(f"root: cannot write under {root} ({exc.strerror})") from None

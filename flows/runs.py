@@ -1,0 +1,84 @@
+"""Finding an existing run: its stored config, its size, and close matches for what a user typed.
+
+``eva stage`` and ``eva show`` address a run that a launch left under a root; everything they
+need is read back from the run's folder, at the root given on the command line (a run copied
+elsewhere is shown and rerun where it now is, never where it was first launched).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from eva_runtime.errors import ConfigError, first_line
+from flows.config import RUN_NAME, OnlineRunConfig, RunConfig, validate_config
+from tasks.store import RunStore
+
+
+def stored_config(
+    root: str, run: str, storage_options: dict[str, Any] | None = None
+) -> RunConfig | OnlineRunConfig:
+    """The config a run was last launched with (an offline or an online run's), at the root
+    given here. ``storage_options`` open the root (an S3 endpoint, credentials) and take
+    precedence over the stored ones."""
+    if not RUN_NAME.fullmatch(run):
+        raise ConfigError(f"--run {run!r}: a run name (letters, digits, '_', '.', '-'), not a path")
+    root = os.path.abspath(root) if "://" not in root else root
+    given = dict(storage_options or {})
+    store = RunStore(root, run, given)
+    where = f"{store.base}/config.json"
+    try:
+        with store.fs.open(where) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        near = close_match(run, runs_under(store))
+        hint = f"did you mean --run {near}?" if near else "start it with `eva run`"
+        raise ConfigError(f"--run {run}: no run at {store.base}", hint=hint) from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--run {run}: {where} is not a run config ({exc.msg})") from None
+    except Exception as exc:  # a root that is a file, an S3 endpoint that does not answer
+        raise ConfigError(f"--root {root}: cannot read {where} ({first_line(exc)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--run {run}: {where} is not a run config (not a mapping)")
+    data["root"] = root
+    data["storage_options"] = {**data.get("storage_options", {}), **given}
+    if "online" in data:
+        return validate_config(data, OnlineRunConfig)
+    return validate_config(data, RunConfig)
+
+
+def is_online(config: RunConfig | OnlineRunConfig) -> bool:
+    return isinstance(config, OnlineRunConfig)
+
+
+def last_iteration(config: RunConfig | OnlineRunConfig) -> int:
+    """The last iteration (online: segment) the run's config asks for."""
+    if isinstance(config, OnlineRunConfig):
+        return config.online.segments(seed_count(config))
+    return config.iterations
+
+
+def seed_count(config: RunConfig | OnlineRunConfig) -> int:
+    """|D| of a run, from its finished prompts stage (0 when it has none)."""
+    store = RunStore(config.root, config.run, config.storage_options)
+    manifest = store.read_manifest(None, "prompts")
+    return int(manifest["rows"]) if manifest else 0
+
+
+def runs_under(store: RunStore) -> list[str]:
+    """The runs next to ``store``'s (folders holding a config.json)."""
+    parent = store.base.rsplit("/", 1)[0]
+    try:
+        found = store.fs.glob(f"{parent}/*/config.json")
+    except Exception:  # an unreachable root: no suggestions, the caller's error says why
+        return []
+    return sorted(p.rsplit("/", 2)[-2] for p in found)
+
+
+def close_match(word: str, choices: Iterable[str]) -> str | None:
+    """The choice a typo most likely meant ("evolv" -> "evolve"), if one is close."""
+    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return found[0] if found else None

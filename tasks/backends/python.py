@@ -1,0 +1,66 @@
+"""A component of your own, named by import path: how eva plugs in code it does not ship.
+
+Every role (reward, evolver, complexity judge, a prompt source, a policy builder) accepts
+``{kind: python, factory: "package.module:name", options: {...}}``: ``factory(**options)``
+builds an object that satisfies the role's protocol (``tasks.backends.protocols``). The
+built-in demo world plugs in this way (``configs/world.yaml`` names ``eva_world.components``),
+so the method never imports it.
+
+A factory may declare
+
+* ``version``: an int bumped when its output can change; it keys the stages that use it. Code
+  that declares none is keyed by the text of its module, so editing it reruns what calls it;
+* ``libraries``: the packages it computes with, whose versions key those stages too;
+* ``check_prompts(prompts)`` on the object it builds: raise ``ValueError`` naming the first
+  prompt it cannot handle; ``eva run`` calls it on prompt files before anything runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+def resolve(path: str, what: str = "name") -> Any:
+    """The object an import path ``"package.module:name"`` names (``name`` may be dotted);
+    ``what`` names it in the error."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"expected 'package.module:{what}', got {path!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import module {module_name!r}: {exc}") from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+class PythonComponent(BaseModel):
+    """Build a component with ``factory(**options)`` (a class or a function)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    version: ClassVar[int] = 1  # the wrapper's own; the factory's version keys stages apart
+
+    kind: Literal["python"] = "python"
+    factory: str = Field(
+        description='Import path "package.module:name" of a class or function that builds the '
+        "component, checked when the config is read."
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for the factory."
+    )
+
+    @field_validator("factory")
+    @classmethod
+    def _importable(cls, value: str) -> str:
+        if not callable(resolve(value)):
+            raise ValueError(f"{value!r} is not a class or function")
+        return value
+
+    def load(self) -> Any:
+        return resolve(self.factory)(**self.options)

@@ -1,0 +1,111 @@
+"""Reading a user's prompt file: JSONL, JSON, CSV or parquet, at any fsspec URL.
+
+A file needs a prompt column (``prompt`` unless told otherwise); a list column such as
+MT-Bench's ``turns`` contributes its first turn; an optional category column labels rows. Every
+problem is a ``ValueError`` that names the file and the row or column, raised before a run
+writes anything (``flows.inputs``) and again when the stage reads it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from typing import Any
+
+import fsspec
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.json as pajson
+import pyarrow.parquet as pq
+
+from eva_core.schema import seed_records
+from eva_runtime.errors import first_line
+
+
+def _read_table(path: str, ext: str, storage_options: dict[str, Any]) -> pa.Table:
+    with fsspec.open(path, "rb", **storage_options) as f:
+        if ext == ".parquet":
+            return pq.read_table(f)
+        if ext == ".csv":
+            return pacsv.read_csv(f)
+        data = f.read()
+    text = data.decode("utf-8")  # a non-UTF-8 file fails here, and is named by the caller
+    if ext == ".json":
+        # A JSON array of objects, or of plain strings (each a prompt); anything else is named
+        # rather than misread (a mapping of columns would silently become one row).
+        rows = json.loads(text)
+        if not isinstance(rows, list):
+            raise ValueError(
+                "a JSON file must hold an array of objects or of strings (one per prompt); "
+                "for one object per line use .jsonl"
+            )
+        if rows and all(isinstance(r, str) for r in rows):
+            rows = [{"prompt": r} for r in rows]
+        for i, r in enumerate(rows):
+            if not isinstance(r, dict):
+                raise ValueError(
+                    f"row {i}: expected an object or a string like every row, got "
+                    f"{type(r).__name__}"
+                )
+        return pa.Table.from_pylist(rows)
+    return pajson.read_json(io.BytesIO(data))
+
+
+def read_prompt_file(
+    path: str,
+    *,
+    prompt_column: str = "prompt",
+    category_column: str | None = "category",
+    limit: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> pa.Table:
+    """Read and validate a user prompt file into prompt records; errors name the row or field."""
+    storage_options = storage_options or {}
+    if not path.strip():
+        raise ValueError("empty path (null uses the built-in world)")
+    try:
+        fs, fs_path = fsspec.core.url_to_fs(path, **storage_options)
+        is_dir = fs.isdir(fs_path)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # a remote store that refuses or does not answer
+        raise ValueError(f"{path}: cannot be reached ({first_line(exc)})") from None
+    if is_dir:
+        raise ValueError(f"{path} is a directory, not a prompt file")
+    ext = os.path.splitext(path.split("?")[0])[1].lower()
+    if ext not in (".parquet", ".jsonl", ".json", ".ndjson", ".csv"):
+        raise ValueError(f"unsupported file type {ext!r} (jsonl, json, csv, parquet)")
+    try:
+        table = _read_table(path, ext, storage_options)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except (pa.ArrowInvalid, json.JSONDecodeError, UnicodeError) as exc:
+        first = first_line(exc, with_type=False)
+        raise ValueError(f"{path}: cannot be read as {ext[1:]}: {first}") from None
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot be read ({first_line(exc)})") from None
+    if prompt_column not in table.column_names:
+        raise ValueError(
+            f"{path}: no column {prompt_column!r} (columns: "
+            f"{', '.join(table.column_names) or 'none'}); set prompts.prompt_column"
+        )
+    if limit:
+        table = table.slice(0, limit)
+    if table.num_rows == 0:
+        raise ValueError(f"{path}: no prompts (0 rows)")
+    texts = table.column(prompt_column).to_pylist()
+    texts = [t[0] if isinstance(t, list) and t else t for t in texts]
+    categories = None
+    if category_column and category_column in table.column_names:
+        categories = [
+            None if c is None else str(c) for c in table.column(category_column).to_pylist()
+        ]
+    try:
+        return seed_records(texts, categories)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
