@@ -15,14 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eva_world import world
 from eva_world.components import check_world_prompts
-from eva_world.tiny_lm import (
-    SFTConfig,
-    TinyModelConfig,
-    build_char_tokenizer,
-    build_tiny_model,
-    save_checkpoint,
-    sft,
-)
+from eva_world.configs import SFTConfig, TinyModelConfig
 
 
 class WorldSFTOptions(BaseModel):
@@ -68,6 +61,8 @@ class WorldSFT:
     ) -> list[dict[str, float]]:
         """Train and save theta_0 to ``out_dir``; the SFT's logged (step, loss) rows. The
         ``exclude``d prompts (the held-out set) never appear among the demonstrations."""
+        from eva_world.tiny_lm import build_char_tokenizer, build_tiny_model, save_checkpoint, sft
+
         o = self.options
         tokenizer = build_char_tokenizer(world.ALPHABET)
         model = build_tiny_model(o.model, tokenizer, seed=seed)

@@ -11,11 +11,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     AutoModelForCausalLM,
@@ -29,6 +27,8 @@ from transformers import (
     get_cosine_schedule_with_warmup,
 )
 
+from eva_world.configs import SFTConfig as SFTConfig  # re-exported: the SFT's settings
+from eva_world.configs import TinyModelConfig
 from tasks.backends.protocols import Progress, no_progress
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
@@ -58,32 +58,6 @@ def build_char_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
         bos_token=EOS,
         unk_token=UNK,
         padding_side="left",  # generation pads on the left; sft() builds its own batches
-    )
-
-
-class TinyModelConfig(BaseModel):
-    """Shape of the demo policy: a small Llama (rotary positions) or GPT-2 (learned positions)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    arch: Literal["llama", "gpt2"] = Field(
-        default="llama",
-        description="llama: rotary position embeddings, SwiGLU MLP (the world's default: it "
-        "learns the world's arithmetic faster and more reliably than GPT-2 at the same size). "
-        "gpt2: learned absolute positions.",
-    )
-    n_layer: int = Field(default=3, ge=1, description="Transformer blocks.")
-    n_embd: int = Field(default=96, ge=8, description="Hidden size; must divide by n_head.")
-    n_head: int = Field(default=4, ge=1, description="Attention heads per block.")
-    n_positions: int = Field(
-        default=64, ge=8, description="Longest sequence (prompt + response + eos) in tokens."
-    )
-    dropout: float = Field(
-        default=0.0,
-        ge=0.0,
-        lt=1.0,
-        description="Residual/embedding/attention dropout (gpt2 only). 0 because a model this "
-        "small underfits rather than overfits, and dropout makes training slower to converge.",
     )
 
 
@@ -130,29 +104,6 @@ def build_tiny_model(
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     return model
-
-
-class SFTConfig(BaseModel):
-    """Supervised warm-up of the demo policy; fields are ``sft()``'s keyword arguments."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    steps: int = Field(
-        default=3000,
-        ge=1,
-        description="Optimizer steps. 3,000 (3 min on one CPU thread) brings every seed's "
-        "theta_0 to a similar loss; at 1,500 one seed in three lagged far behind.",
-    )
-    batch_size: int = Field(default=64, ge=1, description="Sequences per step.")
-    learning_rate: float = Field(default=3e-3, gt=0, description="Peak AdamW learning rate.")
-    warmup_steps: int = Field(
-        default=50, ge=0, description="Linear warm-up steps before the cosine decay to 0."
-    )
-    weight_decay: float = Field(default=0.0, ge=0, description="AdamW decoupled weight decay.")
-    max_grad_norm: float = Field(
-        default=1.0, gt=0, description="Gradient clipping; keeps lr 3e-3 from spiking early."
-    )
-    log_every: int = Field(default=50, ge=1, description="Steps between returned metric rows.")
 
 
 def _encode_examples(

@@ -13,7 +13,8 @@ from eva_world.tiny_lm import (
     save_checkpoint,
     sft,
 )
-from tasks.backends.generate.transformers import TransformersGeneration, TransformersGenerator
+from tasks.backends.generate.sampler import TransformersGenerator
+from tasks.backends.generate.transformers import TransformersGeneration
 from tasks.backends.protocols import Generator
 
 ALPHABET = "0123456789+-=:abcdefghij "

@@ -14,7 +14,7 @@ from pydantic import Discriminator, Tag
 
 from tasks.backends.generate.openai import GenerationError, OpenAIGeneration, OpenAIGenerator
 from tasks.backends.generate.served import ServedGeneration, ServedGenerator
-from tasks.backends.generate.transformers import TransformersGeneration, TransformersGenerator
+from tasks.backends.generate.transformers import TransformersGeneration
 from tasks.backends.generate.vllm import VLLMGeneration, VLLMGenerator
 
 KINDS = ("transformers", "vllm", "openai", "served")
@@ -50,7 +50,6 @@ __all__ = [
     "ServedGeneration",
     "ServedGenerator",
     "TransformersGeneration",
-    "TransformersGenerator",
     "VLLMGeneration",
     "VLLMGenerator",
 ]

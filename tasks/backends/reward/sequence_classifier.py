@@ -17,17 +17,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedTokenizerBase
 
 from tasks.backends.devices import Device, ModelRef
 from tasks.backends.protocols import Progress, no_progress
 
+if TYPE_CHECKING:  # imported where used: reading a config does not pay for torch
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
 
 def resolve_device_dtype(device: str, dtype: str) -> tuple[str, torch.dtype]:
+    import torch
+
     """``"auto"`` device = cuda when available; ``"auto"`` dtype = bf16 where CUDA supports it."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -124,6 +128,8 @@ class SequenceClassifierReward(BaseModel):
         device, dtype = resolve_device_dtype(self.device, self.dtype)
         # trust_remote_code is always passed as a bool: left as None, transformers would ask on
         # stdin (with a timeout) before running a local checkpoint's code.
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
         model = AutoModelForSequenceClassification.from_pretrained(
             self.model, dtype=dtype, device_map=device, trust_remote_code=self.trust_remote_code
         )
@@ -189,6 +195,8 @@ class SequenceClassifierScorer:
         progress: Progress = no_progress,
     ) -> list[list[float]]:
         """One reward per response (NaN for conversations over ``self.max_length`` tokens)."""
+        import torch
+
         out = [[math.nan] * len(rs) for rs in responses]
         valid, too_long = encode_all(
             self.tokenizer, prompts, responses, self.use_template, self.max_length
