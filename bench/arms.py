@@ -26,9 +26,10 @@ from flows.iteration import dpo_iteration
 from flows.launch import opened_run, publish_summary, run_name
 from flows.summary import iteration_summary
 from tasks.bootstrap import bootstrap
+from tasks.context import StageContext, StageOutput, stage_seed
 from tasks.evaluate import evaluate
 from tasks.prompts import PromptsConfig, load_heldout, load_prompts
-from tasks.stage import StageContext, StageOutput, stage, stage_seed
+from tasks.stage import stage
 
 Baseline = Literal["fresh", "target"]
 

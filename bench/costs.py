@@ -229,7 +229,7 @@ def rollout_efficiency(cfg: RunConfig, t: int, stage_seconds: float) -> dict[str
     """The generate stage of iteration ``t`` (its task run took ``stage_seconds``) against its
     backend loaded and called directly on the same checkpoint, prompts, n and seed."""
     from tasks.backends.protocols import close_after
-    from tasks.stage import stage_seed
+    from tasks.context import stage_seed
 
     store = RunStore(cfg.root, cfg.run)
     manifest = _manifest(store, t, "generate")

@@ -1,6 +1,6 @@
 """Why the built-in world looks the way it does: the decisive comparison of the world search.
 
-    python -m bench.world [--seeds 0 1 2] [--out docs/bench]   (about 20 min on 2 cores)
+    python -m bench.world [--seeds 0 1 2] [--out docs/bench]
 
 Three recipes for theta_0, each trained from scratch per seed, then one solver step on 3,000
 seed prompts (N = 6 samples at temperature 0.7, best vs worst), with two solvers:

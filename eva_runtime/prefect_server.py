@@ -10,11 +10,10 @@ subprocess on a SQLite database). eva starts the same app itself, for two reason
   busy timeout does not cover that case, because the reader's snapshot is stale. The server on
   the other side of that race is Prefect's own task-run recorder, filing the events of the stage
   that just finished, so every subflow an eva iteration opens risks it. The API answers 503 and
-  the client retries after 2 s, then 4 s: 9 retries in three cached reruns of the demo (6.0-9.2 s
-  each, 12% of the run; PrefectHQ/prefect#18934 is the upstream report). Here every write
-  transaction begins ``IMMEDIATE``: it takes the write lock before its first read, so a second
-  writer waits on the busy timeout (milliseconds) instead of failing. The same reruns take
-  1.5-1.9 s with no retries (``python -m bench.cached_rerun``; docs/benchmarks.md, section 2).
+  the client retries after 2 s, then 4 s (PrefectHQ/prefect#18934 is the upstream report). Here
+  every write transaction begins ``IMMEDIATE``: it takes the write lock before its first read,
+  so a second writer waits on the busy timeout instead of failing (what that saves a cached
+  rerun: ``python -m bench.cached_rerun``, docs/benchmarks.md, section 2).
 * **No orphan.** The server is a ``ManagedProcess`` (``eva_runtime.process``): it runs under
   eva's guard and stops with the command, also when the command is killed with SIGKILL.
 

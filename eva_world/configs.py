@@ -42,7 +42,7 @@ class SFTConfig(BaseModel):
     steps: int = Field(
         default=3000,
         ge=1,
-        description="Optimizer steps. 3,000 (3 min on one CPU thread) brings every seed's "
+        description="Optimizer steps. 3,000 brings every seed's "
         "theta_0 to a similar loss; at 1,500 one seed in three lagged far behind.",
     )
     batch_size: int = Field(default=64, ge=1, description="Sequences per step.")

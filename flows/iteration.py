@@ -13,6 +13,7 @@ from prefect import flow
 from flows.config import RunConfig
 from tasks.annotate import annotate
 from tasks.complexity import complexity
+from tasks.context import RunContext
 from tasks.evaluate import evaluate
 from tasks.evolve import evolve
 from tasks.generate import generate
@@ -20,7 +21,6 @@ from tasks.mix import mix
 from tasks.pairs import pairs
 from tasks.sample import sample
 from tasks.score import score
-from tasks.stage import RunContext
 from tasks.store import Ref
 from tasks.train import train
 

@@ -11,7 +11,8 @@ from eva_runtime.prefect_ui import POSTER, REUSED, publish_markdown
 from flows.config import OnlineRunConfig, RunConfig
 from flows.inputs import check_inputs
 from flows.summary import summary_markdown
-from tasks.stage import Plan, RunContext
+from tasks.context import RunContext
+from tasks.plan import Plan
 
 
 @contextmanager

@@ -16,8 +16,8 @@ from flows.summary import online_summary
 from tasks.bootstrap import bootstrap
 from tasks.evaluate import evaluate
 from tasks.online import online
+from tasks.plan import Plan
 from tasks.prompts import load_heldout, load_prompts
-from tasks.stage import Plan
 
 
 @flow(name="eva-online", flow_run_name=run_name)

@@ -15,8 +15,8 @@ from flows.run_charts import run_charts
 from flows.summary import iteration_summary
 from tasks.bootstrap import bootstrap
 from tasks.evaluate import evaluate
+from tasks.plan import Plan
 from tasks.prompts import load_heldout, load_prompts
-from tasks.stage import Plan
 from tasks.store import RunStore
 
 

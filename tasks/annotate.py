@@ -14,8 +14,9 @@ from eva_core.informativeness import reward_matrix
 from tasks.backends.protocols import stats_of
 from tasks.backends.ray_cluster import RayJob, run_on_ray
 from tasks.backends.reward import RewardBackend
+from tasks.context import StageContext, StageOutput, check_failures
 from tasks.generate import ROLLOUT_COLUMNS
-from tasks.stage import StageContext, StageError, StageOutput, check_failures, stage
+from tasks.stage import StageError, stage
 
 ANNOTATED_COLUMNS = (*ROLLOUT_COLUMNS, "rewards")
 

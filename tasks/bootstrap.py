@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tasks.backends.protocols import stats_of
 from tasks.backends.python import PythonComponent
-from tasks.stage import StageContext, StageError, StageOutput, stage
+from tasks.context import StageContext, StageOutput
+from tasks.stage import StageError, stage
 from tasks.store import checkpoint_hash, hub_ref, is_hub_id
 
 

@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.backends.evolve.judge import ComplexityJudgeBackend
 from tasks.backends.protocols import stats_of
-from tasks.stage import StageContext, StageOutput, stage
+from tasks.context import StageContext, StageOutput
+from tasks.stage import stage
 
 COMPLEXITY_COLUMNS = ("prompt_id", "prompt", "complexity", "quality")
 

@@ -18,7 +18,8 @@ from tasks.backends.generate import GenerationBackend
 from tasks.backends.generate.transformers import TransformersGeneration
 from tasks.backends.protocols import close_after, engine_stats, stats_of
 from tasks.backends.reward import PointwiseRewardBackend
-from tasks.stage import MODEL, StageContext, StageError, StageOutput, stage
+from tasks.context import StageContext, StageOutput
+from tasks.stage import MODEL, StageError, stage
 
 
 class EvaluateConfig(BaseModel):

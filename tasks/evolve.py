@@ -17,7 +17,8 @@ from eva_core.evolution import clean_rewrite, evolved_records
 from eva_core.schema import LINEAGE_COLUMNS, PROMPT_COLUMNS
 from tasks.backends.evolve import EvolverBackend
 from tasks.backends.protocols import ReportsStats
-from tasks.stage import StageContext, StageError, StageOutput, check_failures, stage
+from tasks.context import StageContext, StageOutput, check_failures
+from tasks.stage import StageError, stage
 
 
 class EvolveConfig(BaseModel):

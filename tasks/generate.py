@@ -17,7 +17,8 @@ from tasks.backends.generate.transformers import TransformersGeneration
 from tasks.backends.protocols import close_after, engine_stats, stats_of
 from tasks.backends.ray_cluster import RayJob, run_on_ray
 from tasks.backends.ray_job import CLUSTER_BACKENDS
-from tasks.stage import MODEL, StageContext, StageOutput, stage
+from tasks.context import StageContext, StageOutput
+from tasks.stage import MODEL, stage
 
 ROLLOUT_COLUMNS = (*PROMPT_COLUMNS, "responses")
 

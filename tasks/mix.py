@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.mixing import mix_prompt_sets
 from eva_core.schema import LINEAGE_COLUMNS, PROMPT_COLUMNS
-from tasks.stage import StageContext, StageOutput, stage
+from tasks.context import StageContext, StageOutput
+from tasks.stage import stage
 
 
 class MixConfig(BaseModel):

@@ -7,7 +7,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.informativeness import reward_matrix
 from eva_core.pairs import cap_pairs, choose_pairs, pick
-from tasks.stage import StageContext, StageOutput, stage
+from tasks.context import StageContext, StageOutput
+from tasks.stage import stage
 
 PAIR_COLUMNS = ("prompt_id", "prompt", "chosen", "rejected", "chosen_reward", "rejected_reward")
 

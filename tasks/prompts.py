@@ -17,8 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.schema import PROMPT_COLUMNS, seed_records
 from tasks.backends.python import PythonComponent
+from tasks.context import StageContext, StageOutput
 from tasks.prompt_files import read_prompt_file
-from tasks.stage import StageContext, StageError, StageOutput, stage
+from tasks.stage import StageError, stage
 from tasks.store import hash_file
 
 

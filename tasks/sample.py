@@ -8,7 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.sampling import SampleMethod, select_subset, subset_size
 from eva_core.schema import LINEAGE_COLUMNS, PROMPT_COLUMNS
-from tasks.stage import StageContext, StageOutput, stage
+from tasks.context import StageContext, StageOutput
+from tasks.stage import stage
 
 
 class SampleConfig(BaseModel):

@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.informativeness import Metric, informativeness, reward_matrix
 from eva_core.schema import LINEAGE_COLUMNS, PROMPT_COLUMNS
-from tasks.stage import StageContext, StageOutput, stage
+from tasks.context import StageContext, StageOutput
+from tasks.stage import stage
 
 SCORE_COLUMNS = (*PROMPT_COLUMNS, "informativeness", "reward_max", "reward_min", "reward_mean")
 

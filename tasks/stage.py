@@ -23,14 +23,12 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
 from prefect import task
 from prefect.cache_policies import NONE
 from prefect.states import Completed
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from eva_core.schema import missing_columns
 from eva_runtime.errors import StageError
@@ -41,9 +39,15 @@ from eva_runtime.prefect_ui import (
     publish_stage,
     readable,
 )
+from tasks.context import (
+    RunContext,
+    StageContext,
+    StageOutput,
+    check_stats,
+    stage_seed,
+)
 from tasks.keys import cache_key, recorded_versions, sha
-from tasks.plan import Plan
-from tasks.store import Ref, RunStore, checkpoint_hash, iteration_dir
+from tasks.store import Ref, checkpoint_hash, iteration_dir
 
 MODEL = None  # an input that is consumed as a checkpoint, not read as a table
 
@@ -61,80 +65,6 @@ class _WithoutTraceback(logging.Filter):
 
 for _logger in ("prefect.task_runs", "prefect.flow_runs"):
     logging.getLogger(_logger).addFilter(_WithoutTraceback())
-
-
-class RunContext(BaseModel):
-    """What every stage needs to know about the run it belongs to."""
-
-    model_config = ConfigDict(frozen=True)
-    root: str
-    run: str
-    seed: int
-    storage_options: dict[str, Any] = Field(default_factory=dict)
-    plan: Plan = Field(default_factory=Plan)
-
-    def store(self) -> RunStore:
-        return RunStore(self.root, self.run, self.storage_options)
-
-
-# A stage's stats, one shape for every stage: names to numbers, text, booleans or None, or to
-# one level of breakdown (a count per category, per drop reason; a backend's own counts under
-# "backend"). The manifest keeps them whole, the UI shows them as a table, the log as a line.
-Stats = dict[str, Any]  # checked at run time by check_stats (typed loosely: stages build them)
-_SCALARS = (int, float, str, bool, type(None))
-
-
-def check_stats(artifact: str, stats: Mapping[str, Any]) -> None:
-    """Refuse stats of another shape (a stage bug, caught where it is made)."""
-    for name, value in stats.items():
-        leaves = value.items() if isinstance(value, Mapping) else [("", value)]
-        for sub, leaf in leaves:
-            if not isinstance(leaf, _SCALARS):
-                where = f"{name}.{sub}" if sub else name
-                raise StageError(
-                    f"{artifact}: stat {where} is a {type(leaf).__name__}; stats are numbers, "
-                    "text or one level of breakdown"
-                )
-
-
-@dataclass
-class StageOutput:
-    table: pa.Table
-    stats: Stats = field(default_factory=dict)
-    model_dir: str | None = None  # a local checkpoint to publish as {iter}/model
-    external_model: str | None = None  # a checkpoint used where it is (never copied)
-    ui_tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    # What each UI table shows, e.g. "top 20 of 200 prompts by informativeness, descending".
-    ui_notes: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class StageContext:
-    """Handed to a stage function: where it is, its seed, its inputs' refs, and sinks."""
-
-    run: RunContext
-    iteration: int | None
-    artifact: str
-    seed: int
-    refs: Mapping[str, Ref]
-    scratch: str  # a private temporary directory, removed after the stage
-    store: RunStore
-    progress: Callable[[float], None]
-
-    def model_dir(self, name: str) -> str:
-        ref = self.refs[name]
-        if ref.model_uri is None:
-            raise StageError(f"{self.artifact}: input '{name}' carries no checkpoint")
-        return self.store.local_model(ref.model_uri, ref.content_hash)
-
-    @property
-    def log(self) -> logging.Logger | logging.LoggerAdapter:
-        try:
-            from prefect import get_run_logger
-
-            return get_run_logger()
-        except Exception:
-            return logging.getLogger(f"eva.{self.artifact}")
 
 
 StageFn = Callable[..., StageOutput]
@@ -330,35 +260,6 @@ def stage(
         extra_key=extra_key,
         libraries=libraries,
     )
-
-
-def check_failures(
-    artifact: str,
-    failed: int,
-    total: int,
-    what: str,
-    limit: float,
-    setting: str,
-    endpoint: str | None = None,
-) -> None:
-    """Fail the stage (no manifest, so a rerun retries it) when more than ``limit`` of its
-    ``total`` items failed; fewer failures are the caller's to count in its stats.
-
-    A backend that is down must not pass for a stage that found nothing to do: an evolver that
-    kept 0 of 200 prompts because its endpoint refused every request would otherwise be cached
-    as a finished stage and never retried.
-    """
-    if total and failed / total > limit:
-        at = f" at {endpoint}" if endpoint else ""
-        raise StageError(
-            f"{artifact}: {what} for {failed} of {total}{at}, more than {setting} = {limit:g} "
-            "allows; fix the backend and run again (this stage left no artifact)"
-        )
-
-
-def stage_seed(run_seed: int, iteration: int | None, artifact: str) -> int:
-    """A per-stage seed, so re-running one stage reproduces it without replaying the others."""
-    return int(sha(f"{run_seed}/{iteration}/{artifact}")[:8], 16)
 
 
 def _ref(m: dict[str, Any], rerun: bool = False) -> Ref:

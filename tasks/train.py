@@ -22,7 +22,8 @@ from tasks.backends.train import SolverBackend
 from tasks.backends.train.dpo import DPOSolverConfig, batch_layout
 from tasks.backends.train.launch import DEFAULT_ACCELERATE_CONFIG, NodesConfig, launch_train
 from tasks.backends.train.rewriter import RewriterConfig
-from tasks.stage import MODEL, StageContext, StageOutput, stage
+from tasks.context import StageContext, StageOutput
+from tasks.stage import MODEL, stage
 from tasks.store import HUB
 
 

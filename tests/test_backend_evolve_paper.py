@@ -159,8 +159,8 @@ def test_config_union_and_validation():
 
 
 def test_evolve_stage_runs_an_llm_evolver_and_reports_its_requests(tmp_path: Path):
+    from tasks.context import RunContext, StageContext
     from tasks.evolve import evolve
-    from tasks.stage import RunContext, StageContext
 
     run = RunContext(root=str(tmp_path), run="t", seed=0)
     ctx = StageContext(run, 1, "evolve", 4, {}, str(tmp_path), run.store(), lambda _: None)

@@ -224,7 +224,7 @@ def _annotate(tmp_path: Path, reward: dict[str, Any], responses: list[list[str]]
 
     from eva_core.schema import seed_records
     from tasks.annotate import AnnotateConfig, annotate
-    from tasks.stage import RunContext, StageContext
+    from tasks.context import RunContext, StageContext
 
     run = RunContext(root=str(tmp_path), run="t", seed=0)
     ctx = StageContext(run, 1, "annotate", 0, {}, str(tmp_path), run.store(), lambda _: None)

@@ -231,8 +231,8 @@ def test_close_after_closes_what_has_close_and_ignores_the_rest():
 
 
 def test_generate_stage_starts_and_stops_the_server(tmp_path: Path):
+    from tasks.context import RunContext, StageContext
     from tasks.generate import generate
-    from tasks.stage import RunContext, StageContext
     from tasks.store import Ref
 
     ckpt = tmp_path / "policy"

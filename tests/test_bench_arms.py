@@ -72,9 +72,9 @@ def test_split_and_evolve_skip_held_out_prompts(tmp_path) -> None:
     prompts an unguarded split (or the world evolver) would produce."""
     from bench.arms import load_split
     from eva_core.schema import seed_records
+    from tasks.context import RunContext, StageContext, stage_seed
     from tasks.evolve import EvolveConfig, evolve
     from tasks.prompts import PromptsConfig
-    from tasks.stage import RunContext, StageContext, stage_seed
     from tests.conftest import world as component
 
     run = RunContext(root=str(tmp_path), run="t", seed=3)

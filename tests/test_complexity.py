@@ -14,7 +14,7 @@ import pytest
 from eva_core.schema import seed_records
 from tasks.backends.evolve.judge import JUDGE_TEMPLATE, LLMComplexityJudge, parse_judgement
 from tasks.complexity import COMPLEXITY_COLUMNS, ComplexityConfig, complexity
-from tasks.stage import RunContext, StageContext, StageOutput
+from tasks.context import RunContext, StageContext, StageOutput
 from tests.support.openai_server import OpenAICompatibleServer
 
 WORLD = {"kind": "python", "factory": "eva_world.components:WorldDifficulty"}

@@ -207,7 +207,8 @@ def test_a_follower_exits_when_the_run_finishes_not_an_earlier_launch(tmp_path: 
 
 def test_only_a_whole_multinode_run_that_finished_releases_the_followers(tmp_path: Path) -> None:
     from flows.launch import _finished
-    from tasks.stage import Plan, RunContext
+    from tasks.context import RunContext
+    from tasks.plan import Plan
 
     train = {"launcher": "accelerate", "num_processes": 2,
              "nodes": {"machines": 2, "main_process_ip": "h"}}  # fmt: skip

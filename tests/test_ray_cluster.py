@@ -31,8 +31,9 @@ from tasks.backends.generate.openai import derive_seed
 from tasks.backends.generate.vllm import VLLMGeneration
 from tasks.backends.python import PythonComponent
 from tasks.backends.ray_job import JobSpec, fan_out, vllm_processor_kwargs, vllm_requests
+from tasks.context import RunContext
 from tasks.generate import GenerateConfig, generate
-from tasks.stage import RunContext, StageError
+from tasks.stage import StageError
 from tasks.store import Ref, hash_directory
 
 BACKEND = {"max_new_tokens": 10, "batch_size": 16}

@@ -31,16 +31,13 @@ def mix_ids(store: RunStore) -> list[str]:
     return store.read_table(store.read_manifest(1, "mix")["uri"]).column("prompt_id").to_pylist()
 
 
-def _manifests(store: RunStore, iterations: int) -> dict[tuple, dict]:
-    out = {}
-    for stage in SETUP:
-        out[(None, stage)] = store.read_manifest(None, stage)
-    for stage in SOLVER:
-        out[(0, stage)] = store.read_manifest(0, stage)
-    for t in range(1, iterations + 1):
-        for stage in CREATOR + SOLVER:
-            out[(t, stage)] = store.read_manifest(t, stage)
-    return out
+def _manifests(store: RunStore) -> dict[tuple, dict]:
+    """Every manifest of a run, by (iteration, artifact): what the run made, read from it."""
+    return {
+        (t, artifact): store.read_manifest(t, artifact)
+        for t in (None, *store.iterations())
+        for artifact in store.artifacts(t)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +53,9 @@ def finished_run(tmp_path_factory):
 def test_run_produces_every_artifact_and_summary(finished_run) -> None:
     config, rows = finished_run
     store = RunStore(config.root, config.run)
-    manifests = _manifests(store, config.iterations)
-    assert all(m is not None for m in manifests.values()), [
-        k for k, m in manifests.items() if not m
-    ]
+    manifests = _manifests(store)
+    expected = {(None, s) for s in SETUP} | {(0, s) for s in SOLVER}
+    assert set(manifests) == expected | {(1, s) for s in (*CREATOR, *SOLVER)}
     assert [r["iteration"] for r in rows] == ["theta_0", 0, 1]
     assert rows[2]["prompts"] == 24 and rows[2]["evolved_kept"] == round(0.8 * 24)
     assert all(0.0 <= r["heldout_score"] <= 1.0 for r in rows)
@@ -96,11 +92,11 @@ def test_second_launch_reuses_every_stage(finished_run) -> None:
 
     config, rows = finished_run
     store = RunStore(config.root, config.run)
-    before = _manifests(store, config.iterations)
+    before = _manifests(store)
     started = time.perf_counter()
     again = eva_run(config)
     assert again == rows
-    after = _manifests(store, config.iterations)
+    after = _manifests(store)
     assert {k: m["created_at"] for k, m in after.items()} == {
         k: m["created_at"] for k, m in before.items()
     }
@@ -141,10 +137,10 @@ def _rerun_evolve(root: str, *extra: str) -> int:
 def test_stage_rerun_touches_only_that_stage_then_downstream(finished_run, capsys) -> None:
     config, _ = finished_run
     store = RunStore(config.root, config.run)
-    before = _manifests(store, config.iterations)
+    before = _manifests(store)
     time.sleep(1.1)  # created_at has one-second resolution
     assert _rerun_evolve(config.root) == 0
-    after = _manifests(store, config.iterations)
+    after = _manifests(store)
     changed = {k for k in after if after[k]["created_at"] != before[k]["created_at"]}
     assert changed == {(1, "evolve")}
     # Deterministic: the forced rerun reproduces the same prompts.
@@ -152,7 +148,7 @@ def test_stage_rerun_touches_only_that_stage_then_downstream(finished_run, capsy
 
     time.sleep(1.1)
     assert _rerun_evolve(config.root, "--downstream") == 0
-    again = _manifests(store, config.iterations)
+    again = _manifests(store)
     changed = {k for k in again if again[k]["created_at"] != after[k]["created_at"]}
     assert changed == {(1, s) for s in ("evolve", "mix", "complexity", *SOLVER)}
 
@@ -165,7 +161,7 @@ def test_edited_eva_code_keeps_a_finished_run_cached(finished_run, tmp_path) -> 
 
     config, _ = finished_run
     store = RunStore(config.root, config.run)
-    before = _manifests(store, config.iterations)
+    before = _manifests(store)
     project = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     copy = tmp_path / "eva"
     for package in ("eva_core", "tasks", "flows", "eva_runtime", "eva_world"):
@@ -192,7 +188,7 @@ def test_edited_eva_code_keeps_a_finished_run_cached(finished_run, tmp_path) -> 
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith(str(copy / "flows" / "cli.py"))  # the edited copy ran
-    after = _manifests(store, config.iterations)
+    after = _manifests(store)
     assert {k: m["created_at"] for k, m in after.items()} == {
         k: m["created_at"] for k, m in before.items()
     }
@@ -215,7 +211,7 @@ def test_a_version_bump_reruns_that_stage_and_what_reads_its_new_output(
     shutil.copytree(os.path.join(config.root, config.run), tmp_path / config.run)
     copied = config.model_copy(update={"root": str(tmp_path)})
     store = RunStore(copied.root, copied.run)
-    before = _manifests(store, copied.iterations)
+    before = _manifests(store)
     original = tasks.sample.select_subset
 
     def reversed_subset(*args, **kwargs):  # the "new code": the same draw, in reverse order
@@ -226,7 +222,7 @@ def test_a_version_bump_reruns_that_stage_and_what_reads_its_new_output(
     monkeypatch.setattr(tasks.sample.sample, "version", 2)
     time.sleep(1.1)
     eva_run(copied)
-    after = _manifests(store, copied.iterations)
+    after = _manifests(store)
     changed = {k for k in after if after[k]["created_at"] != before[k]["created_at"]}
     assert changed == {(1, s) for s in ("sample", "evolve", "mix", "complexity", *SOLVER)}
     assert after[(1, "sample")]["version"] == 2
@@ -237,11 +233,11 @@ def test_downstream_follows_what_reads_a_stage_not_the_order(finished_run) -> No
     though generate, annotate, pairs and train come after it in the flow."""
     config, _ = finished_run
     store = RunStore(config.root, config.run)
-    before = _manifests(store, config.iterations)
+    before = _manifests(store)
     time.sleep(1.1)
     args = ["--run", "base", "--root", config.root, "--iteration", "1", "--force", "--downstream"]
     assert main(["stage", "complexity", *args]) == 0
-    after = _manifests(store, config.iterations)
+    after = _manifests(store)
     assert {k for k in after if after[k]["created_at"] != before[k]["created_at"]} == {
         (1, "complexity")
     }
@@ -276,7 +272,7 @@ def test_a_forced_bootstrap_that_reproduces_theta_0_reruns_nothing_downstream(
 
     config, rows = finished_run
     store = RunStore(config.root, config.run)
-    before = _manifests(store, config.iterations)
+    before = _manifests(store)
     boot = store.read_manifest(None, "bootstrap")
     time.sleep(1.1)  # created_at has one-second resolution
     args = ["stage", "bootstrap", "--run", "base", "--root", config.root, "--iteration", "setup"]
@@ -285,7 +281,7 @@ def test_a_forced_bootstrap_that_reproduces_theta_0_reruns_nothing_downstream(
     assert again["created_at"] != boot["created_at"]  # it did run again
     assert again["content_hash"] == boot["content_hash"]  # no wall-clock time in the table
     assert eva_run(config) == rows
-    after = _manifests(store, config.iterations)
+    after = _manifests(store)
     downstream = [k for k in after if k != (None, "bootstrap")]
     assert [after[k]["created_at"] for k in downstream] == [
         before[k]["created_at"] for k in downstream
@@ -354,7 +350,7 @@ def test_kill_9_mid_run_resumes_to_identical_artifacts(tmp_path, finished_run) -
     assert proc.poll() is None, f"the first launch ended early:\n{log.read_text()[-3000:]}"
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    done_before = {k for k, m in _manifests(store, 1).items() if m}
+    done_before = {k for k, m in _manifests(store).items() if m}
     assert (1, "score") in done_before and (1, "train") not in done_before
     created = {k: store.read_manifest(*k)["created_at"] for k in done_before}
 

@@ -13,10 +13,12 @@ import pytest
 from pydantic import ValidationError
 
 from eva_core.schema import seed_records
+from tasks.context import RunContext
 from tasks.mix import MixConfig, mix
+from tasks.plan import Plan
 from tasks.sample import SampleConfig, sample
 from tasks.score import ScoreConfig, score
-from tasks.stage import Plan, RunContext, StageError
+from tasks.stage import StageError
 from tasks.store import Ref, RunStore
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
@@ -293,7 +295,7 @@ def test_a_code_change_without_a_version_bump_is_caught(tmp_path, monkeypatch) -
 
 def test_editing_a_user_reward_function_changes_the_annotate_key(tmp_path, monkeypatch) -> None:
     from tasks.annotate import AnnotateConfig, annotate
-    from tasks.stage import RunContext
+    from tasks.context import RunContext
 
     module = tmp_path / "my_reward.py"
     module.write_text("def score(prompt, response):\n    return 1.0\n")

@@ -40,7 +40,7 @@ from eva_runtime.errors import StageError, first_line
 from eva_runtime.poll import PollTimeout, wait_until
 from eva_runtime.progress import read_progress
 from tasks.backends.ray_job import ERROR_MARK, VALUE_COLUMN, JobSpec
-from tasks.stage import StageContext
+from tasks.context import StageContext
 from tasks.store import iteration_dir
 
 _PACKAGES = [
