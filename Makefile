@@ -1,7 +1,7 @@
 # The same targets run locally and in CI (.ci/run -> the README's test command -> `make ci`).
 PY ?= python
 
-.PHONY: lint format typecheck test test-all ci demo
+.PHONY: lint format typecheck test test-all versions ci demo
 
 lint:
 	ruff check .
@@ -20,6 +20,11 @@ test:
 
 test-all:
 	$(PY) -m pytest -q
+
+# Record the code of every stage and component after a change (bump its version first if what it
+# writes can change); the test suite fails while a change is unrecorded (tasks/versions.py).
+versions:
+	$(PY) -m tasks.versions --write
 
 ci: lint typecheck test
 
