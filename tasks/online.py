@@ -183,7 +183,7 @@ def online(
         "refilled": buffer.refilled,
         "mean_reward": round(float(np.nanmean(rewards)), 4) if rewards.size else None,
         "mean_informativeness": round(float(np.nanmean(info)), 4) if info.size else None,
-        "buffer": buffer.composition(),
+        **_buffer_stats(buffer),
         **source.stats.as_dict(),
         "backend_seconds": round(seconds, 3),
         **{k: round(v, 4) for k, v in last.items() if k in ("loss", "kl", "entropy")},
@@ -209,3 +209,11 @@ def online(
         ],
     }
     return StageOutput(_log_table(log), stats=stats, model_dir=out_dir, ui_tables=ui)
+
+
+def _buffer_stats(buffer: PromptBuffer) -> dict[str, Any]:
+    """B's composition as stats (one level of breakdown each): its size and priorities, and its
+    prompts by category and by depth."""
+    composition = buffer.composition()
+    categories, depths = composition.pop("categories"), composition.pop("depths")
+    return {"buffer": composition, "buffer_categories": categories, "buffer_depths": depths}
