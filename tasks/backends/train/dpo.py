@@ -24,8 +24,7 @@ import logging
 import math
 import os
 import tempfile
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 import datasets
@@ -39,14 +38,13 @@ from transformers import (
     PrinterCallback,
     Trainer,
     TrainerCallback,
-    TrainerControl,
-    TrainerState,
     TrainingArguments,
 )
 from trl import DPOConfig, DPOTrainer
 
 from tasks.backends.devices import Device
 from tasks.backends.protocols import Progress, no_progress
+from tasks.backends.train.trl_common import ProgressCallback, numeric_row, quiet
 
 _log = logging.getLogger(__name__)
 
@@ -190,34 +188,6 @@ class DPOSolverConfig(TRLSolverConfig):
         return DPOTrainer
 
 
-class _ProgressCallback(TrainerCallback):
-    def __init__(self, progress: Progress):
-        self.progress = progress
-
-    def on_step_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
-    ) -> None:
-        if state.max_steps:
-            self.progress(min(1.0, state.global_step / state.max_steps))
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Hide datasets' per-map progress bars, transformers' v6 deprecation notices and TRL's
-    experimental-API notice (raised from inside the libraries, nothing we can change) for the
-    duration, then restore the caller's state."""
-    was_enabled = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", ".*will be removed in v6", FutureWarning)
-            warnings.filterwarnings("ignore", ".*importing from 'trl.experimental'")
-            yield
-    finally:
-        if was_enabled:
-            datasets.enable_progress_bars()
-
-
 def truncate_prompts(
     tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], max_tokens: int
 ) -> tuple[list[str], int]:
@@ -293,7 +263,7 @@ def build_trainer(
     dataset = datasets.Dataset.from_dict(
         {"prompt": list(prompts), "chosen": list(chosen), "rejected": list(rejected)}
     )
-    with _quiet():
+    with quiet():
         args = config.trainer_args(common)  # before the model: ZeRO-3 partitioned loading
         model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
         trainer = config.trainer_class()(
@@ -306,14 +276,6 @@ def build_trainer(
     # disable_tqdm swaps the progress bar for PrinterCallback, which prints every log dict.
     trainer.remove_callback(PrinterCallback)
     return trainer
-
-
-def _numeric_row(entry: dict[str, Any]) -> dict[str, float]:
-    row = {"step": float(entry["step"])}
-    for key, value in entry.items():
-        if isinstance(value, int | float) and not isinstance(value, bool) and key != "step":
-            row[key] = float(value)
-    return row
 
 
 class TRLSolver:
@@ -341,13 +303,13 @@ class TRLSolver:
         with tempfile.TemporaryDirectory(
             prefix=f"eva-{self.config.kind}-", dir=parent
         ) as trainer_dir:
-            callbacks = [_ProgressCallback(progress)]
+            callbacks = [ProgressCallback(progress)]
             trainer = build_trainer(
                 self.config, policy_dir, prompts, chosen, rejected, trainer_dir, seed, callbacks
             )
-            with _quiet():
+            with quiet():
                 trainer.train()
-            rows = [_numeric_row(e) for e in trainer.state.log_history if "loss" in e]
+            rows = [numeric_row(e) for e in trainer.state.log_history if "loss" in e]
             if any(math.isnan(r["loss"]) for r in rows):
                 # Checked before saving so a diverged policy never becomes the next round's start.
                 raise FloatingPointError(

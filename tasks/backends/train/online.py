@@ -38,7 +38,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, T
 from tasks.backends.devices import Device
 from tasks.backends.online_source import OnlinePromptSource
 from tasks.backends.protocols import Progress, RewardModel, no_progress
-from tasks.backends.train.dpo import _numeric_row, _ProgressCallback, _quiet
+from tasks.backends.train.trl_common import ProgressCallback, numeric_row, quiet
 
 
 class OnlineSolverConfig(BaseModel):
@@ -172,7 +172,7 @@ def train_segment(
     parent = os.path.dirname(os.path.abspath(output_dir))  # the stage's own scratch
     os.makedirs(parent, exist_ok=True)
     scratch = tempfile.TemporaryDirectory(prefix=f"eva-{config.kind}-", dir=parent)
-    with scratch as trainer_dir, _quiet():
+    with scratch as trainer_dir, quiet():
         common: dict[str, Any] = dict(
             output_dir=trainer_dir,
             gradient_accumulation_steps=1,
@@ -194,7 +194,7 @@ def train_segment(
         args = _trainer_args(config, common)
         model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(policy_dir)
-        callbacks: list[TrainerCallback] = [_ProgressCallback(progress)]
+        callbacks: list[TrainerCallback] = [ProgressCallback(progress)]
         trainer = _trainer_class(config.kind)(
             model=model,
             reward_funcs=_RewardHook(reward, source, k, halves=config.kind == "online_dpo"),
@@ -205,7 +205,7 @@ def train_segment(
         )
         trainer.remove_callback(PrinterCallback)
         trainer.train()
-        rows = [_numeric_row(e) for e in trainer.state.log_history if "loss" in e]
+        rows = [numeric_row(e) for e in trainer.state.log_history if "loss" in e]
         if any(math.isnan(r["loss"]) for r in rows):
             raise FloatingPointError(f"{config.kind} loss became NaN (policy {policy_dir})")
         trainer.save_model(output_dir)
