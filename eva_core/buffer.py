@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import KW_ONLY, asdict, dataclass, field
 from typing import Any, Literal
 
 import numpy as np
@@ -42,27 +42,17 @@ Phase = Literal["warmup", "mixup", "bootstrap", "seed"]
 PHASES: tuple[str, ...] = ("warmup", "mixup", "bootstrap", "seed")
 
 
-@dataclass(frozen=True)
-class BufferSettings:
-    """The buffer's knobs, with the paper's online defaults (appendix A)."""
-
-    size: int = 3200
-    ratio_evol: float = 0.5
-    top_fraction: float = 0.5
-    n_new: int = 4
-    n_new_bootstrap: int = 2
-    metric: str = "a_avg"
-    evolve: bool = True
-
-    def __post_init__(self) -> None:
-        if self.size < 1:
-            raise ValueError(f"buffer size must be >= 1, got {self.size}")
-        if not 0.0 <= self.ratio_evol <= 1.0:
-            raise ValueError(f"ratio_evol must be in [0, 1], got {self.ratio_evol}")
-        if not 0.0 < self.top_fraction <= 1.0:
-            raise ValueError(f"top_fraction must be in (0, 1], got {self.top_fraction}")
-        if self.n_new < 0 or self.n_new_bootstrap < 0:
-            raise ValueError("n_new and n_new_bootstrap must be >= 0")
+# The buffer's knobs, as ``state()`` records them; their defaults and bounds (the paper's online
+# settings, appendix A) live in the run's config, ``tasks.online_loop.BufferConfig``.
+SETTINGS: tuple[str, ...] = (
+    "size",  # |B|
+    "ratio_evol",  # share of a mix-up batch drawn from B
+    "top_fraction",  # share of each batch whose prompts are evolved
+    "n_new",  # children per parent in warm-up and mix-up
+    "n_new_bootstrap",  # children per parent in bootstrap
+    "metric",  # informativeness
+    "evolve",  # False: the plain baseline, B stays empty
+)
 
 
 @dataclass
@@ -85,10 +75,18 @@ class Batch:
 
 @dataclass
 class PromptBuffer:
-    """D (seed records, consumed through seeded shuffles) and B (evolved entries)."""
+    """D (seed records, consumed through seeded shuffles) and B (evolved entries). The knobs
+    (``SETTINGS``) are plain values the caller has validated."""
 
     seeds: list[dict[str, Any]]
-    settings: BufferSettings = field(default_factory=BufferSettings)
+    _: KW_ONLY
+    size: int
+    ratio_evol: float
+    top_fraction: float
+    n_new: int
+    n_new_bootstrap: int
+    metric: str
+    evolve: bool
     seed: int = 0
     phase: str = "warmup"
     step: int = 0  # batches drawn so far
@@ -103,7 +101,7 @@ class PromptBuffer:
     def __post_init__(self) -> None:
         if not self.seeds:
             raise ValueError("the seed set D is empty")
-        if not self.settings.evolve and self.phase == "warmup":
+        if not self.evolve and self.phase == "warmup":
             self.phase = "seed"
 
     # --- drawing ---------------------------------------------------------------------------
@@ -123,7 +121,7 @@ class PromptBuffer:
         order = self._order()
         while len(out) < k:
             if self.cursor >= len(self.seeds):
-                if self.settings.evolve:
+                if self.evolve:
                     break
                 self.epoch, self.cursor = self.epoch + 1, 0
                 order = self._order()
@@ -156,7 +154,7 @@ class PromptBuffer:
         if self.phase in ("warmup", "seed"):
             from_b: list[dict[str, Any]] = []
         elif self.phase == "mixup":
-            from_b = self._take_buffer(round(self.settings.ratio_evol * batch_size))
+            from_b = self._take_buffer(round(self.ratio_evol * batch_size))
         else:
             from_b = self._take_buffer(batch_size)
         from_d = self._take_seeds(batch_size - len(from_b))
@@ -177,9 +175,9 @@ class PromptBuffer:
         return batch
 
     def _advance_phase(self) -> None:
-        if not self.settings.evolve:
+        if not self.evolve:
             return
-        if self.phase == "warmup" and len(self.entries) >= self.settings.size:
+        if self.phase == "warmup" and len(self.entries) >= self.size:
             self.phase = "mixup"
         if self.phase in ("warmup", "mixup") and self.seeds_left == 0:
             self.phase = "bootstrap"
@@ -192,16 +190,16 @@ class PromptBuffer:
         r = np.asarray(rewards, dtype=np.float64)
         if r.shape[0] != len(batch.records):
             raise ValueError(f"{r.shape[0]} reward rows for a batch of {len(batch.records)}")
-        info = informativeness(r, self.settings.metric)
-        if not self.settings.evolve:
+        info = informativeness(r, self.metric)
+        if not self.evolve:
             return [], info
-        k = math.ceil(self.settings.top_fraction * len(batch.records))
+        k = math.ceil(self.top_fraction * len(batch.records))
         order = np.lexsort((np.arange(len(info)), -np.nan_to_num(info, nan=-np.inf)))
         return [int(i) for i in order[:k]], info
 
     @property
     def children_per_parent(self) -> int:
-        return self.settings.n_new_bootstrap if self.phase == "bootstrap" else self.settings.n_new
+        return self.n_new_bootstrap if self.phase == "bootstrap" else self.n_new
 
     def add_children(self, children: Sequence[dict[str, Any]], priorities: Sequence[float]) -> int:
         """Add evolved records (lineage filled in by the caller) with their starting priority;
@@ -218,7 +216,7 @@ class PromptBuffer:
             value = float(priority) if np.isfinite(priority) else 0.0
             self.entries.append(Entry(dict(record), value, self.arrivals))
             self.arrivals += 1
-        over = len(self.entries) - self.settings.size
+        over = len(self.entries) - self.size
         if over <= 0 or self.phase == "warmup":
             # Warm-up fills B up to its size and then hands over to mix-up, which trims.
             return 0
@@ -233,7 +231,7 @@ class PromptBuffer:
     def state(self) -> dict[str, Any]:
         """Everything but D itself, JSON-ready; with D, ``from_state`` rebuilds this buffer."""
         return {
-            "settings": asdict(self.settings),
+            "settings": {name: getattr(self, name) for name in SETTINGS},
             "seed": self.seed,
             "phase": self.phase,
             "step": self.step,
@@ -249,12 +247,8 @@ class PromptBuffer:
     @classmethod
     def from_state(cls, seeds: list[dict[str, Any]], state: dict[str, Any]) -> PromptBuffer:
         fields = {k: v for k, v in state.items() if k not in ("settings", "entries")}
-        return cls(
-            seeds=seeds,
-            settings=BufferSettings(**state["settings"]),
-            entries=[Entry(**e) for e in state["entries"]],
-            **fields,
-        )
+        entries = [Entry(**e) for e in state["entries"]]
+        return cls(seeds, **state["settings"], entries=entries, **fields)
 
     def composition(self) -> dict[str, Any]:
         """B by category and by depth, and its priority spread: what a segment reports."""

@@ -1,5 +1,6 @@
-"""Stage ``online``: one segment of online eva, S optimizer steps of RLOO (or GRPO) whose
-prompts come from eva's prioritized generative buffer (paper appendix A/B).
+"""Stage ``online``: one segment of online eva, S optimizer steps of RLOO (or GRPO, or online
+DPO) whose prompts come from eva's prioritized generative buffer (paper appendix A/B). The loop
+itself, step by step, is ``tasks.online_loop``; the TRL trainer is ``tasks.backends.train.online``.
 
 Inputs: the seed set D, the held-out set (evolved prompts that hit it are dropped) and the
 policy to continue from. The policy checkpoint of a finished segment carries the buffer's state
@@ -21,40 +22,17 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
-from eva_core.buffer import BufferSettings, PromptBuffer
-from eva_core.informativeness import Metric
+from eva_core.buffer import PromptBuffer
 from eva_core.schema import PROMPT_COLUMNS
 from eva_world.components import WorldReward
 from tasks.backends.evolve import EvolverBackend, WorldEvolver
-from tasks.backends.online_source import OnlinePromptSource, pending_batches
 from tasks.backends.reward import PointwiseRewardBackend
 from tasks.backends.train.online import OnlineSolverConfig, train_segment
+from tasks.online_loop import BufferConfig, OnlineLoop, pending_batches
 from tasks.stage import MODEL, StageContext, StageError, StageOutput, check_failures, stage
 
 STATE_FILE = "eva_online_state.json"
 LOG_COLUMNS = (*PROMPT_COLUMNS, "step", "phase", "from_buffer", "rewards", "informativeness")
-
-
-class BufferConfig(BaseModel):
-    """The prioritized generative buffer; defaults are the paper's online settings."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    evolve: bool = Field(
-        default=True, description="false: plain online RL on D (the RLOO baseline), no buffer."
-    )
-    size: int = Field(default=3200, ge=1, description="|B| (paper: 3200).")
-    ratio_evol: float = Field(
-        default=0.5, ge=0.0, le=1.0, description="Share of a mix-up batch drawn from B."
-    )
-    top_fraction: float = Field(
-        default=0.5, gt=0.0, le=1.0, description="Share of each batch whose prompts are evolved."
-    )
-    n_new: int = Field(default=4, ge=0, description="Children per parent in warm-up and mix-up.")
-    n_new_bootstrap: int = Field(default=2, ge=0, description="Children per parent in bootstrap.")
-    metric: Metric = Field(default="a_avg", description="Informativeness (online: max - mean).")
-
-    def settings(self) -> BufferSettings:
-        return BufferSettings(**self.model_dump())
 
 
 class OnlineConfig(BaseModel):
@@ -126,15 +104,16 @@ def online(
             state = json.load(f)
         buffer = PromptBuffer.from_state(records, state["buffer"])
     else:
-        buffer = PromptBuffer(records, config.buffer.settings(), seed=ctx.run.seed)
+        buffer = config.buffer.buffer(records, seed=ctx.run.seed)
     done = int(state.get("trained_steps", 0))
     steps = min(config.steps_per_segment, config.total_steps(len(records)) - done)
     if steps <= 0:
         raise ValueError(f"segment {ctx.iteration}: the budget was used up by earlier segments")
     evolver = config.evolver.load() if config.buffer.evolve else None
-    source = OnlinePromptSource(
+    loop = OnlineLoop(
         buffer,
         config.solver.prompts_per_step,
+        config.reward.load(),
         evolver,
         pending=pending_batches(state),
         max_chars=config.max_chars,
@@ -146,33 +125,26 @@ def online(
     started = time.perf_counter()
     try:
         metrics = train_segment(
-            config.solver,
-            policy_dir,
-            source,
-            config.reward.load(),
-            steps,
-            out_dir,
-            ctx.seed,
-            ctx.progress,
+            config.solver, policy_dir, loop, steps, out_dir, ctx.seed, ctx.progress
         )
     finally:
-        source.close()
+        loop.close()
     seconds = time.perf_counter() - started
     endpoint = getattr(getattr(config.evolver, "llm", None), "base_url", None)
     if endpoint is not None:
         check_failures(
-            ctx.artifact, source.stats.failed_parents, source.stats.parents,
+            ctx.artifact, loop.stats.failed_parents, loop.stats.parents,
             "the evolver returned no usable rewrite", config.max_failed_share,
             "online.max_failed_share", endpoint,
         )  # fmt: skip
     trained = done + steps
     with open(os.path.join(out_dir, STATE_FILE), "w") as f:
-        json.dump({**source.state(), "trained_steps": trained}, f)
+        json.dump({**loop.state(), "trained_steps": trained}, f)
 
-    log = source.log
+    log = loop.log
     rewards = np.array([r for row in log for r in row["rewards"]], dtype=np.float64)
     info = np.array([row["informativeness"] for row in log], dtype=np.float64)
-    pending = sum(len(b.records) for b in source.pending)
+    pending = sum(len(b.records) for b in loop.pending)
     last = metrics[-1] if metrics else {}
     stats = {
         "steps": steps,
@@ -184,7 +156,7 @@ def online(
         "mean_reward": round(float(np.nanmean(rewards)), 4) if rewards.size else None,
         "mean_informativeness": round(float(np.nanmean(info)), 4) if info.size else None,
         **_buffer_stats(buffer),
-        **source.stats.as_dict(),
+        **loop.stats.as_dict(),
         "backend_seconds": round(seconds, 3),
         **{k: round(v, 4) for k, v in last.items() if k in ("loss", "kl", "entropy")},
     }

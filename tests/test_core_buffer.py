@@ -8,8 +8,14 @@ import json
 import numpy as np
 import pytest
 
-from eva_core.buffer import BufferSettings, PromptBuffer
+from eva_core.buffer import PromptBuffer
 from eva_core.schema import prompt_id
+from tasks.online_loop import BufferConfig
+
+
+def settings(**overrides) -> dict:
+    """The buffer's knobs: the config's defaults (the paper's), with ``overrides``."""
+    return BufferConfig(**overrides).model_dump()
 
 
 def rec(text: str, depth: int = 0, parent: str | None = None) -> dict:
@@ -47,7 +53,7 @@ def feed(buf: PromptBuffer, batch, rewards: np.ndarray, tag: str) -> list[str]:
 
 def test_warmup_adds_only_children_of_the_top_half_then_mixup_starts_at_size():
     # |D| = 20, batch 4, size 8: each warm-up step adds 2 parents x 4 children = 8.
-    buf = PromptBuffer(seeds(20), BufferSettings(size=8, n_new=4), seed=0)
+    buf = PromptBuffer(seeds(20), **settings(size=8, n_new=4), seed=0)
     batch = buf.draw(4)
     assert batch.phase == "warmup" and batch.from_buffer == [False] * 4
     # Rewards: row 2 has the widest max-mean gap, then row 0; rows 1 and 3 are flat.
@@ -64,7 +70,7 @@ def test_warmup_adds_only_children_of_the_top_half_then_mixup_starts_at_size():
 
 
 def test_mixup_batches_are_half_buffer_and_eviction_keeps_size_dropping_oldest():
-    buf = PromptBuffer(seeds(40), BufferSettings(size=8, n_new=4), seed=1)
+    buf = PromptBuffer(seeds(40), **settings(size=8, n_new=4), seed=1)
     feed(buf, buf.draw(4), np.array([[1.0, 0.0]] * 4), "w")  # fills B to 8
     oldest = [e.record["prompt"] for e in buf.entries]
     batch = buf.draw(4)
@@ -78,7 +84,7 @@ def test_mixup_batches_are_half_buffer_and_eviction_keeps_size_dropping_oldest()
 
 
 def test_bootstrap_starts_when_seeds_run_out_and_keeps_buffer_level():
-    buf = PromptBuffer(seeds(5), BufferSettings(size=4, n_new=4, n_new_bootstrap=2), seed=2)
+    buf = PromptBuffer(seeds(5), **settings(size=4, n_new=4, n_new_bootstrap=2), seed=2)
     flat_gap = np.array([[1.0, 0.0]] * 2)
     feed(buf, buf.draw(2), flat_gap, "w")  # 1 parent x 4 children: B full, 3 seeds left
     assert buf.seeds_left == 3
@@ -96,7 +102,7 @@ def test_bootstrap_starts_when_seeds_run_out_and_keeps_buffer_level():
 
 
 def test_weighted_draw_prefers_high_priority_and_never_picks_zero_while_positive_remain():
-    buf = PromptBuffer(seeds(1), BufferSettings(size=100), seed=3)
+    buf = PromptBuffer(seeds(1), **settings(size=100), seed=3)
     kids = [rec(f"k{i}") for i in range(10)]
     buf.add_children(kids, [0.0] * 5 + [1.0] * 5)
     buf.phase = "bootstrap"
@@ -106,7 +112,7 @@ def test_weighted_draw_prefers_high_priority_and_never_picks_zero_while_positive
     # Over many seeds, a 9:1 priority is drawn first about 90% of the time.
     first = 0
     for s in range(400):
-        b = PromptBuffer(seeds(1), BufferSettings(size=10), seed=s, phase="bootstrap", cursor=1)
+        b = PromptBuffer(seeds(1), **settings(size=10), seed=s, phase="bootstrap", cursor=1)
         b.add_children([rec("hi"), rec("lo")], [0.9, 0.1])
         first += b.draw(1).records[0]["prompt"] == "hi"
     assert 0.85 < first / 400 < 0.95
@@ -114,7 +120,7 @@ def test_weighted_draw_prefers_high_priority_and_never_picks_zero_while_positive
 
 def test_an_empty_buffer_after_the_seeds_run_out_refills_from_d_at_random():
     # D smaller than a batch, children not in yet: the batch is completed from D again.
-    buf = PromptBuffer(seeds(3), BufferSettings(size=10), seed=0)
+    buf = PromptBuffer(seeds(3), **settings(size=10), seed=0)
     first = buf.draw(4)
     assert len(first.records) == 4 and buf.refilled == 1 and buf.seeds_left == 0
     assert len({r["prompt"] for r in first.records}) == 3  # all of D, then one again
@@ -123,13 +129,13 @@ def test_an_empty_buffer_after_the_seeds_run_out_refills_from_d_at_random():
 
 
 def test_duplicate_children_are_skipped():
-    buf = PromptBuffer(seeds(2), BufferSettings(size=10), seed=0)
+    buf = PromptBuffer(seeds(2), **settings(size=10), seed=0)
     buf.add_children([rec("a"), rec("a"), rec("b")], [1.0, 1.0, 1.0])
     assert [e.record["prompt"] for e in buf.entries] == ["a", "b"]
 
 
 def test_no_evolution_is_the_plain_baseline_with_epochs_over_seeds():
-    buf = PromptBuffer(seeds(5), BufferSettings(evolve=False), seed=4)
+    buf = PromptBuffer(seeds(5), **settings(evolve=False), seed=4)
     seen = [r["prompt"] for _ in range(5) for r in buf.draw(2).records]
     assert buf.phase == "seed" and buf.entries == []
     assert sorted(seen[:5]) == [f"s{i}" for i in range(5)]  # first epoch covers D once
@@ -148,12 +154,17 @@ def test_state_round_trips_through_json_and_resumes_the_same_batches():
             feed(buf, batch, g, f"t{buf.step}")
         return out
 
-    settings = BufferSettings(size=12, n_new=3, n_new_bootstrap=2)
-    uninterrupted = PromptBuffer(seeds(30), settings, seed=9)
+    knobs = settings(size=12, n_new=3, n_new_bootstrap=2)
+    uninterrupted = PromptBuffer(seeds(30), **knobs, seed=9)
     whole = run(uninterrupted, 20)
-    first = PromptBuffer(seeds(30), settings, seed=9)
+    first = PromptBuffer(seeds(30), **knobs, seed=9)
     head = run(first, 7)
-    restored = PromptBuffer.from_state(seeds(30), json.loads(json.dumps(first.state())))
+    saved = json.loads(json.dumps(first.state()))
+    # The checkpoint's format: the knobs under "settings", in the order they have always had.
+    assert list(saved["settings"]) == [
+        "size", "ratio_evol", "top_fraction", "n_new", "n_new_bootstrap", "metric", "evolve"
+    ]  # fmt: skip
+    restored = PromptBuffer.from_state(seeds(30), saved)
     tail = run(restored, 13)
     assert head + tail == whole
     assert restored.phase == "bootstrap"  # 20 steps crossed every phase
@@ -171,4 +182,4 @@ def test_state_round_trips_through_json_and_resumes_the_same_batches():
 )
 def test_bad_settings_name_the_field(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        BufferSettings(**kwargs)
+        BufferConfig(**kwargs)

@@ -1,23 +1,29 @@
-"""Online solvers on TRL: RLOO (default) or GRPO, fed by eva's buffer, for S steps at a time.
+"""Online solvers on TRL: RLOO (default), GRPO or the experimental online DPO, driven by eva's
+online loop (``tasks.online_loop``) for S optimizer steps at a time.
 
-The trainer is TRL's own (``RLOOTrainer`` / ``GRPOTrainer``); eva supplies two things:
+The trainer is TRL's own; the loop plugs in at three points, none of which depends on the order
+in which TRL calls things or on how it lays out a batch:
 
-* the prompt stream, a ``datasets.IterableDataset`` over ``OnlinePromptSource.records()``: one
-  mini-batch of ``prompts_per_step`` prompts per optimizer step, each sampled
-  ``num_generations`` times (``per_device_train_batch_size = prompts x generations``,
-  ``steps_per_generation = 1``, no shuffle buffer, so the trainer sees prompts in draw order);
-* the reward function, which scores completions with any pointwise reward backend (the world's
-  verifier, a ``package.module:function``, a sequence-classifier reward model) and hands the
-  (prompt x sample) rewards back to the source, which updates the buffer and evolves.
+* the prompt stream, a ``datasets.IterableDataset`` over ``feed.prompts()``: one mini-batch of
+  ``prompts_per_step`` prompts per optimizer step, each sampled ``num_generations`` times
+  (``per_device_train_batch_size = prompts x generations``, ``steps_per_generation = 1``, no
+  shuffle buffer, so the trainer sees prompts in draw order);
+* the reward function, which only scores: it hands each completion, with the ``row`` column of
+  the prompt it answers, to ``feed.score`` (any pointwise reward backend behind it);
+* a ``TrainerCallback`` whose ``on_step_end`` calls ``feed.step_end()``: the step has trained,
+  so the loop updates the buffer with the rewards recorded for the batch and evolves.
+
+Checked in TRL 1.16's source and on CPU (tests/test_online.py): RLOO and GRPO pass every dataset
+column but ``prompt`` to a reward function as a keyword argument, one value per completion
+(``_calculate_rewards``); online DPO passes them from its collated batch, doubled like its
+``2 * prompts`` (``training_step``). All three accept an ``IterableDataset`` with ``max_steps``
+(RLOO/GRPO repeat each prompt in the stream, ``repeat_iterable_dataset``). transformers calls
+``on_step_end`` after the step's optimizer update and before the next step's batch is fetched;
+accelerate's data loader has fetched one batch ahead by then.
 
 A segment starts from a checkpoint, trains ``steps`` optimizer steps at a constant learning rate
 and saves the checkpoint; the optimizer starts afresh each segment (Adam's moments are
 re-estimated within a few steps; carrying them would tie a checkpoint to one trainer).
-
-Checked with TRL 1.16 on CPU (tests/test_online.py): all three trainers (RLOO, GRPO and the
-experimental online DPO) accept a callable reward and an ``IterableDataset`` with
-``max_steps``; reward functions get the dataset's extra columns (``prompt_id``) as keyword
-arguments and ``trainer_state``.
 """
 
 from __future__ import annotations
@@ -26,19 +32,43 @@ import contextlib
 import math
 import os
 import tempfile
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal, Protocol
 
 import datasets
-import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PrinterCallback,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
 
 from tasks.backends.devices import Device
-from tasks.backends.online_source import OnlinePromptSource
-from tasks.backends.protocols import Progress, RewardModel, no_progress
+from tasks.backends.protocols import Progress, no_progress
 from tasks.backends.train.trl_common import ProgressCallback, numeric_row, quiet
+
+
+class OnlineFeed(Protocol):
+    """What drives the trainer (``tasks.online_loop.OnlineLoop``)."""
+
+    def prompts(self) -> Iterator[dict[str, Any]]:
+        """The prompt stream: records with ``prompt`` and ``row`` (and ``prompt_id``)."""
+        ...
+
+    def score(
+        self, rows: Sequence[str], prompts: Sequence[str], completions: Sequence[str]
+    ) -> list[float]:
+        """One reward per completion; ``rows[j]`` names the streamed prompt it answers."""
+        ...
+
+    def step_end(self) -> None:
+        """An optimizer step has finished."""
+        ...
 
 
 class OnlineSolverConfig(BaseModel):
@@ -122,53 +152,44 @@ def _trainer_class(kind: str) -> type:
     return GRPOTrainer if kind == "grpo" else RLOOTrainer
 
 
-class _RewardHook:
-    """TRL reward function: scores with the backend, hands rewards back to the source.
+class _Reward:
+    """TRL reward function: scores each completion through the feed, by its prompt's row."""
 
-    RLOO and GRPO pass each prompt's k completions together (p0 p0 p0 p1 p1 p1 ...); online
-    DPO passes the batch twice (p0 p1 ... p0 p1 ...), its two completions half a batch apart.
-    """
-
-    def __init__(self, reward: RewardModel, source: OnlinePromptSource, k: int, halves: bool):
-        self.reward, self.source, self.k, self.halves = reward, source, k, halves
+    def __init__(self, feed: OnlineFeed):
+        self.feed = feed
         self.__name__ = "eva_reward"  # TRL names logged metrics after the function
 
-    def __call__(self, prompts: Sequence[str], completions: Sequence[str], **_: Any) -> list[float]:
-        n = len(prompts)
-        if n % self.k:
-            raise RuntimeError(f"{n} completions is not a multiple of k={self.k}")
-        if self.halves:
-            order = [j * (n // 2) + i for i in range(n // 2) for j in range(2)]
-        else:
-            order = list(range(n))
-        grouped = [order[i : i + self.k] for i in range(0, n, self.k)]
-        group_prompts = [prompts[g[0]] for g in grouped]
-        responses = [[completions[j] for j in g] for g in grouped]
-        scores = np.array(self.reward.score(group_prompts, responses), dtype=np.float64)
-        self.source.feedback(group_prompts, scores)
-        flat = np.empty(n)
-        for g, row in zip(grouped, scores, strict=True):
-            flat[g] = row
-        return [float(x) for x in flat]
+    def __call__(
+        self, prompts: Sequence[str], completions: Sequence[str], row: Sequence[str], **_: Any
+    ) -> list[float]:
+        return self.feed.score(row, prompts, completions)
+
+
+class _StepEnd(TrainerCallback):
+    """Tells the feed that an optimizer step has finished."""
+
+    def __init__(self, feed: OnlineFeed):
+        self.feed = feed
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        self.feed.step_end()
 
 
 def train_segment(
     config: OnlineSolverConfig,
     policy_dir: str,
-    source: OnlinePromptSource,
-    reward: RewardModel,
+    feed: OnlineFeed,
     steps: int,
     output_dir: str,
     seed: int,
     progress: Progress = no_progress,
 ) -> list[dict[str, float]]:
-    """Train ``steps`` optimizer steps from ``policy_dir`` on prompts from ``source``; save the
+    """Train ``steps`` optimizer steps from ``policy_dir`` on prompts from ``feed``; save the
     model and tokenizer to ``output_dir``; return the trainer's logged rows."""
     use_cpu = config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
-    k = 2 if config.kind == "online_dpo" else config.num_generations
-    dataset = datasets.IterableDataset.from_generator(
-        _stream, gen_kwargs={"source": _Handle(source)}
-    )
+    dataset = datasets.IterableDataset.from_generator(_stream, gen_kwargs={"feed": _Handle(feed)})
     parent = os.path.dirname(os.path.abspath(output_dir))  # the stage's own scratch
     os.makedirs(parent, exist_ok=True)
     scratch = tempfile.TemporaryDirectory(prefix=f"eva-{config.kind}-", dir=parent)
@@ -194,10 +215,10 @@ def train_segment(
         args = _trainer_args(config, common)
         model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(policy_dir)
-        callbacks: list[TrainerCallback] = [ProgressCallback(progress)]
+        callbacks: list[TrainerCallback] = [_StepEnd(feed), ProgressCallback(progress)]
         trainer = _trainer_class(config.kind)(
             model=model,
-            reward_funcs=_RewardHook(reward, source, k, halves=config.kind == "online_dpo"),
+            reward_funcs=_Reward(feed),
             args=args,
             train_dataset=dataset,
             processing_class=tokenizer,
@@ -216,14 +237,14 @@ def train_segment(
 
 
 class _Handle:
-    """Wraps the source so ``datasets`` fingerprints a stable object, never pickles the buffer."""
+    """Wraps the feed so ``datasets`` fingerprints a stable object, never pickles the buffer."""
 
-    def __init__(self, source: OnlinePromptSource):
-        self.source = source
+    def __init__(self, feed: OnlineFeed):
+        self.feed = feed
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (str, ("eva-online-source",))
 
 
-def _stream(source: _Handle) -> Any:
-    yield from source.source.records()
+def _stream(feed: _Handle) -> Any:
+    yield from feed.feed.prompts()

@@ -1,0 +1,174 @@
+"""The online loop: a slow API evolver overlaps with training instead of stalling it; rewards are
+recorded by row, whatever layout the trainer passes them in; a resumed loop serves the batches an
+uninterrupted one does.
+
+The trainer is played by a loop that takes one mini-batch from the stream, "trains" for a
+fixed time, scores its samples and ends the step, as TRL does through the reward function and the
+step-end callback; the evolver is the paper's template evolver against a real local
+OpenAI-compatible server that answers slowly.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Sequence
+from itertools import islice
+from typing import Any
+
+import numpy as np
+import pytest
+
+from eva_core.buffer import PromptBuffer
+from eva_core.schema import seed_records
+from tasks.backends.evolve.paper import PaperTemplateEvolver
+from tasks.backends.protocols import no_progress
+from tasks.online_loop import BufferConfig, OnlineLoop, pending_batches
+from tests.support.openai_server import OpenAICompatibleServer
+from tests.test_backend_evolve_paper import rewrite
+
+DELAY = 0.4  # seconds the server takes per request
+STEP = 3 * DELAY  # a training step: longer than an evolution, with room for a loaded machine
+
+
+class TextReward:
+    """A reward model for scripted samples: each sample's text is its reward."""
+
+    def score(
+        self, prompts: Sequence[str], responses: Sequence[Sequence[str]], progress=no_progress
+    ):
+        return [[float(text) for text in row] for row in responses]
+
+
+def trained(
+    loop: OnlineLoop, batch: list[dict[str, Any]], rewards: np.ndarray, halves: bool = False
+) -> None:
+    """One training step on ``batch``: score its samples in RLOO/GRPO's layout (each prompt's
+    samples together) or online DPO's (the batch once per sample), then end the step."""
+    if halves:
+        order = [(i, j) for j in range(rewards.shape[1]) for i in range(len(batch))]
+    else:
+        order = [(i, j) for i in range(len(batch)) for j in range(rewards.shape[1])]
+    rows = [batch[i]["row"] for i, _ in order]
+    prompts = [batch[i]["prompt"] for i, _ in order]
+    flat = loop.score(rows, prompts, [repr(float(rewards[i, j])) for i, j in order])
+    assert flat == [float(rewards[i, j]) for i, j in order]
+    loop.step_end()
+
+
+def slow_rewrite(prompt: str, index: int, request: dict[str, Any]) -> str:
+    time.sleep(DELAY)
+    return rewrite(prompt, index, request)  # the given prompt, tagged with its strategy
+
+
+def buffer(n: int, **settings: Any) -> PromptBuffer:
+    seeds = seed_records([f"question {i}?" for i in range(n)]).to_pylist()
+    return BufferConfig(**settings).buffer(seeds, seed=0)
+
+
+def run(server: OpenAICompatibleServer, lag: int, steps: int = 4) -> OnlineLoop:
+    llm = {"base_url": server.base_url, "model": "tiny", "timeout_s": 10}
+    evolver = PaperTemplateEvolver(llm=llm, scorer="length").load()
+    loop = OnlineLoop(buffer(40, size=100, n_new=2), 4, TextReward(), evolver, evolve_lag=lag)
+    stream = loop.prompts()
+    for step in range(steps):
+        batch = list(islice(stream, 4))
+        time.sleep(STEP)  # the training step
+        rewards = np.tile([1.0, 0.0], (4, 1)) * (np.arange(4)[:, None] + 1 + step) / 10
+        trained(loop, batch, rewards)
+    loop.close()
+    return loop
+
+
+def test_evolution_overlaps_training_with_lag_and_costs_are_counted() -> None:
+    with OpenAICompatibleServer(slow_rewrite) as server:
+        waited = run(server, lag=0)
+        overlapped = run(server, lag=1)
+    # lag 0 waits for every evolution; lag 1 finds it done after the next training step.
+    assert waited.stats.evolve_wait_seconds > 3 * 0.5 * DELAY
+    assert overlapped.stats.evolve_wait_seconds < 0.5 * waited.stats.evolve_wait_seconds
+    for source in (waited, overlapped):
+        assert source.stats.evolve_seconds >= 4 * DELAY * 0.9  # the evolver's own time
+        assert source.stats.parents == 8 and source.stats.children_added == 16
+    # The same children enter B either way; only the step at which they do differs.
+    kids = [sorted(e.record["prompt"] for e in s.buffer.entries) for s in (waited, overlapped)]
+    assert kids[0] == kids[1] and all(k.startswith("question") for k in kids[0])
+    first = {r["prompt_id"]: r for r in waited.log}
+    entry = waited.buffer.entries[0].record
+    assert entry["depth"] == first[entry["parent_id"]]["depth"] + 1
+    assert entry["evolve_method"].startswith("paper:")
+
+
+def test_rewards_are_recorded_by_row_whatever_the_layout() -> None:
+    # 3 seeds, 4 prompts a step: the first batch holds one prompt twice (a refill from D).
+    rewards = np.array([[0.1, 0.9], [0.5, 0.5], [0.2, 0.4], [0.7, 0.3]])
+    logs = []
+    for halves in (False, True):
+        loop = OnlineLoop(buffer(3, evolve=False), 4, TextReward(), None)
+        batch = list(islice(loop.prompts(), 4))
+        assert len({r["prompt_id"] for r in batch}) == 3
+        trained(loop, batch, rewards, halves=halves)
+        logs.append(loop.log)
+    assert [r["rewards"] for r in logs[0]] == rewards.tolist()  # in draw order
+    assert logs[0] == logs[1]
+
+
+def test_a_step_must_train_on_the_batch_whose_rows_were_scored() -> None:
+    loop = OnlineLoop(buffer(20, evolve=False), 2, TextReward(), None)
+    stream = loop.prompts()
+    first, second = list(islice(stream, 2)), list(islice(stream, 2))
+    with pytest.raises(RuntimeError, match="rows scored since the last step"):
+        trained(loop, second, np.ones((2, 2)))  # the trainer scored batch 1, trains batch 0
+    loop = OnlineLoop(buffer(20, evolve=False), 2, TextReward(), None)
+    first = list(islice(loop.prompts(), 2))
+    loop.score([first[0]["row"]], [first[0]["prompt"]], ["1.0"])
+    with pytest.raises(RuntimeError, match="rows scored since the last step"):
+        loop.step_end()  # one of the batch's two prompts was never scored
+
+
+def test_a_resumed_loop_serves_the_batches_drawn_ahead_first() -> None:
+    """A trainer that prefetches one batch, stopped after 3 steps and resumed from the saved
+    state, trains on the batches an uninterrupted one trains on, and ends in the same state.
+
+    (With evolve_lag 0. With a lag, a segment's end joins the evolutions still running, so
+    their children enter B a step earlier than in one long segment: segments are fixed by the
+    config, and a run resumes from a finished segment, so that is still exact.)"""
+
+    def train(loop: OnlineLoop, steps: int) -> list[list[str]]:
+        stream: Iterator[dict[str, Any]] = loop.prompts()
+        ahead = list(islice(stream, 2))
+        out = []
+        for _ in range(steps):
+            batch, ahead = ahead, list(islice(stream, 2))  # the loader fetches one batch ahead
+            drawn = int(batch[0]["row"].split(":")[0])  # the batch's draw index
+            rewards = np.random.default_rng(drawn).random((2, 3))
+            trained(loop, batch, rewards)
+            out.append([r["prompt"] for r in batch])
+        loop.close()
+        return out
+
+    class Tagger:  # evolves by tagging: children are named after their parent and step
+        def evolve(self, prompts, categories, n, seed):
+            return [[(f"{p} /{seed % 1000}.{j}", "tag") for j in range(n)] for p in prompts]
+
+    def new(state: dict[str, Any] | None = None) -> OnlineLoop:
+        buf = buffer(10, size=6, n_new=2, n_new_bootstrap=1)
+        if state is not None:
+            buf = PromptBuffer.from_state(buf.seeds, state["buffer"])
+        pending = pending_batches(state or {})
+        return OnlineLoop(buf, 2, TextReward(), Tagger(), pending=pending, evolve_lag=0)
+
+    whole = new()
+    batches = train(whole, 8)
+    head = new()
+    first = train(head, 3)
+    saved = json.loads(json.dumps(head.state()))
+    assert len(saved["pending"]) == 1  # drawn ahead, not trained
+    resumed = new(saved)
+    assert first + train(resumed, 5) == batches
+    assert [r["prompt"] for r in resumed.log[:2]] == [
+        r["prompt"] for r in saved["pending"][0]["records"]
+    ]
+    assert head.log + resumed.log == whole.log
+    assert resumed.state() == whole.state()
+    assert any(r["from_buffer"] for r in whole.log)  # children were trained on
