@@ -24,12 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.buffer import PromptBuffer
 from eva_core.schema import PROMPT_COLUMNS
-from eva_world.components import WorldReward
-from tasks.backends.evolve import EvolverBackend, WorldEvolver
+from tasks.backends.evolve import EvolverBackend
 from tasks.backends.reward import PointwiseRewardBackend
 from tasks.backends.train.online import OnlineSolverConfig, train_segment
+from tasks.context import StageContext, StageOutput, check_failures
 from tasks.online_loop import BufferConfig, OnlineLoop, pending_batches
-from tasks.stage import MODEL, StageContext, StageError, StageOutput, check_failures, stage
+from tasks.stage import MODEL, StageError, stage
 
 STATE_FILE = "eva_online_state.json"
 LOG_COLUMNS = (*PROMPT_COLUMNS, "step", "phase", "from_buffer", "rewards", "informativeness")
@@ -47,11 +47,14 @@ class OnlineConfig(BaseModel):
     steps_per_segment: int = Field(
         default=50, ge=1, description="Optimizer steps per segment (a cached, resumable stage)."
     )
-    reward: PointwiseRewardBackend = Field(
-        default_factory=WorldReward,
-        description="Scores samples: the world's verifier, a reward model, or a function.",
+    reward: PointwiseRewardBackend | None = Field(
+        default=None,
+        description="Scores samples: a reward model, a function or an object of yours "
+        "(required; see annotate.reward of an offline run).",
     )
-    evolver: EvolverBackend = Field(default_factory=WorldEvolver)
+    evolver: EvolverBackend | None = Field(
+        default=None, description="The rewriter (required unless buffer.evolve is false)."
+    )
     max_chars: int | None = Field(
         default=8192, ge=1, description="Drop rewrites longer than this many characters."
     )
@@ -84,6 +87,7 @@ def _log_table(rows: list[dict[str, Any]]) -> pa.Table:
 
 @stage(
     "online",
+    version=1,
     inputs={"seeds": PROMPT_COLUMNS, "heldout": ("prompt_id",), "policy": MODEL},
     outputs=LOG_COLUMNS,
 )
@@ -109,7 +113,10 @@ def online(
     steps = min(config.steps_per_segment, config.total_steps(len(records)) - done)
     if steps <= 0:
         raise ValueError(f"segment {ctx.iteration}: the budget was used up by earlier segments")
-    evolver = config.evolver.load() if config.buffer.evolve else None
+    if config.reward is None or (config.buffer.evolve and config.evolver is None):
+        missing = "online.reward" if config.reward is None else "online.evolver"
+        raise StageError(f"segment {ctx.iteration}: {missing} is not set", field=missing)
+    evolver = config.evolver.load() if config.buffer.evolve and config.evolver else None
     loop = OnlineLoop(
         buffer,
         config.solver.prompts_per_step,

@@ -7,8 +7,8 @@ artifacts the new code would not make. This module fingerprints that code and co
 
 * a stage: its module, and the ``eva_core`` and ``tasks`` modules it imports (the method's
   arithmetic, a prompt file reader), but not the stage framework (``tasks.stage``,
-  ``tasks.keys``, ``tasks.plan``, ``tasks.store``) nor the components it selects, which are
-  versioned on their own;
+  ``tasks.context``, ``tasks.keys``, ``tasks.plan``, ``tasks.store``) nor the components it
+  selects, which are versioned on their own;
 * a component (a backend config class, a class of the world that configs name): its module
   and the component and method modules it imports, ``eva_core``, ``tasks.backends`` and
   ``eva_world`` (not ``eva_runtime``: how bytes travel does not change what they say).
@@ -45,7 +45,14 @@ MODULES = ("bench.arms",)
 # What a fingerprint may include besides the module itself, and what it never includes.
 STAGE_CLOSURE = ("eva_core", "tasks")
 COMPONENT_CLOSURE = ("eva_core", "tasks.backends", "eva_world")
-FRAMEWORK = ("tasks.stage", "tasks.keys", "tasks.plan", "tasks.store", "tasks.versions")
+FRAMEWORK = (
+    "tasks.stage",
+    "tasks.context",
+    "tasks.keys",
+    "tasks.plan",
+    "tasks.store",
+    "tasks.versions",
+)
 SKIP = ("tasks.versions",)  # not stage or component code
 
 

@@ -19,6 +19,7 @@ from flows.cli import main
 from flows.config import OnlineRunConfig, validate_config
 from tasks.online import STATE_FILE
 from tasks.store import RunStore
+from tests.conftest import world, world_prompts, world_sft
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
@@ -36,15 +37,18 @@ def tiny_online_config(root: str, run: str = "on", **online: Any) -> dict[str, A
         "buffer": {"size": 8},
         "budget": 3.0,
         "steps_per_segment": 6,
+        "reward": world("components:WorldVerifier"),
+        "evolver": world("components:WorldRewriter"),
     }
     settings.update(online)
     return {
         "run": run,
         "root": root,
         "seed": 0,
-        "prompts": {"world_size": 12},
-        "heldout": {"world_size": 12, "world_distribution": "heldout"},
-        "bootstrap": {"sft": {"steps": 30, "batch_size": 32}, "sft_examples": 1000},
+        "torch_threads": 1,
+        "prompts": world_prompts("seed", 12),
+        "heldout": world_prompts("heldout", 12),
+        "bootstrap": world_sft(steps=30, examples=1000),
         "evaluate": {"generation": {"max_new_tokens": 10, "temperature": 0.0}},
         "online": settings,
     }
@@ -212,7 +216,7 @@ def test_grpo_and_online_dpo_train_on_the_buffer_too(online_run, kind) -> None:
     theta0 = setup.absolute(setup.read_manifest(None, "bootstrap")["model_uri"])
     cfg = tiny_online_config(config.root, run=kind, budget=1.0)
     cfg["online"]["solver"].update(kind=kind, beta=0.1)
-    cfg["bootstrap"] = {"init_checkpoint": theta0}
+    cfg["bootstrap"] = {"init_checkpoint": theta0}  # instead of the world's SFT
     eva_online(validate_config(cfg, OnlineRunConfig))
     store = RunStore(config.root, kind)
     log = _log(store, 1)

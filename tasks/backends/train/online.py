@@ -33,7 +33,7 @@ import math
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import datasets
 import torch
@@ -74,6 +74,15 @@ class OnlineFeed(Protocol):
 class OnlineSolverConfig(BaseModel):
     """An online policy-gradient solver. Where the eva paper gives no online value, TRL's
     defaults apply (KL beta 0.05, clipping 0.2); the world's recipe sets its own."""
+
+    version: ClassVar[int] = 1  # bump when a change can change what it computes
+    libraries: ClassVar[tuple[str, ...]] = (
+        "torch",
+        "transformers",
+        "trl",
+        "accelerate",
+        "datasets",
+    )
 
     model_config = ConfigDict(extra="forbid")
 
