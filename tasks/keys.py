@@ -54,7 +54,8 @@ def cache_key(
     libraries: Sequence[str],
 ) -> str:
     """The key of one stage call (``inputs``: input name -> content hash)."""
-    components = component_versions(config)
+    selected = list(components(config))
+    used = [*libraries, *(lib for _, obj in selected for lib in getattr(obj, "libraries", ()))]
     payload = {
         "stage": stage,
         "version": version,
@@ -64,8 +65,8 @@ def cache_key(
         "config": config.model_dump(mode="json"),
         "inputs": dict(sorted(inputs.items())),
         "extra": dict(extra),
-        "components": components,
-        "libraries": library_versions([*libraries, *component_libraries(config)]),
+        "components": {name: version_of(obj) for name, obj in selected},
+        "libraries": library_versions(used),
     }
     return sha(json.dumps(payload, sort_keys=True, default=str))
 
@@ -85,14 +86,6 @@ def is_component(cls: type[BaseModel]) -> bool:
     """A backend config: a model that selects an implementation (``kind``) or builds one
     (``load``), as opposed to plain settings (an endpoint, a Ray job, a buffer)."""
     return "kind" in cls.model_fields or callable(getattr(cls, "load", None))
-
-
-def component_versions(config: BaseModel) -> dict[str, str]:
-    return {name: version_of(obj) for name, obj in components(config)}
-
-
-def component_libraries(config: BaseModel) -> list[str]:
-    return [lib for _, obj in components(config) for lib in getattr(obj, "libraries", ())]
 
 
 def version_of(obj: Any) -> str:

@@ -14,18 +14,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tasks.backends.protocols import Solver
 from tasks.backends.train import SolverBackend
-from tasks.backends.train.dpo import (
-    DPOSolverConfig,
-    batch_layout,
-    build_trainer,
-    truncate_prompts,
-)
+from tasks.backends.train.dpo import DPOSolverConfig, batch_layout
 from tasks.backends.train.objectives import (
     DPONLLSolverConfig,
     ORPOSolverConfig,
     SimPOSolverConfig,
     SPPOSolverConfig,
 )
+from tasks.backends.train.trl_solver import build_trainer, truncate_prompts
 from tasks.train import TrainConfig
 
 PROMPTS = [f"{a}+{b}=" for a in range(4) for b in range(3)]  # 12 pairs

@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tasks.backends.protocols import Solver
-from tasks.backends.train.dpo import DPOSolverConfig, build_trainer
+from tasks.backends.train.dpo import DPOSolverConfig
+from tasks.backends.train.trl_solver import build_trainer
 
 PROMPTS = [f"{a}+{b}=" for a in range(6) for b in range(6)]
 X, Y = "abc", "ghij"  # every pair prefers X over Y

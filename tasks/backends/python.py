@@ -13,6 +13,9 @@ A factory may declare
 * ``libraries``: the packages it computes with, whose versions key those stages too;
 * ``check_prompts(prompts)`` on the object it builds: raise ``ValueError`` naming the first
   prompt it cannot handle; ``eva run`` calls it on prompt files before anything runs.
+
+``eva run`` builds every such component once before the run starts, so options it refuses fail
+in seconds: keep construction cheap and load weights or clients when first used.
 """
 
 from __future__ import annotations

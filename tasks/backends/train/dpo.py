@@ -1,7 +1,9 @@
 """The solver: TRL preference trainers on the pairs a round produced, DPO by default.
 
-Here: what every TRL objective shares (``TRLSolverConfig``, ``build_trainer``, ``TRLSolver``) and
-DPO. ``trl_solvers`` adds SimPO, ORPO, SPPO and DPO + NLL as configs naming a trainer and loss.
+Here: the config every TRL objective shares (``TRLSolverConfig``) and DPO's; ``objectives`` adds
+SimPO, ORPO, SPPO and DPO + NLL as configs naming a trainer and loss, and ``trl_solver`` builds
+and runs the trainer (``build_trainer``, ``TRLSolver``), imported when a solver loads, so reading
+a config does not import TRL.
 Defaults are the eva paper's appendix A. For the DPO family the starting checkpoint doubles as
 the frozen reference (TRL reloads it from ``policy_dir`` when ``ref_model`` is None), as in eva.
 
@@ -19,35 +21,21 @@ Pitfalls met with TRL 1.16 / transformers 5.23:
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import math
-import os
-import tempfile
-from collections.abc import Sequence
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import datasets
-import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from transformers import (
-    AutoConfig,
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    PreTrainedTokenizerBase,
-    PrinterCallback,
-    Trainer,
-    TrainerCallback,
-    TrainingArguments,
-)
-from trl import DPOConfig, DPOTrainer
 
 from tasks.backends.devices import Device
-from tasks.backends.protocols import Progress, no_progress
-from tasks.backends.train.trl_common import ProgressCallback, numeric_row, quiet
 
-_log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from transformers import Trainer, TrainingArguments
+    from trl import DPOConfig
 
+    from tasks.backends.train.trl_solver import TRLSolver
+
+# Names the repo's solvers use, known valid: validating them needs no import of transformers.
+COMMON_OPTIMIZERS = frozenset({"adamw_torch", "rmsprop", "sgd"})
+COMMON_SCHEDULERS = frozenset({"cosine", "linear", "constant"})
 
 EFFECTIVE_BATCH_HELP = (
     "Pairs per optimizer step over all processes, as the paper counts its batch size; "
@@ -100,6 +88,8 @@ class TRLSolverConfig(BaseModel):
     @field_validator("optim")
     @classmethod
     def _known_optimizer(cls, value: str) -> str:
+        if value in COMMON_OPTIMIZERS:  # checking them would import transformers (seconds)
+            return value
         from transformers.training_args import OptimizerNames
 
         names = [o.value for o in OptimizerNames]
@@ -110,6 +100,8 @@ class TRLSolverConfig(BaseModel):
     @field_validator("lr_scheduler_type")
     @classmethod
     def _known_scheduler(cls, value: str) -> str:
+        if value in COMMON_SCHEDULERS:
+            return value
         from transformers.trainer_utils import SchedulerType
 
         names = [t.value for t in SchedulerType]
@@ -126,6 +118,8 @@ class TRLSolverConfig(BaseModel):
 
     def load(self) -> TRLSolver:
         """A solver with this configuration (models are loaded per ``train`` call)."""
+        from tasks.backends.train.trl_solver import TRLSolver
+
         return TRLSolver(self)
 
 
@@ -153,6 +147,8 @@ def dpo_args(
     common: dict[str, Any], beta: float, loss_type: list[str], loss_weights: list[float] | None
 ) -> DPOConfig:
     """DPOConfig for any DPO-family loss (DPO, SPPO hard, DPO + NLL)."""
+    from trl import DPOConfig
+
     return DPOConfig(**common, beta=beta, loss_type=loss_type, loss_weights=loss_weights)
 
 
@@ -185,138 +181,6 @@ class DPOSolverConfig(TRLSolverConfig):
         return dpo_args(common, self.beta, list(self.loss_type), weights)
 
     def trainer_class(self) -> type[Trainer]:
+        from trl import DPOTrainer
+
         return DPOTrainer
-
-
-def truncate_prompts(
-    tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], max_tokens: int
-) -> tuple[list[str], int]:
-    """Keep the last ``max_tokens`` tokens of every prompt (the instruction usually ends a
-    long prompt) as text, so every TRL trainer tokenizes it the same way; returns the prompts
-    and how many were cut. Cutting at a token's character offset keeps the text exact."""
-    out, cut = list(prompts), 0
-    for i, prompt in enumerate(prompts):
-        enc = tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
-        offsets = enc["offset_mapping"]
-        if len(offsets) > max_tokens:
-            out[i] = prompt[offsets[len(offsets) - max_tokens][0] :]
-            cut += 1
-    return out, cut
-
-
-def build_trainer(
-    config: TRLSolverConfig,
-    policy_dir: str,
-    prompts: Sequence[str],
-    chosen: Sequence[str],
-    rejected: Sequence[str],
-    trainer_dir: str,
-    seed: int,
-    callbacks: Sequence[TrainerCallback] = (),
-) -> Trainer:
-    """A ready-to-``train()`` TRL trainer; split out of ``TRLSolver.train`` so tests can inspect
-    the exact trainer (its batches, its ``compute_loss``) that training uses."""
-    if not (len(prompts) == len(chosen) == len(rejected)):
-        raise ValueError(
-            f"prompts/chosen/rejected lengths differ: {len(prompts)}/{len(chosen)}/{len(rejected)}"
-        )
-    if not prompts:
-        raise ValueError("no preference pairs to train on")
-    # accelerate launch sets WORLD_SIZE in every process it starts; in-process training is one.
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
-    per_device, accumulation = batch_layout(
-        config.effective_batch_size, config.per_device_train_batch_size, processes
-    )
-    use_cpu = config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
-    max_length = config.max_length
-    positions = getattr(AutoConfig.from_pretrained(policy_dir), "max_position_embeddings", None)
-    if positions is not None and (max_length is None or max_length > positions):
-        max_length = positions  # absolute-position models index out of range past their table
-    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
-    prompt_cap = config.max_prompt_length
-    if max_length is not None:
-        prompt_cap = min(prompt_cap or max_length, max_length - 1)
-    if prompt_cap is not None:
-        prompts, cut = truncate_prompts(tokenizer, prompts, prompt_cap)
-        if cut:
-            _log.warning("kept the last %d tokens of %d long prompts", prompt_cap, cut)
-    common: dict[str, Any] = dict(
-        output_dir=trainer_dir,
-        learning_rate=config.learning_rate,
-        lr_scheduler_type=config.lr_scheduler_type,
-        num_train_epochs=config.num_train_epochs,
-        warmup_steps=config.warmup_ratio,  # a float in [0, 1) is a ratio in transformers 5
-        per_device_train_batch_size=per_device,
-        gradient_accumulation_steps=accumulation,
-        max_length=max_length,
-        optim=config.optim,
-        logging_steps=config.logging_steps,
-        bf16=config.bf16,  # TRL defaults this to True: always pass it
-        activation_checkpointing=config.gradient_checkpointing,  # the v5 name of the flag
-        use_cpu=use_cpu,
-        seed=seed,
-        data_seed=seed,
-        report_to=[],
-        save_strategy="no",
-        disable_tqdm=True,
-    )
-    dataset = datasets.Dataset.from_dict(
-        {"prompt": list(prompts), "chosen": list(chosen), "rejected": list(rejected)}
-    )
-    with quiet():
-        args = config.trainer_args(common)  # before the model: ZeRO-3 partitioned loading
-        model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
-        trainer = config.trainer_class()(
-            model=model,
-            args=args,
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            callbacks=list(callbacks),
-        )
-    # disable_tqdm swaps the progress bar for PrinterCallback, which prints every log dict.
-    trainer.remove_callback(PrinterCallback)
-    return trainer
-
-
-class TRLSolver:
-    """Satisfies the ``Solver`` protocol for any ``TRLSolverConfig``."""
-
-    def __init__(self, config: TRLSolverConfig):
-        self.config = config
-
-    def train(
-        self,
-        policy_dir: str,
-        prompts: Sequence[str],
-        chosen: Sequence[str],
-        rejected: Sequence[str],
-        output_dir: str,
-        seed: int,
-        progress: Progress = no_progress,
-    ) -> list[dict[str, float]]:
-        """Train from ``policy_dir``, save model + tokenizer to ``output_dir``, and return the
-        trainer's log rows that carry a loss (``step``, ``loss``, ``rewards/*``, ...)."""
-        # The trainer's own output_dir only receives what save_strategy="no" still writes (nothing
-        # today); a temporary directory keeps the caller's working directory clean regardless.
-        parent = os.path.dirname(os.path.abspath(output_dir))  # the stage's own scratch
-        os.makedirs(parent, exist_ok=True)
-        with tempfile.TemporaryDirectory(
-            prefix=f"eva-{self.config.kind}-", dir=parent
-        ) as trainer_dir:
-            callbacks = [ProgressCallback(progress)]
-            trainer = build_trainer(
-                self.config, policy_dir, prompts, chosen, rejected, trainer_dir, seed, callbacks
-            )
-            with quiet():
-                trainer.train()
-            rows = [numeric_row(e) for e in trainer.state.log_history if "loss" in e]
-            if any(math.isnan(r["loss"]) for r in rows):
-                # Checked before saving so a diverged policy never becomes the next round's start.
-                raise FloatingPointError(
-                    f"{self.config.kind} loss became NaN (policy {policy_dir})"
-                )
-            trainer.save_model(output_dir)  # gathers ZeRO-3 shards; only rank 0 writes
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(output_dir, "training_args.bin"))
-        progress(1.0)
-        return rows

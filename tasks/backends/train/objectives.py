@@ -1,8 +1,8 @@
 """The other solver objectives of the eva paper (appendix A), on the shared TRL plumbing.
 
 Each is a config with its own ``kind``; training, saving and prompt truncation are
-``trl_dpo.TRLSolver`` / ``build_trainer``. What each objective computes in TRL 1.16 (read from its
-source, and checked against hand-computed losses in tests/test_backend_solvers.py):
+``trl_solver.TRLSolver`` / ``build_trainer``. What each objective computes in TRL 1.16 (read from
+its source, and checked against hand-computed losses in tests/test_backend_solvers.py):
 
 - SimPO (``CPOTrainer``, ``loss_type="simpo"``, ``cpo_alpha=0``): with a = mean log-prob of the
   response tokens (+ eos), ``-logsigmoid(beta * (a_chosen - a_rejected) - gamma)``. TRL's
@@ -24,11 +24,9 @@ demo world's character tokenizer uses ``<eos>`` as BOS, so those two train with 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
-from transformers import Trainer, TrainingArguments
-from trl import DPOTrainer
 
 from tasks.backends.train.dpo import (
     EFFECTIVE_BATCH_HELP,
@@ -38,6 +36,9 @@ from tasks.backends.train.dpo import (
     TRLSolverConfig,
     dpo_args,
 )
+
+if TYPE_CHECKING:  # TRL is imported when a trainer is built, not when a config is read
+    from transformers import Trainer, TrainingArguments
 
 
 class SimPOSolverConfig(TRLSolverConfig):
@@ -103,6 +104,8 @@ class _DPOVariant(TRLSolverConfig):
         return dpo_args(common, dpo.beta, list(dpo.loss_type), dpo.loss_weights)
 
     def trainer_class(self) -> type[Trainer]:
+        from trl import DPOTrainer
+
         return DPOTrainer
 
     def _shared(self) -> dict[str, Any]:

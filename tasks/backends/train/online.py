@@ -28,29 +28,13 @@ re-estimated within a few steps; carrying them would tie a checkpoint to one tra
 
 from __future__ import annotations
 
-import contextlib
-import math
-import os
-import tempfile
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, Literal, Protocol
 
-import datasets
-import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    PrinterCallback,
-    TrainerCallback,
-    TrainerControl,
-    TrainerState,
-    TrainingArguments,
-)
 
 from tasks.backends.devices import Device
 from tasks.backends.protocols import Progress, no_progress
-from tasks.backends.train.trl_common import ProgressCallback, numeric_row, quiet
 
 
 class OnlineFeed(Protocol):
@@ -118,74 +102,6 @@ class OnlineSolverConfig(BaseModel):
         return self
 
 
-def _trainer_args(config: OnlineSolverConfig, common: dict[str, Any]) -> Any:
-    """The TRL config object for ``config.kind`` (online DPO names some knobs differently)."""
-    sampling: dict[str, Any] = dict(
-        temperature=config.temperature, top_p=config.top_p, beta=config.beta
-    )
-    vllm: dict[str, Any] = dict(use_vllm=config.use_vllm, vllm_mode=config.vllm_mode)
-    if config.kind == "online_dpo":
-        from trl.experimental.online_dpo import OnlineDPOConfig
-
-        return OnlineDPOConfig(
-            **common,
-            **sampling,
-            **vllm,
-            per_device_train_batch_size=config.prompts_per_step,
-            max_new_tokens=config.max_completion_length,
-            # accelerate dispatches an IterableDataset's batches as tensors by default; the
-            # prompts are text, so each process reads its own (RLOO/GRPO do this themselves).
-            accelerator_config={"dispatch_batches": False},
-        )
-    from trl import GRPOConfig, RLOOConfig
-
-    return (GRPOConfig if config.kind == "grpo" else RLOOConfig)(
-        **common,
-        **sampling,
-        **vllm,
-        per_device_train_batch_size=config.prompts_per_step * config.num_generations,
-        steps_per_generation=1,
-        num_generations=config.num_generations,
-        max_completion_length=config.max_completion_length,
-        shuffle_dataset=False,
-    )
-
-
-def _trainer_class(kind: str) -> type:
-    if kind == "online_dpo":
-        from trl.experimental.online_dpo import OnlineDPOTrainer
-
-        return OnlineDPOTrainer
-    from trl import GRPOTrainer, RLOOTrainer
-
-    return GRPOTrainer if kind == "grpo" else RLOOTrainer
-
-
-class _Reward:
-    """TRL reward function: scores each completion through the feed, by its prompt's row."""
-
-    def __init__(self, feed: OnlineFeed):
-        self.feed = feed
-        self.__name__ = "eva_reward"  # TRL names logged metrics after the function
-
-    def __call__(
-        self, prompts: Sequence[str], completions: Sequence[str], row: Sequence[str], **_: Any
-    ) -> list[float]:
-        return self.feed.score(row, prompts, completions)
-
-
-class _StepEnd(TrainerCallback):
-    """Tells the feed that an optimizer step has finished."""
-
-    def __init__(self, feed: OnlineFeed):
-        self.feed = feed
-
-    def on_step_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
-    ) -> None:
-        self.feed.step_end()
-
-
 def train_segment(
     config: OnlineSolverConfig,
     policy_dir: str,
@@ -196,64 +112,8 @@ def train_segment(
     progress: Progress = no_progress,
 ) -> list[dict[str, float]]:
     """Train ``steps`` optimizer steps from ``policy_dir`` on prompts from ``feed``; save the
-    model and tokenizer to ``output_dir``; return the trainer's logged rows."""
-    use_cpu = config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
-    dataset = datasets.IterableDataset.from_generator(_stream, gen_kwargs={"feed": _Handle(feed)})
-    parent = os.path.dirname(os.path.abspath(output_dir))  # the stage's own scratch
-    os.makedirs(parent, exist_ok=True)
-    scratch = tempfile.TemporaryDirectory(prefix=f"eva-{config.kind}-", dir=parent)
-    with scratch as trainer_dir, quiet():
-        common: dict[str, Any] = dict(
-            output_dir=trainer_dir,
-            gradient_accumulation_steps=1,
-            max_steps=steps,
-            learning_rate=config.learning_rate,
-            lr_scheduler_type="constant",
-            warmup_steps=0,
-            optim=config.optim,
-            bf16=config.bf16,
-            gradient_checkpointing=config.gradient_checkpointing,
-            use_cpu=use_cpu,
-            seed=seed,
-            data_seed=seed,
-            logging_steps=1,
-            report_to=[],
-            save_strategy="no",
-            disable_tqdm=True,
-        )
-        args = _trainer_args(config, common)
-        model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(policy_dir)
-        callbacks: list[TrainerCallback] = [_StepEnd(feed), ProgressCallback(progress)]
-        trainer = _trainer_class(config.kind)(
-            model=model,
-            reward_funcs=_Reward(feed),
-            args=args,
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            callbacks=callbacks,
-        )
-        trainer.remove_callback(PrinterCallback)
-        trainer.train()
-        rows = [numeric_row(e) for e in trainer.state.log_history if "loss" in e]
-        if any(math.isnan(r["loss"]) for r in rows):
-            raise FloatingPointError(f"{config.kind} loss became NaN (policy {policy_dir})")
-        trainer.save_model(output_dir)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(output_dir, "training_args.bin"))
-    progress(1.0)
-    return rows
+    model and tokenizer to ``output_dir``; return the trainer's logged rows
+    (``tasks.backends.train.online_trainer``, imported here: reading a config needs no TRL)."""
+    from tasks.backends.train.online_trainer import train_segment as train
 
-
-class _Handle:
-    """Wraps the feed so ``datasets`` fingerprints a stable object, never pickles the buffer."""
-
-    def __init__(self, feed: OnlineFeed):
-        self.feed = feed
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (str, ("eva-online-source",))
-
-
-def _stream(feed: _Handle) -> Any:
-    yield from feed.feed.prompts()
+    return train(config, policy_dir, feed, steps, output_dir, seed, progress)
