@@ -26,7 +26,7 @@ from eva_core.buffer import PromptBuffer
 from eva_core.schema import PROMPT_COLUMNS
 from tasks.backends.evolve import EvolverBackend
 from tasks.backends.reward import PointwiseRewardBackend
-from tasks.backends.train.online import OnlineSolverConfig, train_segment
+from tasks.backends.train.online import OnlineSolverConfig
 from tasks.context import StageContext, StageOutput, check_failures
 from tasks.online_loop import BufferConfig, OnlineLoop, pending_batches
 from tasks.stage import MODEL, StageError, stage
@@ -130,6 +130,9 @@ def online(
     )
     out_dir = os.path.join(ctx.scratch, "model")
     started = time.perf_counter()
+    # The trainer (TRL) is imported here: reading an online config needs none of it.
+    from tasks.backends.train.online_trainer import train_segment
+
     try:
         metrics = train_segment(
             config.solver, policy_dir, loop, steps, out_dir, ctx.seed, ctx.progress

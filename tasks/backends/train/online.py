@@ -34,7 +34,6 @@ from typing import Any, ClassVar, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tasks.backends.devices import Device
-from tasks.backends.protocols import Progress, no_progress
 
 
 class OnlineFeed(Protocol):
@@ -100,20 +99,3 @@ class OnlineSolverConfig(BaseModel):
         if self.kind == "online_dpo" and self.beta == 0:
             raise ValueError("online_dpo needs beta > 0 (its loss is constant at beta 0)")
         return self
-
-
-def train_segment(
-    config: OnlineSolverConfig,
-    policy_dir: str,
-    feed: OnlineFeed,
-    steps: int,
-    output_dir: str,
-    seed: int,
-    progress: Progress = no_progress,
-) -> list[dict[str, float]]:
-    """Train ``steps`` optimizer steps from ``policy_dir`` on prompts from ``feed``; save the
-    model and tokenizer to ``output_dir``; return the trainer's logged rows
-    (``tasks.backends.train.online_trainer``, imported here: reading a config needs no TRL)."""
-    from tasks.backends.train.online_trainer import train_segment as train
-
-    return train(config, policy_dir, feed, steps, output_dir, seed, progress)
