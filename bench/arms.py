@@ -53,35 +53,59 @@ def start_from(checkpoint: str) -> dict[str, Any]:
     return {"init_checkpoint": checkpoint, "builder": None}
 
 
-def split_source(config: RunConfig, arm: Baseline) -> PromptsConfig:
+WINDOW = 3  # split t takes prompts from the t-th window of WINDOW x size prompts of the stream
+
+
+def split_source(config: RunConfig, arm: Baseline, topup: float = 1.0) -> PromptsConfig:
     """The prompt source an arm splits: the seed set's, or the target distribution at the seed
-    set's size."""
+    set's size; ``topup`` (up to ``WINDOW``) grows every split to reach the pair budget."""
+    if not 1.0 <= topup <= WINDOW:
+        raise ValueError(f"topup must be in [1, {WINDOW}] (got {topup})")
     source = config.prompts.source
     if source is None or config.prompts.path is not None:
         raise ValueError(f"the {arm} arm draws new prompts: prompts needs a source, not a file")
-    if arm == "target":
-        options = {**source.options, "distribution": "heldout"}
+    if arm == "target":  # whatever the held-out set is drawn from, at the seed set's size
+        held = config.heldout.source
+        if held is None or config.heldout.path is not None:
+            raise ValueError("the target arm draws from the held-out set's source, not a file")
+        distribution = held.options.get("distribution", "seed")
+        options = {**source.options, "distribution": distribution, "stream": "target"}
         source = source.model_copy(update={"options": options})
+    if topup != 1.0:
+        source = source.model_copy(update={"options": {**source.options, "topup": topup}})
     return PromptsConfig(source=source)
 
 
-@stage("split", version=1, inputs={"heldout": ("prompt",)}, outputs=PROMPT_COLUMNS)
-def load_split(ctx: StageContext, config: PromptsConfig, heldout: pa.Table) -> StageOutput:
-    """Split t of a baseline arm: ``size`` new prompts for iteration t.
+@stage(
+    "split",
+    version=3,
+    inputs={"heldout": ("prompt",), "seed_set": ("prompt",)},
+    outputs=PROMPT_COLUMNS,
+)
+def load_split(
+    ctx: StageContext, config: PromptsConfig, heldout: pa.Table, seed_set: pa.Table
+) -> StageOutput:
+    """Split t of a baseline arm: ``size`` (x ``topup``) new prompts for iteration t.
 
     Every split of an arm comes from one seeded stream that skips the held-out prompts, split
-    t taking its t-th slice, so splits never repeat each other and never touch the held-out
-    set. The stream has X_0's seed, so for the seed distribution its first slice *is* X_0
-    ("+new seed prompts" never retrains on X_0); for the target distribution (the upper-bound
-    arm) it is a stream of its own.
+    t taking the start of its t-th window of ``WINDOW`` x ``size`` prompts, so splits never
+    repeat each other, whatever their top-up, and never touch the held-out set. The stream has
+    X_0's seed, so for the seed distribution its first window starts with X_0 ("+new seed
+    prompts" never retrains on X_0); for the target distribution (the upper-bound arm) it is a
+    stream of its own.
     """
     assert config.source is not None and ctx.iteration is not None
     options: dict[str, Any] = dict(config.source.options)
-    size = int(options.get("size", 256))
-    stream = WorldPrompts(**{**options, "size": (ctx.iteration + 1) * size}).draw(
-        seed=stage_seed(ctx.run.seed, None, "prompts"),
-        exclude=set(heldout.column("prompt").to_pylist()),
-    )[ctx.iteration * size :]
+    size = int(options.pop("size", 256))
+    take = round(size * float(options.pop("topup", 1.0)))
+    name = str(options.pop("stream", "prompts"))  # "prompts": X_0's own stream
+    exclude = set(heldout.column("prompt").to_pylist())
+    if name != "prompts":
+        exclude |= set(seed_set.column("prompt").to_pylist())
+    window, start = WINDOW * size, ctx.iteration * WINDOW * size
+    stream = WorldPrompts(**options, size=start + window).draw(
+        seed=stage_seed(ctx.run.seed, None, name), exclude=exclude
+    )[start : start + take]
     table = seed_records([p for p, _ in stream], [c for _, c in stream])
     cats = table.column("category").to_pylist()
     counts = {str(c): cats.count(c) for c in sorted(set(cats), key=str)}
@@ -89,9 +113,9 @@ def load_split(ctx: StageContext, config: PromptsConfig, heldout: pa.Table) -> S
 
 
 @flow(name="eva-baseline", flow_run_name=run_name)
-def baseline_run(config: RunConfig, arm: Baseline) -> list[dict[str, Any]]:
+def baseline_run(config: RunConfig, arm: Baseline, topup: float = 1.0) -> list[dict[str, Any]]:
     """T iterations of iterative DPO, each on a new split of the arm's prompt source."""
-    source = split_source(config, arm)
+    source = split_source(config, arm, topup)
     with opened_run(config, None) as run:
         prompts = load_prompts(run, None, config.prompts)
         heldout = load_heldout(run, None, config.heldout, seed_set=prompts)
@@ -99,8 +123,9 @@ def baseline_run(config: RunConfig, arm: Baseline) -> list[dict[str, Any]]:
         evaluate(run, None, config.evaluation, heldout=heldout, policy=policy)
         if config.iteration0_dpo:
             policy = dpo_iteration(run, 0, config, prompts, policy, heldout).policy
+        x0 = prompts
         for t in range(1, config.iterations + 1):
-            prompts = load_split(run, t, source, artifact="prompts", heldout=heldout)
+            prompts = load_split(run, t, source, artifact="prompts", heldout=heldout, seed_set=x0)
             policy = dpo_iteration(run, t, config, prompts, policy, heldout).policy
         rows = iteration_summary(run.store(), config)
         publish_summary(config.run, rows, f"{arm} baseline, iteration {config.iterations}")

@@ -42,7 +42,7 @@ def _rows(results: Results, arm: str, t: int | None) -> list[dict[str, Any]]:
         row = entry if t is None else entry["iterations"][t - 1]
         base = entry.get("base")
         start = per_seed[base]["score"] if base else row["score"]
-        out.append({**row, "delta": row["score"] - start})
+        out.append({**row, "delta": row["score"] - start, "topup": entry.get("topup", 1.0)})
     return out
 
 
@@ -58,6 +58,11 @@ def _line(label: str, rows: list[dict[str, Any]], cats: list[str]) -> list[str]:
         cells.append(mean_std([r["difficulty"] for r in rows]))
     else:
         cells += ["-", "-"]
+    if "responses" in rows[0]:
+        cells.append(f"{np.mean([r['responses'] for r in rows]):.0f}")
+        cells.append("x" + "/".join(sorted({f"{r['topup']:g}" for r in rows})))
+    else:
+        cells += ["-", "-"]
     return cells
 
 
@@ -70,6 +75,8 @@ def _table(title: str, lines: list[list[str]], cats: list[str], vs: str = "start
         *[f"score {c}" for c in cats],
         "pairs",
         "train difficulty",
+        "responses generated",
+        "source grown",
     ]
     return "\n".join([f"### {title}", "", *md_table(head, [ln for ln in lines if ln]), ""])
 
@@ -162,6 +169,20 @@ def write_method_report(
             for t in range(1, len(first[arm]["iterations"]) + 1):
                 t1.append(line(f"{label} ({t}x)", arm, t))
         parts.append(_table("Table 1 analogue: online, by prompt budget", t1, cats, "theta_0"))
+    nulls = [
+        line(label, a)
+        for a, label in (
+            ("eva", "eva (reward-guided selection, directed evolution)"),
+            ("metric-uniform", "uniform selection, directed evolution"),
+            ("random-evolution", "uniform selection, random evolution"),
+            ("subset-weighted", "reward-guided selection, no evolution"),
+        )
+        if a in arms or a == "eva"
+    ]
+    parts.append(_table("Null controls: selection and evolution apart", nulls, cats, "theta_1"))
+    from bench.claims import claims_table
+
+    parts.append(claims_table(results))
     parts.append(_taught_table(results, [a for a in ("fresh", "eva", "target") if a in arms]))
     if both:
         parts.append(_plots(results, out_dir, name, iterations))

@@ -1,28 +1,29 @@
-"""Why the built-in world looks the way it does: the decisive comparison of the world search.
+"""The world's preconditions, judged without any eva arm (docs/benchmarks.md, issue 20).
 
-    python -m bench.world [--seeds 0 1 2] [--out docs/bench]
+    python -m bench.world [--candidates C1 C2 C3] [--seeds 0 1 2 3 4] [--root runs-bench/world]
 
-Three recipes for theta_0, each trained from scratch per seed, then one solver step on 3,000
-seed prompts (N = 6 samples at temperature 0.7, best vs worst), with two solvers:
+For each candidate world and seed: theta_0 (the world's SFT, cached under ``--root``: candidates
+with the same demonstrations share it), theta_1 = one solver step on K pairs from the seed set,
+then one more iteration from theta_1 on K pairs from new *seed* prompts (``fresh``) and on K
+pairs from new *target* prompts (``target``, the upper bound). Every step trains exactly K
+pairs: prompts are drawn from the arm's own stream until K pairs with a correct chosen answer
+exist (a seeded subset of K then), so the arms differ in their prompts only.
 
-* ``landed``: the world as it was (GPT-2, 2 layers, 64 dims, 1,500 SFT steps on easy problems).
-* ``llama-careful``: a 3-layer Llama trained on the whole target range, correct demonstrations.
-* ``world``: the same Llama, 3,000 steps, 60% careless demonstrations (the world as frozen).
+1. The baseline learns: theta_1 - theta_0 >= +0.03 on the held-out set, > 3 sd over seeds.
+2. The prompt distribution matters: target - fresh >= +0.05, > 3 sd (paired by seed).
 
-Solvers: ``dpo`` (the landed demo's DPO: beta 0.1, lr 2e-4, batch 16, 2 epochs, every pair) and
-``dpo_nll`` (the world's solver: DPO + NLL, beta 0.1, lr 2e-4, batch 32, 2 epochs, pairs whose
-chosen answer is correct). Reported: theta_0's greedy and pass@6 exact share on the held-out
-set, the pairs each solver got, and the held-out score before and after (mean dense reward of
-the greedy answer), with the paired Δ over seeds.
+Runs in this process (the stages' backends, no Prefect): a candidate is a few minutes per seed,
+most of it theta_0's SFT.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
-import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,160 +33,207 @@ import torch
 from bench.report import md_table, mean_std
 from eva_core.pairs import choose_pairs
 from eva_world import world
-from eva_world.tiny_lm import (
-    TinyModelConfig,
-    build_char_tokenizer,
-    build_tiny_model,
-    save_checkpoint,
-    sft,
-)
+from eva_world.configs import TinyModelConfig
+from eva_world.tiny_lm import build_char_tokenizer, build_tiny_model, save_checkpoint, sft
 from tasks.backends.generate.transformers import TransformersGeneration
-from tasks.backends.train.dpo import DPOSolverConfig, TRLSolverConfig
 from tasks.backends.train.objectives import DPONLLSolverConfig
 
-SEED_PROMPTS, HELDOUT = 3000, 500
+K = 320  # pairs per solver step, every arm (20 optimizer steps at batch 32, 2 epochs)
+HELDOUT = 500
+CHUNK = 1000  # prompts generated at a time while collecting pairs
+MAX_CHUNKS = 12
+SOLVER = DPONLLSolverConfig(learning_rate=2e-4, effective_batch_size=32, beta=0.1, max_length=64)
+CATS3 = (("add", 1.0), ("sub", 1.0), ("rev", 1.0))
 
 
 @dataclass(frozen=True)
-class Recipe:
+class Candidate:
     name: str
-    model: TinyModelConfig
-    steps: int
-    dist: world.Distribution
-    careless: float
+    sft: world.Distribution  # theta_0's demonstrations
+    seed: world.Distribution  # X_0 and the fresh arm
+    target: world.Distribution  # held-out set and the target arm
+    # One theta_0 and one held-out set for every seed (seed 0's): the seeds then replicate the
+    # post-training only, as the paper post-trains one base model on fixed benchmarks.
+    shared_base: bool = False
 
 
-RECIPES = (
-    Recipe("landed", TinyModelConfig(arch="gpt2", n_layer=2, n_embd=64, n_head=2), 1500,
-           world.SEED_DISTRIBUTION, 0.0),
-    Recipe("llama-careful", TinyModelConfig(), 1500, world.SFT_DISTRIBUTION, 0.0),
-    Recipe("world", TinyModelConfig(), 3000, world.SFT_DISTRIBUTION, 0.6),
-)  # fmt: skip
-
-SOLVERS: dict[str, tuple[TRLSolverConfig, float | None]] = {
-    "dpo": (
-        DPOSolverConfig(learning_rate=2e-4, effective_batch_size=16, beta=0.1, max_length=64),
-        None,
+SFT_2 = world.Distribution(CATS3, digits=(1, 3), rev_length=(2, 6))
+SFT_3 = world.Distribution(CATS3, operands=(2, 3), digits=(1, 3), rev_length=(2, 6))
+SKEWED = (("add", 0.45), ("sub", 0.45), ("rev", 0.10))
+CANDIDATES = {
+    "C1": Candidate("C1", SFT_2, world.Distribution(SKEWED), SFT_2),
+    "C2": Candidate("C2", SFT_3, world.Distribution(SKEWED), SFT_3),
+    "C3": Candidate("C3", SFT_2, world.Distribution((("add", 0.5), ("sub", 0.5))), SFT_2),
+    "C4": Candidate(
+        "C4", SFT_2, world.Distribution((("add", 0.5), ("sub", 0.5))), SFT_2, shared_base=True
     ),
-    "dpo_nll": (
-        DPONLLSolverConfig(learning_rate=2e-4, effective_batch_size=32, beta=0.1, max_length=64),
-        1.0,
-    ),
+    # The current world, for reference: the same categories, one digit fewer.
+    "W0": Candidate("W0", SFT_2, world.SEED_DISTRIBUTION, SFT_2),
 }
 
 
-def _sample(
-    model_dir: str, prompts: list[str], n: int, temperature: float, seed: int
-) -> tuple[list[list[str]], np.ndarray]:
-    """n responses per prompt (temperature 0: greedy) and their world rewards."""
-    gen = TransformersGeneration(temperature=temperature, max_new_tokens=10, batch_size=512)
-    out = gen.load(model_dir).generate(prompts, n, seed=seed)
-    rewards = [[world.reward(p, r) for r in rs] for p, rs in zip(prompts, out, strict=True)]
-    return out, np.array(rewards)
+def stream(dist: world.Distribution, seed: int, exclude: set[str]) -> Iterator[list[str]]:
+    """Chunks of new prompts of ``dist``: one seeded stream, never repeating, never ``exclude``."""
+    seen = set(exclude)
+    for i in range(MAX_CHUNKS):
+        chunk = world.sample_prompts(dist, CHUNK, seed=seed * 1000 + i, exclude=seen)
+        seen.update(chunk)
+        yield chunk
 
 
-def _rewards(model_dir: str, prompts: list[str], n: int, temperature: float) -> np.ndarray:
-    return _sample(model_dir, prompts, n, temperature, seed=1)[1]
+def score(policy: str, prompts: list[str]) -> dict[str, float]:
+    """Held-out score (mean dense reward of greedy answers), overall and per category."""
+    gen = TransformersGeneration(temperature=0.0, max_new_tokens=10, batch_size=512)
+    answers = [rs[0] for rs in gen.load(policy).generate(prompts, 1, seed=0)]
+    rewards = np.array([world.reward(p, a) for p, a in zip(prompts, answers, strict=True)])
+    cats = np.array([world.category_of(p) for p in prompts])
+    out = {"score": float(rewards.mean()), "solved": float((rewards == 1).mean())}
+    out.update({f"cat_{c}": float(rewards[cats == c].mean()) for c in sorted(set(cats))})
+    return out
 
 
-def theta0(recipe: Recipe, seed: int, heldout: list[str], out_dir: str) -> str:
-    tok = build_char_tokenizer(world.ALPHABET)
-    model = build_tiny_model(recipe.model, tok, seed=seed)
-    examples = world.sft_examples(
-        recipe.dist, recipe.steps * 64, seed, careless=recipe.careless, exclude=set(heldout)
-    )
-    sft(model, tok, examples, recipe.steps, 64, 3e-3, 50, seed)
-    save_checkpoint(model, tok, out_dir)
-    return out_dir
-
-
-def solver_step(
-    policy: str, prompts: list[str], solver: TRLSolverConfig, min_chosen: float | None, out: str
-) -> int:
-    samples, rewards = _sample(policy, prompts, 6, 0.7, seed=2)
-    choice, _ = choose_pairs(rewards, min_chosen)
-    rows = [int(i) for i in choice.rows]
-    if not rows:
-        return 0
-    solver.load().train(
-        policy,
-        [prompts[i] for i in rows],
-        [samples[i][j] for i, j in zip(rows, choice.chosen, strict=True)],
-        [samples[i][j] for i, j in zip(rows, choice.rejected, strict=True)],
-        out,
-        seed=0,
-    )
-    return len(rows)
-
-
-def run(seeds: list[int]) -> dict[str, Any]:
-    torch.set_num_threads(1)
-    results: dict[str, Any] = {}
-    for seed in seeds:
-        heldout = world.sample_prompts(world.HELDOUT_DISTRIBUTION, HELDOUT, seed=1000 + seed)
-        prompts = world.sample_prompts(
-            world.SEED_DISTRIBUTION, SEED_PROMPTS, seed=2000 + seed, exclude=set(heldout)
+def step(policy: str, chunks: Iterator[list[str]], seed: int, out: str) -> dict[str, Any]:
+    """One solver step on exactly K pairs from ``chunks``; what it drew and generated."""
+    gen = TransformersGeneration(temperature=0.7, top_p=0.9, max_new_tokens=10, batch_size=512)
+    sampler = gen.load(policy)
+    prompts: list[str] = []
+    chosen: list[str] = []
+    rejected: list[str] = []
+    drawn = 0
+    for i, chunk in enumerate(chunks):
+        samples = sampler.generate(chunk, 6, seed=seed * 100 + i)
+        rewards = np.array(
+            [[world.reward(p, r) for r in rs] for p, rs in zip(chunk, samples, strict=True)]
         )
-        for recipe in RECIPES:
-            with tempfile.TemporaryDirectory(prefix="eva-world-") as tmp:
-                started = time.perf_counter()
-                policy = theta0(recipe, seed, heldout, os.path.join(tmp, "theta0"))
-                greedy = _rewards(policy, heldout, 1, 0.0)[:, 0]
-                sampled = _rewards(policy, heldout, 6, 0.7)
-                row: dict[str, Any] = {
-                    "score": float(greedy.mean()),
-                    "greedy_exact": float((greedy == 1).mean()),
-                    "pass6_exact": float((sampled == 1).any(axis=1).mean()),
-                    "sft_seconds": round(time.perf_counter() - started, 1),
-                }
-                for name, (solver, min_chosen) in SOLVERS.items():
-                    out = os.path.join(tmp, name)
-                    pairs = solver_step(policy, prompts, solver, min_chosen, out)
-                    after = _rewards(out, heldout, 1, 0.0)[:, 0] if pairs else greedy
-                    row[name] = {"pairs": pairs, "score": float(after.mean())}
-                results.setdefault(recipe.name, {})[str(seed)] = row
-                print(recipe.name, seed, json.dumps(row), flush=True)
-    return results
-
-
-def report(results: dict[str, Any], command: str, seconds: float) -> str:
-    head = ["theta_0 recipe", "held-out score", "greedy exact", "pass@6 exact", "solver",
-            "pairs", "score after", "Δ"]  # fmt: skip
-    table = []
-    for recipe, per_seed in results.items():
-        rows = list(per_seed.values())
-        for name in SOLVERS:
-            table.append([
-                recipe,
-                mean_std([r["score"] for r in rows]),
-                mean_std([r["greedy_exact"] for r in rows]),
-                mean_std([r["pass6_exact"] for r in rows]),
-                name,
-                mean_std([r[name]["pairs"] for r in rows]),
-                mean_std([r[name]["score"] for r in rows]),
-                mean_std([r[name]["score"] - r["score"] for r in rows]),
-            ])  # fmt: skip
-    intro = (
-        f"`{command}`: {seconds / 60:.1f} min, {time.strftime('%Y-%m-%d')}, "
-        f"{os.cpu_count()} cores. {HELDOUT} held-out target prompts and {SEED_PROMPTS} seed "
-        "prompts per seed; ± is the standard deviation over seeds; Δ is paired."
+        choice, _ = choose_pairs(rewards, 1.0)
+        for r, c, j in zip(choice.rows, choice.chosen, choice.rejected, strict=True):
+            prompts.append(chunk[r])
+            chosen.append(samples[r][c])
+            rejected.append(samples[r][j])
+        drawn += len(chunk)
+        if len(prompts) >= K:
+            break
+    if len(prompts) < K:
+        raise RuntimeError(f"only {len(prompts)} pairs from {drawn} prompts; raise MAX_CHUNKS")
+    keep = np.sort(np.random.default_rng(seed).choice(len(prompts), K, replace=False))
+    pick = [int(k) for k in keep]
+    rows = SOLVER.load().train(
+        policy,
+        [prompts[k] for k in pick],
+        [chosen[k] for k in pick],
+        [rejected[k] for k in pick],
+        out,
+        seed=seed,
     )
-    title = "## World search: one solver step from three theta_0 recipes"
+    return {"prompts_drawn": drawn, "responses": drawn * 6, "steps": int(rows[-1]["step"])}
+
+
+def theta0(root: str, sft_dist: world.Distribution, seed: int, heldout: list[str]) -> str:
+    """theta_0 for these demonstrations and seed, trained once and kept under ``root``."""
+    digest = hashlib.sha256(repr((sft_dist, seed, sorted(heldout))).encode()).hexdigest()
+    key = f"theta0-s{seed}-{digest[:12]}"
+    out = os.path.join(root, key)
+    if os.path.isfile(os.path.join(out, "config.json")):
+        return out
+    tok = build_char_tokenizer(world.ALPHABET)
+    model = build_tiny_model(TinyModelConfig(), tok, seed=seed)
+    examples = world.sft_examples(sft_dist, 3000 * 64, seed, careless=0.6, exclude=set(heldout))
+    sft(model, tok, examples, 3000, 64, 3e-3, 50, seed)
+    save_checkpoint(model, tok, out)
+    return out
+
+
+def run_candidate(c: Candidate, seed: int, root: str) -> dict[str, Any]:
+    base_seed = 0 if c.shared_base else seed
+    heldout = world.sample_prompts(c.target, HELDOUT, seed=1000 + base_seed)
+    held = set(heldout)
+    base = theta0(root, c.sft, base_seed, heldout)
+    where = os.path.join(root, f"{c.name}-s{seed}")
+    row: dict[str, Any] = {"theta_0": score(base, heldout)}
+    seeds = stream(c.seed, 2000 + seed, held)
+    row["theta_1_step"] = step(base, seeds, seed, os.path.join(where, "theta1"))
+    row["theta_1"] = score(os.path.join(where, "theta1"), heldout)
+    theta1 = os.path.join(where, "theta1")
+    # fresh continues the seed stream past X_0; target draws its own stream of target prompts.
+    row["fresh_step"] = step(theta1, seeds, seed + 1, os.path.join(where, "fresh"))
+    row["fresh"] = score(os.path.join(where, "fresh"), heldout)
+    targets = stream(c.target, 3000 + seed, held)
+    row["target_step"] = step(theta1, targets, seed + 1, os.path.join(where, "target"))
+    row["target"] = score(os.path.join(where, "target"), heldout)
+    return row
+
+
+def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    learn = np.array([r["theta_1"]["score"] - r["theta_0"]["score"] for r in rows])
+    room = np.array([r["target"]["score"] - r["fresh"]["score"] for r in rows])
+
+    def held(d: np.ndarray, floor: float) -> bool:
+        return bool(d.mean() >= floor and (len(d) < 2 or d.mean() > 3 * d.std(ddof=1)))
+
+    return {
+        "learns": [float(x) for x in learn],
+        "room": [float(x) for x in room],
+        "baseline_learns": held(learn, 0.03),
+        "distribution_matters": held(room, 0.05),
+    }
+
+
+def report(results: dict[str, Any], command: str, minutes: float) -> str:
+    head = ["candidate", "theta_0", "theta_1 - theta_0", "fresh", "target", "target - fresh",
+            "rev: fresh / target", "prompts drawn: fresh / target", "P1", "P2"]  # fmt: skip
+    table = []
+    for name, per_seed in results.items():
+        rows = list(per_seed["seeds"].values())
+        v = per_seed["verdict"]
+        table.append([
+            name,
+            mean_std([r["theta_0"]["score"] for r in rows]),
+            mean_std(v["learns"]),
+            mean_std([r["fresh"]["score"] for r in rows]),
+            mean_std([r["target"]["score"] for r in rows]),
+            mean_std(v["room"]),
+            f"{np.mean([r['fresh']['cat_rev'] for r in rows]):.3f} / "
+            f"{np.mean([r['target']['cat_rev'] for r in rows]):.3f}",
+            f"{np.mean([r['fresh_step']['prompts_drawn'] for r in rows]):.0f} / "
+            f"{np.mean([r['target_step']['prompts_drawn'] for r in rows]):.0f}",
+            "met" if v["baseline_learns"] else "missed",
+            "met" if v["distribution_matters"] else "missed",
+        ])  # fmt: skip
+    intro = (
+        f"`{command}`: {minutes:.1f} min, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores. "
+        f"{HELDOUT} held-out target prompts per seed; every step trains exactly {K} pairs; "
+        "± is the standard deviation over seeds; differences are paired by seed."
+    )
+    title = "## World search: the preconditions, without any eva arm"
     return "\n".join([title, "", intro, "", *md_table(head, table), ""])
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--candidates", nargs="+", default=["C1", "C2", "C3", "C4"])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    ap.add_argument("--root", default=os.path.join("runs-bench", "world"))
     ap.add_argument("--out", default=os.path.join("docs", "bench"))
+    ap.add_argument("--all", action="store_true", help="try every candidate, not the first met")
     args = ap.parse_args(argv)
+    torch.set_num_threads(1)
     started = time.perf_counter()
-    results = run(args.seeds)
+    results: dict[str, Any] = {}
+    for name in args.candidates:
+        rows = {}
+        for seed in args.seeds:
+            rows[str(seed)] = run_candidate(CANDIDATES[name], seed, args.root)
+            print(name, seed, json.dumps(rows[str(seed)]), flush=True)
+        results[name] = {"seeds": rows, "verdict": verdict(list(rows.values()))}
+        print(name, json.dumps(results[name]["verdict"]), flush=True)
+        met = results[name]["verdict"]
+        if met["baseline_learns"] and met["distribution_matters"] and not args.all:
+            break
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "world.json"), "w") as f:
         json.dump(results, f, indent=1)
     command = "python -m bench.world " + " ".join(argv if argv is not None else [])
-    md = report(results, command.strip(), time.perf_counter() - started)
+    md = report(results, command.strip(), (time.perf_counter() - started) / 60)
     with open(os.path.join(args.out, "world.md"), "w") as f:
         f.write(md)
     print(md)

@@ -13,7 +13,8 @@ world's before a run starts.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -56,7 +57,8 @@ class WorldVerifier:
 
 class WorldRewriter:
     """Rewrites prompts with the world's in-depth and in-breadth operators (``methods``: a
-    subset of ``world.EVOLVE_METHODS``, all by default)."""
+    subset of ``world.ALL_METHODS``; by default ``world.EVOLVE_METHODS``, every operator but
+    the undirected ``perturb``)."""
 
     version = 1
 
@@ -64,9 +66,9 @@ class WorldRewriter:
 
     def __init__(self, methods: Sequence[str] | None = None):
         chosen = tuple(methods or world.EVOLVE_METHODS)
-        unknown = sorted(set(chosen) - set(world.EVOLVE_METHODS))
+        unknown = sorted(set(chosen) - set(world.ALL_METHODS))
         if unknown:
-            raise ValueError(f"methods: unknown {unknown}; choose from {world.EVOLVE_METHODS}")
+            raise ValueError(f"methods: unknown {unknown}; choose from {world.ALL_METHODS}")
         self.methods = chosen
 
     @staticmethod
@@ -109,18 +111,35 @@ class WorldDifficulty:
 DISTRIBUTIONS = {"seed": world.SEED_DISTRIBUTION, "heldout": world.HELDOUT_DISTRIBUTION}
 
 
+def distribution_of(spec: str | Mapping[str, Any]) -> world.Distribution:
+    """A named distribution (``seed``, ``heldout``) or one given by its parameters:
+    ``{categories: {add: 1, sub: 1, rev: 1}, operands: [2, 3], digits: [1, 3],
+    rev_length: [2, 6]}`` (categories and their weights; each range inclusive)."""
+    if isinstance(spec, str):
+        if spec not in DISTRIBUTIONS:
+            raise ValueError(f"distribution: {spec!r} is not one of {list(DISTRIBUTIONS)}")
+        return DISTRIBUTIONS[spec]
+    unknown = set(spec) - {"categories", "operands", "digits", "rev_length"}
+    if unknown or "categories" not in spec:
+        raise ValueError(
+            "distribution: give categories (with weights) and optionally operands, digits, "
+            f"rev_length (got {sorted(spec)})"
+        )
+    ranges = {k: tuple(spec[k]) for k in ("operands", "digits", "rev_length") if k in spec}
+    return world.Distribution(tuple(spec["categories"].items()), **ranges)
+
+
 class WorldPrompts:
-    """A prompt source: ``size`` distinct prompts of a world distribution (``seed``: the narrow
-    seed set, ``heldout``: the broader target), labelled with their category."""
+    """A prompt source: ``size`` distinct prompts of a world distribution, named (``seed``: the
+    narrow seed set, ``heldout``: the broader target) or given by its parameters
+    (``distribution_of``), labelled with their category."""
 
     version = 1
 
-    def __init__(self, distribution: str = "seed", size: int = 256):
-        if distribution not in DISTRIBUTIONS:
-            raise ValueError(f"distribution: {distribution!r} is not one of {list(DISTRIBUTIONS)}")
+    def __init__(self, distribution: str | Mapping[str, Any] = "seed", size: int = 256):
         if size < 1:
             raise ValueError(f"size: must be >= 1 (got {size})")
-        self.distribution, self.size = DISTRIBUTIONS[distribution], size
+        self.distribution, self.size = distribution_of(distribution), size
 
     def draw(self, seed: int, exclude: Collection[str] = ()) -> list[tuple[str, str | None]]:
         prompts = world.sample_prompts(self.distribution, self.size, seed, exclude=exclude)

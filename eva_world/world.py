@@ -68,6 +68,10 @@ LETTERS = "abcdefghij"  # ten letters, so breadth_category can map digits <-> le
 ALPHABET = DIGITS + LETTERS + "r+-:="
 CATEGORIES = ("add", "sub", "rev")
 EVOLVE_METHODS = ("deepen_digits", "add_step", "add_constraint", "breadth_category")
+# Not an evolution the rewriter draws by default: one character replaced at random, neither
+# harder nor broader on purpose (the benchmark's random-evolution control).
+PERTURB = "perturb"
+ALL_METHODS = (*EVOLVE_METHODS, PERTURB)
 
 # Caps keep every prompt inside a small model's context and keep evolution from running away.
 MIN_OPERANDS, MAX_OPERANDS = 2, 4
@@ -237,7 +241,9 @@ def _candidates(p: Problem, method: str) -> list[Problem]:
         return [c for c in _edits(p, insert=False) if _constraints(c) > base]
     if method == "breadth_category":
         return _other_categories(p)
-    raise ValueError(f"unknown evolve method {method!r}; expected one of {EVOLVE_METHODS}")
+    if method == PERTURB:
+        return _edits(p, insert=False)
+    raise ValueError(f"unknown evolve method {method!r}; expected one of {ALL_METHODS}")
 
 
 def _applies(p: Problem, method: str) -> bool:

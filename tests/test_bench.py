@@ -23,6 +23,7 @@ def test_quick_arms_produce_well_formed_tables(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(method, "base_config", tiny_base)
     monkeypatch.setattr(method, "ONLINE_SEEDS", 12)
+    monkeypatch.setattr(method, "PAIR_BUDGET", 4)  # the tiny runs' cap: no arm needs a top-up
     results = {"0": method.run_seed(str(tmp_path / "runs"), 0, True, [], None)}
     assert set(results["0"]) == {
         "theta_0",
@@ -32,6 +33,7 @@ def test_quick_arms_produce_well_formed_tables(tmp_path, monkeypatch) -> None:
         "target",
         "metric-uniform",
         "subset-weighted",
+        "random-evolution",
         "online-rloo",
         "online-eva",
     }
@@ -69,7 +71,8 @@ def test_every_full_arm_has_a_valid_config(tmp_path) -> None:
             solver = arm.overrides["train"]["solver"]
             assert cfg.train.solver.kind == solver["kind"] == arm.start.removeprefix("theta_1-")
             assert cfg.train.solver.learning_rate == 2e-4
-            assert cfg.pairs.min_chosen_reward == 1.0 and cfg.pairs.max_pairs == 400
+            assert cfg.pairs.min_chosen_reward == 1.0
+            assert cfg.pairs.max_pairs == method.PAIR_BUDGET
             base_run = method.arm_config(
                 base, "b", {"iterations": 0, "train": arm.overrides["train"]}
             )
