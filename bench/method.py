@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
-from bench.arms import Baseline, baseline_run, start_from, world_sizes
+from bench.arms import Baseline, baseline_run, bench_world, start_from, world_sizes
 from eva_core.informativeness import METRICS, reward_matrix
 from eva_world import world
 from flows.config import (
@@ -141,7 +141,7 @@ def base_config(root: str, seed: int, quick: bool, overrides: list[str]) -> dict
     # Field by field onto the world's config: a partial section would otherwise start from
     # that section's paper defaults and drop the world's settings (pairs.min_chosen_reward).
     base = deep_merge(
-        load_config(None).model_dump(mode="json"),
+        deep_merge(load_config(None).model_dump(mode="json"), bench_world()),
         {
             "root": root,
             "seed": seed,
@@ -272,9 +272,18 @@ def _model(store: Any, t: int | None) -> str:
 
 
 def run_seed(
-    root: str, seed: int, quick: bool, overrides: list[str], only: list[str] | None
+    root: str,
+    seed: int,
+    quick: bool,
+    overrides: list[str],
+    only: list[str] | None,
+    theta0: str | None = None,
 ) -> dict[str, Any]:
+    """Every arm of one seed; from ``theta0`` when given (the first seed's), else from the
+    world's SFT with this seed."""
     base = base_config(root, seed, quick, overrides)
+    if theta0 is not None:
+        base = deep_merge(base, {"bootstrap": start_from(theta0)})
     size = int(base["prompts"]["source"]["options"]["size"])
     for factor in TOPUP_FACTORS:  # theta_1 trains K pairs too: X_0 grows when it yields fewer
         if factor != 1.0:
@@ -283,7 +292,7 @@ def run_seed(
         if available_pairs(store, 0) >= PAIR_BUDGET:
             break
     result: dict[str, Any] = {
-        "theta_0": _iteration_row(store, None),
+        "theta_0": {**_iteration_row(store, None), "model": _model(store, None)},
         "theta_1": {**_iteration_row(store, 0), "base": "theta_0", "topup": factor},
     }
     theta0, starts = _model(store, None), {"theta_1": _model(store, 0)}
@@ -416,7 +425,14 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         raise SystemExit(f"eva: error: {exc}") from None
     started = time.perf_counter()
-    results = {str(s): run_seed(root, s, args.quick, args.overrides, args.arms) for s in seeds}
+    # One theta_0 for every seed (the first seed's SFT), as the paper post-trains one base
+    # model: the seeds replicate the post-training (docs/benchmarks.md, candidate C4).
+    results: dict[str, Any] = {}
+    theta0: str | None = None
+    for s in seeds:
+        results[str(s)] = run_seed(root, s, args.quick, args.overrides, args.arms, theta0)
+        model = results[str(s)]["theta_0"].pop("model")  # a path on this machine: not reported
+        theta0 = theta0 or model
     from bench.report import write_method_report
 
     os.makedirs(args.out, exist_ok=True)

@@ -132,15 +132,23 @@ def distribution_of(spec: str | Mapping[str, Any]) -> world.Distribution:
 class WorldPrompts:
     """A prompt source: ``size`` distinct prompts of a world distribution, named (``seed``: the
     narrow seed set, ``heldout``: the broader target) or given by its parameters
-    (``distribution_of``), labelled with their category."""
+    (``distribution_of``), labelled with their category. ``seed`` fixes the draw whatever the
+    run's seed, as a benchmark's fixed set: the runs of every seed then share it (less the
+    prompts a run's own ``exclude`` takes out, which are replaced by the next ones drawn)."""
 
     version = 1
 
-    def __init__(self, distribution: str | Mapping[str, Any] = "seed", size: int = 256):
+    def __init__(
+        self,
+        distribution: str | Mapping[str, Any] = "seed",
+        size: int = 256,
+        seed: int | None = None,
+    ):
         if size < 1:
             raise ValueError(f"size: must be >= 1 (got {size})")
-        self.distribution, self.size = distribution_of(distribution), size
+        self.distribution, self.size, self.seed = distribution_of(distribution), size, seed
 
     def draw(self, seed: int, exclude: Collection[str] = ()) -> list[tuple[str, str | None]]:
+        seed = seed if self.seed is None else self.seed
         prompts = world.sample_prompts(self.distribution, self.size, seed, exclude=exclude)
         return [(p, world.category_of(p)) for p in prompts]
