@@ -18,7 +18,14 @@ with Prefect, which runs sync tasks in worker threads. What it guarantees, for e
 - one set of counts (``stats()``): HTTP requests sent, retries, requests that failed for good,
   and prompt/completion tokens from each answer's ``usage``;
 - a request that fails for good raises ``LLMRequestError``, which says whether it was transient
-  (retries spent), a timeout, or a configuration error (401/403/404) no later request can avoid.
+  (retries spent), a timeout, or a configuration error (401/403/404) no later request can avoid;
+- a circuit breaker: once ``breaker_failures`` requests in a row failed for good on a refused or
+  dropped connection or a 5xx, and the endpoint answered nothing (no status below 500) while any
+  of them retried, the endpoint is down. That request
+  and every later one (retries in flight included) raise ``LLMEndpointDown``, one line naming
+  the endpoint and what it last answered. It is no ``LLMRequestError``, so no caller that
+  tolerates a failed request (an empty rewrite, a lost comparison) swallows it: the stage fails
+  in seconds instead of spending every request's retries against a dead server.
 """
 
 from __future__ import annotations
@@ -26,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import random
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, NamedTuple, TypeVar
@@ -47,6 +53,9 @@ STATS = ("requests", "retries", "failures", "prompt_tokens", "completion_tokens"
 # Errors of the endpoint's configuration (key, permissions, model or URL): every request will hit
 # them, so callers that tolerate a failed request still stop on these.
 CONFIG_STATUS = frozenset({401, 403, 404})
+
+
+BREAKER_HINT = "start or fix the server; llm.breaker_failures sets how many failures stop it"
 
 
 def no_progress(_: float) -> None:
@@ -86,6 +95,10 @@ class LLMBatchError(EvaError, RuntimeError):
         self.completed = completed
 
 
+class LLMEndpointDown(EvaError, RuntimeError):
+    """The circuit breaker is open: the endpoint is down (see the module docstring)."""
+
+
 class _Aborted(Exception):
     """Another item of the same ``map`` failed: stop retrying, the batch fails anyway."""
 
@@ -116,6 +129,12 @@ class LLMClient:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(STATS, 0)
         self._local = threading.local()  # the abort event of the ``map`` a thread works for
+        # The breaker: answers so far (any status below 500: the server is up), requests that
+        # failed for good in a row with no answer at all while they were retrying, the verdict.
+        self._answers = 0
+        self._down_streak = 0
+        self._down: str | None = None  # the breaker's message once open
+        self._tripped = threading.Event()  # wakes retries waiting out a backoff
 
     def __repr__(self) -> str:
         return f"LLMClient(model={self.model!r}, base_url={self.config.base_url!r})"
@@ -173,9 +192,11 @@ class LLMClient:
         """POST ``body`` (plus the model) with retries; the answer's JSON object."""
         cfg, body = self.config, {**body, "model": self.model}
         abort: threading.Event | None = getattr(self._local, "abort", None)
+        answers_before = self._answers
         for attempt in range(cfg.max_retries + 1):
             if abort is not None and abort.is_set():
                 raise _Aborted
+            self._check_breaker()
             status, retry_after, timed_out = None, None, False
             self._count(requests=1)
             try:
@@ -187,6 +208,8 @@ class LLMClient:
                 error = f"{type(exc).__name__}: {exc}"
             else:
                 status = resp.status_code
+                if status < 500:
+                    self._answered()
                 if resp.is_success:
                     return self._parsed(resp)
                 error = f"HTTP {status}: {_detail(resp)}"
@@ -197,14 +220,44 @@ class LLMClient:
             if attempt == cfg.max_retries:
                 self._count(failures=1)
                 message = f"{error} (gave up after {attempt + 1} attempts)"
+                if not timed_out and status not in (408, 429):  # refused, dropped or 5xx
+                    self._failed_for_good(error, answers_before)
                 raise LLMRequestError(message, status, transient=True, timed_out=timed_out)
             self._count(retries=1)
             delay = self._delay(attempt, retry_after)
-            if abort is None:
-                time.sleep(delay)
-            elif abort.wait(delay):
+            if abort is not None and abort.wait(delay):
                 raise _Aborted
+            if abort is None:
+                self._tripped.wait(delay)  # cut short when the breaker opens meanwhile
         raise AssertionError("unreachable")
+
+    def _check_breaker(self) -> None:
+        if self._down is not None:
+            raise LLMEndpointDown(self._down, field="llm.base_url", hint=BREAKER_HINT)
+
+    def _answered(self) -> None:
+        with self._lock:
+            self._answers += 1
+            self._down_streak = 0
+
+    def _failed_for_good(self, error: str, answers_before: int) -> None:
+        """A request spent its retries on a refused or dropped connection or a 5xx. It counts
+        towards the breaker only if the endpoint answered nothing at all while it retried (a
+        prompt the server fails on while it answers others is no outage); the breaker opens
+        at ``breaker_failures`` in a row, and this request reports it."""
+        limit = self.config.breaker_failures
+        with self._lock:
+            if self._answers == answers_before:
+                self._down_streak += 1
+            if self._down is None and limit is not None and self._down_streak >= limit:
+                self._down = (
+                    f"{self.config.base_url} is down: {self._down_streak} requests in a row "
+                    f"failed after {self.config.max_retries + 1} attempts each, with no answer "
+                    f"between them; last: {error}"
+                )
+        if self._down is not None:
+            self._tripped.set()
+            self._check_breaker()
 
     def map(
         self, fn: Callable[[T], R], items: Sequence[T], progress: Progress = no_progress

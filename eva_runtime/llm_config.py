@@ -18,10 +18,16 @@ from __future__ import annotations
 
 import os
 from typing import Annotated
+from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from eva_runtime.errors import ConfigError
+
+# Requests failed for good in a row, on a refused or dropped connection or a 5xx, after which an
+# endpoint counts as down: each already spent its retries (seconds of backoff), so three in a row
+# with no answer between them is an endpoint that is down, not a blip or one bad prompt.
+BREAKER_FAILURES = 3
 
 
 class LLMClientConfig(BaseModel):
@@ -59,6 +65,26 @@ class LLMClientConfig(BaseModel):
     max_backoff_s: float = Field(
         default=30.0, ge=0, description="Cap on one retry delay, Retry-After included."
     )
+    breaker_failures: int | None = Field(
+        default=BREAKER_FAILURES,
+        ge=1,
+        # Left out of dumps at its default, so configs (and the cache keys of stages that
+        # hold one) written before the field existed keep their hash.
+        exclude_if=lambda value: value == BREAKER_FAILURES,
+        description="The endpoint is down once this many requests in a row failed for good "
+        "(retries spent) on a refused or dropped connection or a 5xx while it answered nothing "
+        "else: the client then stops, and every later request fails at once. null: never.",
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        # Refused when the config is read: httpx would only say so at the first request, and
+        # a typo would otherwise pass for an endpoint that is down.
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("not an http(s) URL with a host, e.g. http://127.0.0.1:8000/v1")
+        return value.strip()
 
 
 def _model_is_set(config: LLMClientConfig) -> LLMClientConfig:

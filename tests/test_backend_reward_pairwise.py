@@ -107,7 +107,8 @@ def test_failures_past_the_retries_are_nan_and_all_failing_raises():
         return ("status", 503) if "ccc" in request["messages"][0]["content"] else None
 
     with OpenAICompatibleServer(prefer_longer, fail=fail_on_c) as server:
-        rm = _reward(server, max_retries=1)
+        # The judge fails one response every time: off, the client's breaker would stop it.
+        rm = _reward(server, max_retries=1, breaker_failures=None)
         out = rm.score(["q"], [["a", "bb", "ccc"]])
         assert out[0][:2] == [0.0, 1.0] and math.isnan(out[0][2])
         # 2 comparisons answered, 4 tried twice: 10 requests, 4 retries; 1 + 1 tokens an answer.
