@@ -251,6 +251,20 @@ def _json_cell(value: Any) -> Any:
     return None if isinstance(value, float) and value != value else value
 
 
+WIDE_CHARS = 24  # a column with a longer cell is drawn wide (a prompt, a response)
+
+
+def narrow_first(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with their narrow columns first (ids, lineage, numbers: what identifies a row)
+    and the wide ones (prompts, responses) last, each group in its given order: the UI's table
+    grows to the right, and a wide column in the middle pushed lineage off a 1400-1600 px
+    screen."""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    wide = {c for c in columns if any(len(readable(row.get(c))) > WIDE_CHARS for row in rows)}
+    order = [c for c in columns if c not in wide] + [c for c in columns if c in wide]
+    return [{c: row[c] for c in order if c in row} for row in rows]
+
+
 def link_reused(run: str, where: str, artifact: str, manifest: dict) -> None:
     """A cached stage, in its flow run's "reused" table: what it reused, when that was made, and
     the key of the summary published then, so a rerun's page leads to what it did not redo."""
@@ -299,7 +313,7 @@ def publish_stage(
         )
         for suffix, rows in tables.items():
             if rows:
-                cells = [{k: _json_cell(v) for k, v in row.items()} for row in rows]
+                cells = [{k: _json_cell(v) for k, v in row.items()} for row in narrow_first(rows)]
                 POSTER.post(
                     "table",
                     json.dumps(cells),

@@ -10,8 +10,10 @@ from typing import Any
 
 from prefect import flow
 
+from eva_runtime.prefect_ui import publish_markdown
 from flows.config import OnlineRunConfig
 from flows.launch import opened_run, publish_summary, run_name
+from flows.run_charts import online_run_charts
 from flows.summary import online_summary
 from tasks.bootstrap import bootstrap
 from tasks.evaluate import evaluate
@@ -36,4 +38,9 @@ def eva_online(config: OnlineRunConfig, plan: Plan | None = None) -> list[dict[s
 
         rows = online_summary(run.store(), config.online.segments(seeds.rows))
         publish_summary(config.run, rows, "eva online run")
+        charts = online_run_charts(run.store(), config.run, rows)
+        publish_markdown(
+            config.run, "charts", charts,
+            "eva online charts: held-out, reward and informativeness per step, buffer",
+        )  # fmt: skip
         return rows

@@ -141,8 +141,26 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     )
 
 
+HELDOUT_COLUMNS = ("heldout_score", "heldout_solved", "win_vs_theta_0")
+
+
 def summary_markdown(run: str, rows: list[dict[str, Any]], title: str = "eva run") -> str:
+    """The summary as two markdown tables, each led by the iteration (or segment) column: the
+    held-out results, then what each iteration (segment) did. One table of every column lost
+    its right-hand ones (``win_vs_theta_0``) on a 1400-1600 px screen."""
     columns = _columns(rows)
+    key = columns[0]
+    heldout = (key, *HELDOUT_COLUMNS)
+    work = tuple(c for c in columns if c not in heldout[1:])
+    what = "segment" if key == "segment" else "iteration"
+    done = [r for r in rows if any(r.get(c) is not None for c in work[1:])]
+    return (
+        f"## {title} `{run}`\n\n### Held-out, per checkpoint\n\n{_markdown_table(rows, heldout)}"
+        + (f"\n### What each {what} did\n\n{_markdown_table(done, work)}")
+    )
+
+
+def _markdown_table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
     head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns)
     body = "\n".join("| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |" for r in rows)
-    return f"## {title} `{run}`\n\n{head}\n{body}\n"
+    return f"{head}\n{body}\n"

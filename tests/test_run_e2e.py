@@ -70,7 +70,7 @@ def test_run_produces_every_artifact_and_summary(finished_run) -> None:
     from flows.run_charts import run_charts
 
     charts = run_charts(store, config, rows)
-    assert charts.count("](data:image/svg+xml;base64,") == 6 and "nothing to draw" not in charts
+    assert charts.count("](data:image/svg+xml;base64,") == 8 and "nothing to draw" not in charts
     # X_1's complexity (the world's difficulty) is charted; it matches the prompts it scored.
     scored = store.read_table(store.read_manifest(1, "complexity")["uri"])
     assert scored.column("prompt_id").to_pylist() == mix_ids(store)

@@ -1,0 +1,44 @@
+"""Tables as the Prefect UI shows them: what identifies a row comes before the wide text, and the
+summary splits so that its held-out columns are never the ones cut off on the right."""
+
+from __future__ import annotations
+
+from eva_runtime.prefect_ui import narrow_first
+from flows.summary import summary_markdown
+
+
+def test_wide_columns_go_last_in_their_order() -> None:
+    # The sample stage's drawn table, as it builds it: the prompt comes second.
+    prompt = "What is 12 + 7? Answer with the number only, please."
+    rows = [
+        {"draw_rank": 0, "prompt": prompt, "informativeness": 0.5, "weight_share": 0.1,
+         "category": "add", "prompt_id": "a" * 16, "parent_id": None, "root_id": "a" * 16,
+         "depth": 0, "iteration": 0},
+        {"draw_rank": 1, "prompt": "short", "informativeness": 0.25, "weight_share": 0.05,
+         "category": "add", "prompt_id": "b" * 16, "parent_id": "a" * 16, "root_id": "a" * 16,
+         "depth": 1, "iteration": 1, "responses": ["x" * 30]},
+    ]  # fmt: skip
+    ordered = narrow_first(rows)
+    assert list(ordered[0]) == ["draw_rank", "informativeness", "weight_share", "category",
+                                "prompt_id", "parent_id", "root_id", "depth", "iteration",
+                                "prompt"]  # fmt: skip
+    assert list(ordered[1])[-2:] == ["prompt", "responses"]  # a column one row lacks stays out
+    assert ordered[1]["responses"] == ["x" * 30] and ordered[0]["prompt"] == prompt
+
+
+def test_online_summary_splits_into_heldout_and_training_tables() -> None:
+    rows = [
+        {"segment": "theta_0", "heldout_score": 0.365, "heldout_solved": 0.2},
+        {"segment": 1, "steps": 25, "phase": "warm-up", "budget": 0.4, "buffer": 320,
+         "mean_reward": 0.41, "mean_informativeness": 0.3, "children": 640,
+         "heldout_score": 0.497, "heldout_solved": 0.3, "win_vs_theta_0": 0.72},
+    ]  # fmt: skip
+    md = summary_markdown("online", rows, "eva online run")
+    heldout, work = md.split("### What each segment did")
+    assert "| segment | heldout_score | heldout_solved | win_vs_theta_0 |" in heldout
+    assert "| 1 | 0.497 | 0.300 | 0.720 |" in heldout and "| theta_0 | 0.365 |" in heldout
+    assert work.strip().splitlines()[0] == (
+        "| segment | steps | phase | budget | buffer | mean_reward | mean_informativeness "
+        "| children |"
+    )
+    assert "theta_0" not in work and "| 1 | 25 | warm-up | 0.400 | 320 |" in work
