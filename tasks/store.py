@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 import shutil
@@ -32,6 +33,16 @@ from typing import Any
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from eva_runtime.errors import StageError
+
+# What a stage's manifest must name for a stage to be reused from it (tasks/stage.py).
+MANIFEST_KEYS = ("artifact", "iteration", "key", "uri", "bytes", "rows", "content_hash")
+REDO_HINT = "launch the run again: it redoes that stage"
+
+
+class UnreadableArtifact(StageError):
+    """A manifest or table that exists but cannot be read (truncated, edited, corrupted)."""
 
 
 @dataclass(frozen=True)
@@ -102,11 +113,13 @@ class RunStore:
 
     def sweep(self) -> list[str]:
         """Remove what a killed process left behind: staging copies (``*.tmp-*``) of
-        manifests, tables and checkpoints, and stale stage scratch. Call at launch, when no
-        stage of this run is running; returns what was removed."""
+        manifests, tables and checkpoints, stale stage scratch, and manifests that cannot be
+        read (their stage is redone, as one whose parquet was cut short is). Call at launch,
+        with the run's lock held; returns what was removed."""
         removed = [p for p in self.fs.glob(f"{self.base}/*/*.tmp-*") if "/.scratch/" not in p]
         for path in removed:
             self.fs.rm(path, recursive=True)
+        removed += self._sweep_unreadable_manifests()
         scratch = self.scratch_dir()
         for name in sorted(os.listdir(scratch)):
             shutil.rmtree(os.path.join(scratch, name), ignore_errors=True)
@@ -115,12 +128,42 @@ class RunStore:
 
     # -- manifests ---------------------------------------------------------------------------
     def read_manifest(self, iteration: int | None, stage: str) -> dict[str, Any] | None:
+        """A stage's manifest, None when it has none; ``UnreadableArtifact`` (one line naming
+        the file) when it is there but not a manifest (a launch removes such a one first)."""
         path = self.path(iteration, f"{stage}.manifest.json")
         try:
             with self.fs.open(path, "rb") as f:
-                return json.loads(f.read())
+                data = f.read()
         except FileNotFoundError:
             return None
+        manifest, why = _parse_manifest(data)
+        if manifest is None:
+            raise UnreadableArtifact(
+                f"{self.uri(path)} is not a readable manifest ({why})", hint=REDO_HINT
+            )
+        return manifest
+
+    def _sweep_unreadable_manifests(self) -> list[str]:
+        """Remove every manifest that does not parse, saying so in one line each: without a
+        manifest the stage is unfinished, so this launch redoes it."""
+        paths = self.fs.glob(f"{self.base}/*/*.manifest.json")
+        if not paths:
+            return []
+        found = self.fs.cat(list(paths), on_error="return")  # one round of requests on S3
+        removed = []
+        for path in sorted(found):
+            data = found[path]
+            if isinstance(data, FileNotFoundError):
+                continue
+            why = f"{type(data).__name__}" if isinstance(data, BaseException) else None
+            if why is None:
+                manifest, why = _parse_manifest(data)
+                if manifest is not None:
+                    continue
+            _log().warning("%s was unreadable (%s): removed, its stage is redone", path, why)
+            self.fs.rm(path)
+            removed.append(path)
+        return removed
 
     def artifacts(self, iteration: int | None) -> list[str]:
         """The artifacts with a manifest in ``iteration`` (None: setup), sorted."""
@@ -170,11 +213,19 @@ class RunStore:
         return self.relative(path), hashlib.sha256(data).hexdigest(), len(data)
 
     def read_table(self, uri: str) -> pa.Table:
+        """A stage's table; ``UnreadableArtifact`` naming the file when it is missing or
+        not a whole parquet file."""
         path = self.resolve(uri)
-        if self.is_local:  # Arrow's own reader, not fsspec's Python file object
-            return pq.read_table(path)
-        with self.fs.open(path, "rb") as f:
-            return pq.read_table(f)
+        try:
+            if self.is_local:  # Arrow's own reader, not fsspec's Python file object
+                return pq.read_table(path)
+            with self.fs.open(path, "rb") as f:
+                return pq.read_table(f)
+        except (OSError, pa.ArrowException) as exc:  # a cut-short file is ArrowInvalid
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise UnreadableArtifact(
+                f"{self.uri(path)} is not a readable table ({why})", hint=REDO_HINT
+            ) from None
 
     def write_json(self, path: str, obj: Any) -> None:
         self._atomic_write(path, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
@@ -229,6 +280,29 @@ class RunStore:
                 shutil.rmtree(cache)
             os.replace(staging, cache)
         return cache
+
+
+def _parse_manifest(data: bytes) -> tuple[dict[str, Any] | None, str]:
+    """A manifest from its bytes, or None and why it is not one."""
+    try:
+        manifest = json.loads(data)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError alike
+        return None, getattr(exc, "msg", None) or type(exc).__name__
+    if not isinstance(manifest, dict):
+        return None, f"a JSON {type(manifest).__name__}, not an object"
+    if missing := [k for k in MANIFEST_KEYS if k not in manifest]:
+        return None, f"no {', '.join(missing)}"
+    return manifest, ""
+
+
+def _log() -> logging.Logger | logging.LoggerAdapter:
+    """The flow's logger inside a flow (so the UI shows the line), else eva's."""
+    try:
+        from prefect import get_run_logger
+
+        return get_run_logger()
+    except Exception:
+        return logging.getLogger("eva.store")
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
