@@ -13,30 +13,34 @@ from flows.inputs import check_inputs
 from flows.summary import summary_markdown
 from tasks.context import RunContext
 from tasks.plan import Plan
+from tasks.run_lock import run_lock
+from tasks.store import RunStore
 
 
 @contextmanager
 def opened_run(config: RunConfig | OnlineRunConfig, plan: Plan | None) -> Iterator[RunContext]:
     """The run, opened for the flow's body and closed after it, whatever the body raised.
 
-    Opening checks inputs (again: a run started from the UI never passed through the CLI), sets
-    the torch threads, sweeps what a killed launch left, and records the config being run.
-    A whole run
-    that finished releases the other machines of multi-node training. Closing stops
-    the inference servers kept for a next stage (there is none now), posts the tables of reused
-    stages and waits for the stages' summaries still queued for the UI."""
-    run = _open(config, plan)
-    try:
-        yield run
-        _finished(config, run)
-    finally:
-        ENGINES.stop_all()
-        REUSED.flush()
-        POSTER.flush()
+    Opening checks inputs (again: a run started from the UI never passed through the CLI), takes
+    the run's lock (released on closing), sets the torch threads, sweeps what a killed launch
+    left, and records the config being run. A whole run that finished releases the other
+    machines of multi-node training. Closing stops the inference servers kept for a next stage
+    (there is none now), posts the tables of reused stages, waits for the stages' summaries
+    still queued for the UI and releases the lock."""
+    check_inputs(config)
+    # One launch of a run at a time (tasks/run_lock.py), taken before anything is swept.
+    with run_lock(RunStore(config.root, config.run, config.storage_options)):
+        run = _open(config, plan)
+        try:
+            yield run
+            _finished(config, run)
+        finally:
+            ENGINES.stop_all()
+            REUSED.flush()
+            POSTER.flush()
 
 
 def _open(config: RunConfig | OnlineRunConfig, plan: Plan | None) -> RunContext:
-    check_inputs(config)
     if config.torch_threads:
         import torch
 

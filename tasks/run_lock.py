@@ -1,0 +1,234 @@
+"""One launch per run at a time: a lock file in the run's folder, held while a flow has it open.
+
+Two launches of one run (a second ``eva run`` in another terminal, ``eva stage`` while the run
+goes on, a deployment triggered twice) would compute the same stages twice and race on their
+artifacts. The lock is ``{run}/.lock.json`` under any fsspec root (a local disk, S3 through
+s3fs): it names its holder (host, pid, a random token, when it started, where the run was) and
+a heartbeat that a thread of the holder refreshes. A launch refuses a lock held by another
+launch, unless that holder is gone:
+
+- on the same host, its process no longer exists (it was killed, ``kill -9`` included);
+- or its heartbeat is older than ``STALE_S`` (another machine that died, or went away);
+- or the lock names another place than where it lies (it was copied along with the run).
+
+Local disks create the lock exclusively (``O_EXCL``); an object store has no such create, so
+the launch writes its lock, waits ``SETTLE_S`` and reads it back: of two launches racing, only
+the last writer finds its own token. The processes a launch starts (accelerate's trainers,
+servers) never open the run, so they never wait on it; a process that does and inherits the
+holder's token in ``EVA_RUN_LOCK`` (a child of the holder) shares the hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from eva_runtime.errors import EvaError
+from tasks.store import RunStore
+
+log = logging.getLogger("eva.lock")
+
+LOCK_NAME = ".lock.json"
+HEARTBEAT_S = 15.0  # how often the holder refreshes its heartbeat
+STALE_S = 120.0  # a heartbeat this old is a holder that is gone (another host's included)
+SETTLE_S = 1.0  # object stores: how long a writer waits before reading its lock back
+INHERITED = "EVA_RUN_LOCK"  # the holder's token, in the environment of what it starts
+
+
+class RunLocked(EvaError, RuntimeError):
+    """Another launch holds the run."""
+
+
+@dataclass
+class _Hold:
+    store: RunStore
+    path: str
+    owner: dict[str, Any]
+    count: int = 1
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+
+_HELD: dict[str, _Hold] = {}  # lock uri -> this process's hold (a nested open shares it)
+_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def run_lock(store: RunStore) -> Iterator[dict[str, Any]]:
+    """Hold ``store``'s run for the body; ``RunLocked`` (one line: who holds it, how to clear
+    it) when another live launch does. Yields the owner record."""
+    hold = _acquire(store)
+    try:
+        yield hold.owner
+    finally:
+        _release(hold)
+
+
+def lock_path(store: RunStore) -> str:
+    return f"{store.base}/{LOCK_NAME}"
+
+
+def read_owner(store: RunStore) -> dict[str, Any] | None:
+    """The lock's record, None when there is none (an unreadable one reads as gone)."""
+    try:
+        with store.fs.open(lock_path(store), "rb") as f:
+            owner = json.loads(f.read())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return {}
+    return owner if isinstance(owner, dict) else {}
+
+
+def stale_reason(owner: dict[str, Any], where: str, now: float | None = None) -> str | None:
+    """Why a lock's holder is gone, or None while it may still be running."""
+    if not owner.get("token"):
+        return "the lock file is unreadable"
+    if owner.get("where") != where:
+        return f"it was taken at {owner.get('where')}, not here"
+    if owner.get("host") == socket.gethostname() and not _alive(int(owner.get("pid", 0))):
+        return f"process {owner.get('pid')} no longer exists"
+    age = (time.time() if now is None else now) - float(owner.get("heartbeat", 0))
+    if age > STALE_S:
+        return f"its heartbeat is {age:.0f} s old"
+    return None
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _acquire(store: RunStore) -> _Hold:
+    path = lock_path(store)
+    where = store.uri(store.base)
+    with _GUARD:
+        if (hold := _HELD.get(where)) is not None:
+            hold.count += 1
+            return hold
+        now = time.time()
+        owner: dict[str, Any] = {
+            "host": socket.gethostname(), "pid": os.getpid(), "token": secrets.token_hex(8),
+            "started": now, "heartbeat": now, "where": where,
+        }  # fmt: skip
+        found = read_owner(store)
+        if found is not None and found.get("token") == os.environ.get(INHERITED):
+            owner = found  # a child of the holder: it shares the hold and never releases it
+            hold = _Hold(store, path, owner, count=1 << 30)
+        else:
+            if found is not None:
+                reason = stale_reason(found, where)
+                if reason is None:
+                    raise _refusal(found, path)
+                log.warning("taking over the lock of %s: %s", where, reason)
+            _write_new(store, path, owner, found)
+            hold = _Hold(store, path, owner)
+            hold.thread = threading.Thread(
+                target=_beat, args=(hold,), name="eva-run-lock", daemon=True
+            )
+            hold.thread.start()
+            os.environ[INHERITED] = str(owner["token"])
+        _HELD[where] = hold
+        return hold
+
+
+def _write_new(store: RunStore, path: str, owner: dict[str, Any], stale: dict | None) -> None:
+    data = json.dumps(owner, indent=2, sort_keys=True).encode()
+    store.fs.makedirs(store.base, exist_ok=True)
+    if not store.is_local:
+        store.fs.pipe_file(path, data)
+        time.sleep(SETTLE_S)
+        found = read_owner(store) or {}
+        if found.get("token") != owner["token"]:
+            raise _refusal(found, path)
+        return
+    if stale is not None:  # set the stale lock aside; of two launches taking over, one does
+        aside = f"{path}.stale-{owner['token']}"
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(path, aside)
+            with open(aside, "rb") as f:
+                moved = f.read()
+            with contextlib.suppress(FileExistsError):
+                if _token(moved) != stale.get("token"):  # a fresh lock, taken meanwhile
+                    os.link(aside, path)
+            os.remove(aside)
+    # Written whole under a private name, then linked into place: the link fails if a lock
+    # exists, and the lock is never seen half-written.
+    tmp = f"{path}.tmp-{owner['token']}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise _refusal(read_owner(store) or {}, path) from None
+    finally:
+        os.remove(tmp)
+
+
+def _token(data: bytes) -> Any:
+    try:
+        owner = json.loads(data)
+    except ValueError:
+        return None
+    return owner.get("token") if isinstance(owner, dict) else None
+
+
+def _refusal(owner: dict[str, Any], path: str) -> RunLocked:
+    started = owner.get("started")
+    since = time.strftime(" since %H:%M:%S UTC", time.gmtime(started)) if started else ""
+    beat = time.time() - float(owner.get("heartbeat", 0))
+    return RunLocked(
+        f"{path}: another launch holds this run (pid {owner.get('pid')} on "
+        f"{owner.get('host')}{since}, heartbeat {beat:.0f} s ago)",
+        hint=(
+            f"wait for it or stop it; if it is gone, delete {path} (a holder whose heartbeat is "
+            f"older than {STALE_S:.0f} s is taken over)"
+        ),
+    )
+
+
+def _beat(hold: _Hold) -> None:
+    """Refresh the heartbeat until released; stop (loudly) if another launch took over."""
+    while not hold.stop.wait(HEARTBEAT_S):
+        try:
+            found = read_owner(hold.store)
+            if (found or {}).get("token") != hold.owner["token"]:
+                log.error("%s: the run's lock was taken over by %s", hold.path, found)
+                return
+            hold.owner["heartbeat"] = time.time()
+            hold.store.write_json(hold.path, hold.owner)
+        except Exception as exc:  # a storage hiccup: the next beat tries again
+            log.warning("%s: heartbeat not written (%s)", hold.path, exc)
+
+
+def _release(hold: _Hold) -> None:
+    where = hold.owner["where"]
+    with _GUARD:
+        hold.count -= 1
+        if hold.count > 0:
+            return
+        _HELD.pop(where, None)
+        hold.stop.set()
+        if hold.thread is not None:
+            hold.thread.join()
+        if os.environ.get(INHERITED) == hold.owner["token"]:
+            del os.environ[INHERITED]
+        with contextlib.suppress(Exception):
+            if (read_owner(hold.store) or {}).get("token") == hold.owner["token"]:
+                hold.store.fs.rm(hold.path)

@@ -1,0 +1,158 @@
+"""One launch per run: a second launch is refused while the first runs, a killed one's lock is
+taken over, on a local disk and on S3 (moto)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+import yaml
+
+from flows.cli import main
+from flows.config import validate_config
+from tasks import run_lock as lock_module
+from tasks.run_lock import RunLocked, lock_path, read_owner, run_lock
+from tasks.store import RunStore
+from tests.conftest import tiny_run_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOLDER = """
+import json, sys, time
+from tasks.run_lock import run_lock
+from tasks.store import RunStore
+store = RunStore(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))
+with run_lock(store) as owner:
+    print(owner["token"], flush=True)
+    time.sleep(float(sys.argv[4]))
+"""
+
+
+def _holder(root: str, run: str, options: dict[str, Any], seconds: float, **env: str):
+    """Another process holding the run's lock for ``seconds``; returns it and its token."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, root, run, json.dumps(options), str(seconds)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+    )
+    assert proc.stdout is not None
+    token = proc.stdout.readline().strip()
+    assert token, f"the holder exited with {proc.wait()}"
+    return proc, token
+
+
+def _kill_9(proc: subprocess.Popen) -> None:
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_second_launch_is_refused_and_a_killed_holder_is_taken_over(
+    where, tmp_path, request
+) -> None:
+    if where == "s3":
+        options, root = request.getfixturevalue("local_s3"), "s3://eva-bucket/runs"
+    else:
+        options, root = {}, str(tmp_path)
+    store = RunStore(root, "r", options)
+    proc, token = _holder(root, "r", options, 60)
+    try:
+        with pytest.raises(RunLocked) as refused, run_lock(store):
+            pass
+        line = refused.value.line()
+        assert f"another launch holds this run (pid {proc.pid} on {socket.gethostname()}" in line
+        assert f"delete {lock_path(store)}" in line and "\n" not in line
+        assert read_owner(store)["token"] == token  # the refusal left the holder's lock alone
+    finally:
+        _kill_9(proc)
+    # kill -9 released nothing: the lock is still there, and its holder is gone.
+    assert read_owner(store)["token"] == token
+    with run_lock(store) as owner:
+        assert read_owner(store) == owner and owner["pid"] == os.getpid()
+    assert read_owner(store) is None  # released on exit
+
+
+def test_a_holder_that_ends_releases_and_a_child_shares_the_hold(tmp_path) -> None:
+    store = RunStore(str(tmp_path), "r")
+    proc, _ = _holder(str(tmp_path), "r", {}, 0)
+    assert proc.wait() == 0 and read_owner(store) is None
+    with run_lock(store) as owner:
+        # A process the holder starts inherits its token and opens the run without waiting;
+        # its exit leaves the holder's lock in place.
+        child, token = _holder(str(tmp_path), "r", {}, 0)
+        assert child.wait() == 0 and token == owner["token"]
+        assert read_owner(store)["token"] == owner["token"]
+        with run_lock(store):  # nested in one process: the same hold
+            pass
+        assert read_owner(store)["token"] == owner["token"]
+    assert read_owner(store) is None and "EVA_RUN_LOCK" not in os.environ
+
+
+def test_another_hosts_lock_is_taken_over_once_its_heartbeat_is_stale(tmp_path) -> None:
+    store = RunStore(str(tmp_path), "r")
+    os.makedirs(store.base)
+    now = time.time()
+    theirs = {"host": "elsewhere", "pid": 1, "token": "t", "started": now - 600,
+              "where": store.uri(store.base)}  # fmt: skip
+    with open(lock_path(store), "w") as f:
+        json.dump({**theirs, "heartbeat": now - 5}, f)
+    stale = r"pid 1 on elsewhere since .* heartbeat 5 s ago"
+    with pytest.raises(RunLocked, match=stale), run_lock(store):
+        pass
+    with open(lock_path(store), "w") as f:
+        json.dump({**theirs, "heartbeat": now - lock_module.STALE_S - 1}, f)
+    with run_lock(store) as owner:
+        assert read_owner(store)["token"] == owner["token"] != "t"
+    # A lock copied along with its run names where it was taken: not a holder of this copy.
+    with open(lock_path(store), "w") as f:
+        json.dump({**theirs, "heartbeat": now, "where": "/elsewhere/r"}, f)
+    with run_lock(store):
+        pass
+    assert os.listdir(store.base) == []  # no staging copy of the lock left behind
+
+
+def test_the_heartbeat_is_refreshed_while_held(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(lock_module, "HEARTBEAT_S", 0.1)
+    store = RunStore(str(tmp_path), "r")
+    with run_lock(store) as owner:
+        first = read_owner(store)["heartbeat"]
+        assert first == owner["started"]
+        deadline = time.time() + 10
+        while read_owner(store)["heartbeat"] == first:
+            assert time.time() < deadline, "the heartbeat was never refreshed"
+            time.sleep(0.05)
+        assert read_owner(store)["token"] == owner["token"]
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_eva_run_and_eva_stage_refuse_a_held_run_in_one_line(tmp_path, capsys) -> None:
+    root = str(tmp_path / "runs")
+    cfg = tiny_run_config(root, run="held")
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    store = RunStore(root, "held")
+    os.makedirs(store.base)
+    with open(f"{store.base}/config.json", "w") as f:
+        json.dump(validate_config(cfg).model_dump(mode="json"), f)
+    proc, token = _holder(root, "held", {}, 60)
+    try:
+        for argv in (
+            ["run", "--config", str(path)],
+            ["stage", "prompts", "--run", "held", "--root", root, "--iteration", "setup"],
+        ):
+            assert main(argv) == 2
+            err = capsys.readouterr().err.strip()
+            assert err.startswith(f"eva: error: {lock_path(store)}: another launch holds this")
+            assert f"pid {proc.pid}" in err and "\n" not in err
+        assert sorted(os.listdir(store.base)) == [".lock.json", "config.json"]  # nothing ran
+        assert read_owner(store)["token"] == token
+    finally:
+        _kill_9(proc)
