@@ -167,3 +167,39 @@ class _Handle:
 
 def _stream(feed: _Handle) -> Any:
     yield from feed.feed.prompts()
+
+
+def segment_stats(
+    kind: str, rows: Sequence[dict[str, float]], rewards: Sequence[Sequence[float]]
+) -> dict[str, float]:
+    """What a segment's policy-gradient update did, as a person reads it: the KL to the start
+    policy and the entropy (TRL's, averaged over the segment's steps), and the learning signal
+    of the prompts trained on (``rewards``: each prompt's samples' rewards): the spread of
+    RLOO's leave-one-out advantages r_i - mean_{j != i} r_j, and the share of prompts whose
+    samples all scored the same (advantage 0: no gradient).
+
+    RLOO's and GRPO's logged ``loss`` is not among them: with one update per generation the
+    importance ratio is 1 and each prompt's advantages sum to 0, so the surrogate loss is 0 by
+    construction (its gradient is not) and read as "-0" every segment. Online DPO's loss is a
+    real DPO loss and is kept (its mean over the segment)."""
+    stats: dict[str, float] = {}
+    for key in ("kl", "entropy", *(("loss",) if kind == "online_dpo" else ())):
+        values = [r[key] for r in rows if key in r and math.isfinite(r[key])]
+        if values:
+            stats[key] = round(sum(values) / len(values), 4)
+    advantages: list[float] = []
+    tied = scored = 0
+    for samples in rewards:
+        r = [x for x in samples if math.isfinite(x)]
+        if len(r) < 2:
+            continue  # no baseline to compare with
+        scored += 1
+        tied += max(r) == min(r)
+        total = sum(r)
+        advantages += [x - (total - x) / (len(r) - 1) for x in r]
+    if advantages:
+        mean = sum(advantages) / len(advantages)
+        spread = math.sqrt(sum((a - mean) ** 2 for a in advantages) / len(advantages))
+        stats["advantage_std"] = round(spread, 4)
+        stats["zero_advantage_share"] = round(tied / scored, 4)
+    return stats
