@@ -36,14 +36,15 @@ def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
     components = dict(_loaded_components(config))
     for field in ("prompts", "heldout"):
         prompts: PromptsConfig = getattr(config, field)
-        if prompts.path is None:
+        if prompts.origin is None:
             continue
+        named, shown = prompts.origin  # path or dataset
         try:
             texts = read_prompts(prompts).column("prompt").to_pylist()
         except FileNotFoundError:
             raise ConfigError(f"{field}.path: no file at {prompts.path!r}") from None
         except ValueError as exc:
-            raise ConfigError(f"{field}.path: {exc}") from None
+            raise ConfigError(f"{field}.{named}: {exc}") from None
         for where, component in components.items():
             check = getattr(component, "check_prompts", None)
             try:
@@ -51,7 +52,7 @@ def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
                     check(texts)
             except ValueError as exc:
                 raise ConfigError(
-                    f"{field}.path: {prompts.path}: {exc}",
+                    f"{field}.{named}: {shown}: {exc}",
                     hint=f"{where} is {_named(config, where)}",
                 ) from None
         _check_context(config, field, texts)
@@ -149,8 +150,8 @@ def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: lis
     try:
         check_fits(model_config, lengths, backend.max_new_tokens)
     except ValueError as exc:
-        path = getattr(config, field).path
-        raise ConfigError(f"{field}.path: {path}: {exc}") from None
+        named, shown = getattr(config, field).origin
+        raise ConfigError(f"{field}.{named}: {shown}: {exc}") from None
 
 
 _WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",

@@ -1,9 +1,10 @@
 """Reading a user's prompt file: JSONL, JSON, CSV or parquet, at any fsspec URL.
 
 A file needs a prompt column (``prompt`` unless told otherwise); a list column such as
-MT-Bench's ``turns`` contributes its first turn; an optional category column labels rows. Every
-problem is a ``ValueError`` that names the file and the row or column, raised before a run
-writes anything (``flows.inputs``) and again when the stage reads it.
+MT-Bench's ``turns`` contributes its first turn or all of them joined (``tasks.prompt_rows``); an
+optional category column labels rows. Every problem is a ``ValueError`` that names the file and
+the row or column, raised before a run writes anything (``flows.inputs``) and again when the
+stage reads it.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import pyarrow.csv as pacsv
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from eva_core.schema import seed_records
 from eva_runtime.errors import first_line
+from tasks.prompt_rows import PromptRows, RowRules, select_prompts
 
 
 def _read_table(path: str, ext: str, storage_options: dict[str, Any]) -> pa.Table:
@@ -57,10 +58,11 @@ def read_prompt_file(
     *,
     prompt_column: str = "prompt",
     category_column: str | None = "category",
-    limit: int | None = None,
+    rules: RowRules | None = None,
     storage_options: dict[str, Any] | None = None,
-) -> pa.Table:
-    """Read and validate a user prompt file into prompt records; errors name the row or field."""
+) -> PromptRows:
+    """Read and validate a user prompt file into prompt records (``tasks.prompt_rows``: turns,
+    invalid rows, the limit); errors name the row or field."""
     storage_options = storage_options or {}
     if not path.strip():
         raise ValueError("empty path (null uses the built-in world)")
@@ -94,18 +96,7 @@ def read_prompt_file(
             f"{path}: no column {prompt_column!r} (columns: "
             f"{', '.join(table.column_names) or 'none'}); set prompts.prompt_column"
         )
-    if limit:
-        table = table.slice(0, limit)
-    if table.num_rows == 0:
-        raise ValueError(f"{path}: no prompts (0 rows)")
-    texts = table.column(prompt_column).to_pylist()
-    texts = [t[0] if isinstance(t, list) and t else t for t in texts]
-    categories = None
-    if category_column and category_column in table.column_names:
-        categories = [
-            None if c is None else str(c) for c in table.column(category_column).to_pylist()
-        ]
     try:
-        return seed_records(texts, categories)
+        return select_prompts(table, prompt_column, category_column, rules or RowRules())
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
