@@ -2,11 +2,15 @@
 
 Starts a Prefect server, runs a small eva run against it, opens the run's artifacts in headless
 Chromium (Debian's `chromium` package), saves screenshots to ``--out`` and checks the rendered
-pages: the charts artifact shows its six charts as images, the evolved-prompt and drawn-prompt
-tables show lineage columns, the creator's decision (draw rank, weight share) and the originals
-`mix` kept. Exits 1 naming what is missing.
+pages: the charts artifact shows its eight charts as images, the summary its held-out columns,
+the evolved-prompt and drawn-prompt tables show lineage columns, the creator's decision (draw
+rank, weight share) and the originals `mix` kept. Exits 1 naming what is missing.
 
-    python -m bench.ui_check --out docs/ui
+Screenshots go to ``--out`` (default ``runs-bench/ui``, not tracked); ``--update-docs`` also
+copies them over the tracked ones in ``docs/ui``, which a plain check leaves alone.
+
+    python -m bench.ui_check                  # check; screenshots in runs-bench/ui
+    python -m bench.ui_check --update-docs    # and refresh docs/ui
 """
 
 from __future__ import annotations
@@ -42,13 +46,15 @@ CONFIG = {
 # artifact key suffix -> texts its rendered page must contain
 CHECKS: dict[str, tuple[str, ...]] = {
     "charts": ("Charts of eva run",),
+    "summary": ("win_vs_theta_0", "What each iteration did"),
     "iter-1-evolve-evolved": ("parent_id", "root_id", "depth", "parent", "evolved"),
     "iter-1-sample-drawn": ("draw_rank", "weight_share", "root_id"),
     "iter-1-mix-originals-kept": ("prompt_id", "root_id"),
     "iter-1-score-distribution": ("share", "prompts"),
     "iter-1-score-most-informative": ("informativeness", "parent_id"),
 }
-CHARTS = 6
+CHARTS = 8  # flows.run_charts.offline_charts
+DOCS = os.path.join(PROJECT_DIR, "docs", "ui")
 
 
 def _api(url: str, body: dict[str, Any] | None = None) -> Any:
@@ -77,10 +83,18 @@ def _chromium(args: list[str]) -> str:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
 
 
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--out", default=os.path.join("runs-bench", "ui"), help="screenshots here")
+    p.add_argument(
+        "--update-docs", action="store_true",
+        help=f"also copy the screenshots over the tracked ones in {DOCS}",
+    )  # fmt: skip
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=os.path.join("docs", "ui"), help="screenshots here")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -136,7 +150,17 @@ def main(argv: list[str] | None = None) -> int:
         print("ui_check: FAILED\n  " + "\n  ".join(missing))
         return 1
     print(f"ui_check: every page shows what it should; screenshots in {args.out}")
+    if args.update_docs:
+        print(f"ui_check: {', '.join(update_docs(args.out, DOCS))} copied to {DOCS}")
     return 0
+
+
+def update_docs(out: str, docs: str) -> list[str]:
+    """Copy the screenshots of a passing check over the docs' copies; returns their names."""
+    names = sorted(n for n in os.listdir(out) if n.endswith(".png"))
+    for name in names:
+        shutil.copyfile(os.path.join(out, name), os.path.join(docs, name))
+    return names
 
 
 if __name__ == "__main__":

@@ -3,6 +3,8 @@ summary splits so that its held-out columns are never the ones cut off on the ri
 
 from __future__ import annotations
 
+import os
+
 from eva_runtime.prefect_ui import narrow_first
 from flows.summary import summary_markdown
 
@@ -42,3 +44,18 @@ def test_online_summary_splits_into_heldout_and_training_tables() -> None:
         "| children |"
     )
     assert "theta_0" not in work and "| 1 | 25 | warm-up | 0.400 | 320 |" in work
+
+
+def test_ui_check_leaves_the_docs_screenshots_alone_unless_asked(tmp_path) -> None:
+    from bench.ui_check import parser, update_docs
+
+    args = parser().parse_args([])
+    assert args.out == os.path.join("runs-bench", "ui") and not args.update_docs
+    assert parser().parse_args(["--update-docs"]).update_docs
+    out, docs = tmp_path / "out", tmp_path / "docs"
+    out.mkdir(), docs.mkdir()
+    (out / "charts.png").write_bytes(b"new")
+    (out / "notes.txt").write_text("not a screenshot")
+    (docs / "charts.png").write_bytes(b"old")
+    assert update_docs(str(out), str(docs)) == ["charts.png"]
+    assert (docs / "charts.png").read_bytes() == b"new" and not (docs / "notes.txt").exists()
