@@ -7,7 +7,8 @@ own. A ``ManagedProcess`` is one such command, started the one way that can alwa
 - **under the guard** (``eva_runtime.guard``), in a session of its own: if eva dies, even by
   SIGKILL or the OOM killer, the guard sees its stdin close and stops the whole tree;
 - **output** to a log file (a private temporary folder unless a path is given; removed after a
-  clean stop, kept and named in the error after a failure), or, with ``pipe=True``, read line by
+  clean stop, kept and named in the error after a failure; one that eva left when it was killed
+  is removed by the next eva that starts a process), or, with ``pipe=True``, read line by
   line by the caller (``lines()``: an ``accelerate launch`` forwards each line to the stage's
   logger as it arrives);
 - **readiness** through the one poll helper (``wait_until``): it fails as soon as the process
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 TAIL_LINES = 30
+LOG_PREFIX = "eva-process-"  # a private log folder in the system's temporary folder
+OWNER = "owner"  # in it: the pid and start time of the eva that owns it, while it may
 GUARD_MARGIN_S = 5.0  # how much longer than the grace period the guard may take to stop
 
 
@@ -116,6 +119,60 @@ def _stop(state: _State) -> None:
         process.stdout.close()
     if state.temp_dir is not None and not state.keep_log:
         shutil.rmtree(state.temp_dir, ignore_errors=True)
+    elif state.temp_dir is not None:  # a log named in an error: no later sweep removes it
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(state.temp_dir, OWNER))
+
+
+_swept = False
+
+
+def _private_log_dir() -> str:
+    """A private folder for a process's log, marked with its owner (this eva); the first one
+    of this eva removes the folders of an eva that is gone (killed before its cleanup ran)."""
+    global _swept
+    if not _swept:
+        _swept = True
+        sweep_orphaned_logs()
+    folder = tempfile.mkdtemp(prefix=LOG_PREFIX)
+    with open(os.path.join(folder, OWNER), "w") as f:
+        f.write(f"{os.getpid()} {_started(os.getpid())}")
+    return folder
+
+
+def sweep_orphaned_logs(parent: str | None = None) -> list[str]:
+    """Remove the private log folders under ``parent`` (the system's temporary folder) whose
+    owner no longer runs; returns them. Logs kept after a failure carry no owner and stay."""
+    parent = parent or tempfile.gettempdir()
+    removed = []
+    for name in sorted(os.listdir(parent)):
+        folder = os.path.join(parent, name)
+        if not name.startswith(LOG_PREFIX):
+            continue
+        try:
+            with open(os.path.join(folder, OWNER)) as f:
+                pid, started = f.read().split()
+        except (OSError, ValueError):
+            continue  # not ours, a kept log, or one being created right now
+        if not pid.isdigit() or _started(int(pid)) == started:
+            continue  # its eva still runs
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _started(pid: int) -> str:
+    """When ``pid`` started ('-' where /proc cannot tell), 'gone' when it is not running."""
+    if os.path.isdir("/proc"):
+        started = guard.start_time(pid)
+        return "gone" if started is None else str(started)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "gone"
+    except PermissionError:
+        pass
+    return "-"
 
 
 class ManagedProcess:
@@ -141,7 +198,7 @@ class ManagedProcess:
         self._tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
         temp_dir = None
         if not pipe and log_path is None:
-            temp_dir = tempfile.mkdtemp(prefix="eva-process-")
+            temp_dir = _private_log_dir()
             log_path = os.path.join(temp_dir, "output.log")
         self.log_path = log_path or ""
         command = [sys.executable, guard.__file__, str(stop_s), "--", *self.argv]
