@@ -106,7 +106,9 @@ def test_a_dataset_keys_the_stage_by_its_fingerprint(tmp_path) -> None:
     assert _file_key(PromptsConfig(path=str(path))) == {"file_sha256": expected}
 
 
-def _hub_cache(cache: Path, repo_id: str, revision: str, rows: list[dict]) -> None:
+def _hub_cache(
+    cache: Path, repo_id: str, revision: str, rows: list[dict], split: str = "train"
+) -> None:
     """Write ``rows`` into a Hugging Face datasets cache as ``repo_id`` at ``revision``: the
     folder load_dataset reads offline (datasets' ``cache`` module). Made with a packaged
     builder whose repo id is set after construction (its constructor insists that data files
@@ -114,7 +116,7 @@ def _hub_cache(cache: Path, repo_id: str, revision: str, rows: list[dict]) -> No
     changed, never eva."""
     from datasets.packaged_modules.json.json import Json
 
-    source = cache.parent / f"{revision}.jsonl"
+    source = cache.parent / f"{repo_id.replace('/', '_')}-{revision}.jsonl"
     source.write_text("".join(json.dumps(r) + "\n" for r in rows))
     builder = Json(
         cache_dir=str(cache),
@@ -122,7 +124,7 @@ def _hub_cache(cache: Path, repo_id: str, revision: str, rows: list[dict]) -> No
         config_name="default",
         config_id="default",
         hash=revision,
-        data_files={"train": str(source)},
+        data_files={split: str(source)},
     )
     builder.repo_id = repo_id
     builder._cache_dir = builder._build_cache_dir()
@@ -161,6 +163,52 @@ def test_a_hub_dataset_is_read_from_the_cache_offline(tmp_path, monkeypatch) -> 
         read_prompt_set(config.model_copy(update={"split": "nope"}))
     with pytest.raises(ValueError, match=r"^org/absent: cannot be loaded"):
         read_prompt_set(PromptsConfig(dataset="org/absent"))
+
+
+def _arena_on_the_hub() -> list[dict]:
+    """The sample's rows in the shape lmarena-ai/arena-hard-auto-v0.1 has on the Hub (its
+    card: question_id, category, cluster, turns as a list of {content})."""
+    return [
+        {
+            "question_id": r["uid"],
+            "category": r["category"],
+            "cluster": r["cluster"],
+            "turns": [{"content": r["prompt"]}],
+        }
+        for r in ARENA
+    ]
+
+
+@pytest.mark.parametrize(("recipe", "online"), [("dpo.yaml", False), ("online-rloo.yaml", True)])
+def test_the_paper_recipes_read_their_prompts_from_the_hub_cache(
+    tmp_path, monkeypatch, recipe, online
+) -> None:
+    """configs/paper names its prompt sets as Hub datasets, not files beside the checkout; read
+    here from an offline cache holding them in the shapes their cards give (UltraFeedback
+    binarized: a `prompt` column in split train_prefs; Arena-Hard v0.1: `turns`, `cluster`)."""
+    import datasets.config
+
+    from flows.config import CONFIG_DIR, OnlineRunConfig, RunConfig, load_config
+
+    cache = tmp_path / "hf" / "datasets"
+    cache.mkdir(parents=True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(cache))
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    feedback = ["Explain DNS.", "", "explain  dns.", "Write a haiku."]
+    rows = [{"prompt": p, "prompt_id": str(i), "score_chosen": 8.0} for i, p in enumerate(feedback)]
+    _hub_cache(cache, "HuggingFaceH4/ultrafeedback_binarized", "1" * 16, rows, "train_prefs")
+    _hub_cache(cache, "lmarena-ai/arena-hard-auto-v0.1", "2" * 16, _arena_on_the_hub())
+    path = f"{CONFIG_DIR}/paper/{recipe}"
+    config: RunConfig | OnlineRunConfig = (
+        load_config(path, [], OnlineRunConfig) if online else load_config(path, [])
+    )
+    assert config.prompts.limit == 10000 and config.prompts.path is None
+    seeds = read_prompt_set(config.prompts)
+    assert seeds.table.column("prompt").to_pylist() == ["Explain DNS.", "Write a haiku."]
+    assert seeds.dropped == {"empty": 1, "not_text": 0, "too_long": 0, "duplicate": 1}
+    heldout = read_prompt_set(config.heldout).table
+    assert heldout.column("prompt").to_pylist() == [r["prompt"] for r in ARENA]
+    assert heldout.column("category").to_pylist()[0] == "ABC Sequence Puzzles & Groups"
 
 
 def _ctx(tmp_path: Path, artifact: str = "prompts") -> StageContext:
