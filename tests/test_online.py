@@ -144,6 +144,23 @@ def test_each_segment_changes_the_weights_and_is_evaluated(online_run) -> None:
     assert [r["budget"] for r in rows[1:]] == [1.0, 2.0, 3.0]
 
 
+def test_online_run_publishes_its_summary_and_charts(online_run) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    config, _ = online_run
+    keys = [f"{config.run}-charts", f"{config.run}-summary"]
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys))
+        )
+    data = {a.key: str(a.data) for a in found}
+    charts = data[keys[0]]
+    assert charts.startswith(f"## Charts of eva online run `{config.run}`")
+    assert charts.count("](data:image/svg+xml;base64,") == 5 and "nothing to draw" not in charts
+    assert "win_vs_theta_0" in data[keys[1]] and "What each segment did" in data[keys[1]]
+
+
 def test_rerun_is_cached_and_show_prints_the_segments(online_run, capsys) -> None:
     from flows.online import eva_online
 
