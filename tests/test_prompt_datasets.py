@@ -79,6 +79,24 @@ def test_a_dataset_dict_picks_its_split_and_names_what_is_missing(tmp_path) -> N
         )
 
 
+def test_a_folder_of_data_files_is_read_by_load_dataset(tmp_path, monkeypatch) -> None:
+    import datasets.config
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "files"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text('{"prompt": "a?"}\n{"prompt": "b?"}\n')
+    (folder / "test.jsonl").write_text('{"prompt": "c?"}\n')
+    assert _prompts(PromptsConfig(dataset=str(folder))) == ["a?", "b?"]
+    assert _prompts(PromptsConfig(dataset=str(folder), split="test")) == ["c?"]
+    run = RunContext(root=str(tmp_path / "runs"), run="t", seed=0)
+    config = PromptsConfig(dataset=str(folder))
+    before = load_prompts.cache_key(run, None, config, "prompts", {})
+    (folder / "train.jsonl").write_text('{"prompt": "a?"}\n{"prompt": "d?"}\n')  # edited
+    assert load_prompts.cache_key(run, None, config, "prompts", {}) != before
+    assert _prompts(config) == ["a?", "d?"]
+
+
 def test_a_dataset_keys_the_stage_by_its_fingerprint(tmp_path) -> None:
     run = RunContext(root=str(tmp_path / "runs"), run="t", seed=0)
     folder = tmp_path / "ds"
