@@ -61,6 +61,25 @@ def last_iteration(config: RunConfig | OnlineRunConfig) -> int:
     return config.iterations
 
 
+def check_iteration(config: RunConfig | OnlineRunConfig, iteration: int | None) -> None:
+    """Refuse an ``--iteration`` the run does not have before anything is launched (no flow
+    run, no config rewritten): an online run's segments are 1 to N, an offline run's
+    iterations 0 (with ``iteration0_dpo``) or 1 to T; None is setup, which every run has."""
+    if iteration is None:
+        return
+    last = last_iteration(config)
+    if isinstance(config, OnlineRunConfig):
+        first, step = 1, "segments"
+    else:
+        first, step = (0 if config.iteration0_dpo else 1), "iterations"
+    if not first <= iteration <= last:
+        has = f"{step} {first} to {last}" if first <= last else f"no {step}"
+        raise ConfigError(
+            f"--iteration {iteration}: run {config.run} has {has}",
+            hint="--iteration setup addresses X_0, the held-out set and theta_0",
+        )
+
+
 def seed_count(config: RunConfig | OnlineRunConfig) -> int:
     """|D| of a run, from its finished prompts stage (0 when it has none)."""
     store = RunStore(config.root, config.run, config.storage_options)

@@ -114,12 +114,14 @@ class RunStore:
     def sweep(self) -> list[str]:
         """Remove what a killed process left behind: staging copies (``*.tmp-*``) of
         manifests, tables and checkpoints, stale stage scratch, and manifests that cannot be
-        read (their stage is redone, as one whose parquet was cut short is). Call at launch,
+        read (their stage is redone, as one whose parquet was cut short is) and the tables
+        they leave without one. Call at launch,
         with the run's lock held; returns what was removed."""
         removed = [p for p in self.fs.glob(f"{self.base}/*/*.tmp-*") if "/.scratch/" not in p]
         for path in removed:
             self.fs.rm(path, recursive=True)
         removed += self._sweep_unreadable_manifests()
+        removed += self._sweep_orphaned_tables()
         scratch = self.scratch_dir()
         for name in sorted(os.listdir(scratch)):
             shutil.rmtree(os.path.join(scratch, name), ignore_errors=True)
@@ -142,6 +144,19 @@ class RunStore:
                 f"{self.uri(path)} is not a readable manifest ({why})", hint=REDO_HINT
             )
         return manifest
+
+    def _sweep_orphaned_tables(self) -> list[str]:
+        """Remove every stage table without a manifest: a stage that failed (or was killed)
+        after writing its table never made it complete, and its rerun writes it anew."""
+        found = set(self.fs.glob(f"{self.base}/*/*.parquet"))
+        manifests = set(self.fs.glob(f"{self.base}/*/*.manifest.json"))
+        orphans = sorted(
+            p for p in found if p.removesuffix(".parquet") + ".manifest.json" not in manifests
+        )
+        for path in orphans:
+            _log().warning("%s has no manifest (its stage did not finish): removed", path)
+            self.fs.rm(path)
+        return orphans
 
     def _sweep_unreadable_manifests(self) -> list[str]:
         """Remove every manifest that does not parse, saying so in one line each: without a

@@ -110,10 +110,15 @@ def test_sweep_removes_only_unreadable_manifests_on_s3(local_s3) -> None:
     store.write_json(store.path(1, "b.manifest.json"), [1, 2])  # JSON, not a manifest
     with store.fs.open(store.path(None, "c.manifest.json"), "wb") as f:
         f.write(b"\xff{")
+    for name in ("a", "b", "d"):  # d: a table whose stage failed before its manifest
+        store.fs.pipe_file(store.path(1, f"{name}.parquet"), b"PAR1")
     removed = store.sweep()
     assert sorted(p.rsplit("/", 2)[-2] + "/" + p.rsplit("/", 1)[-1] for p in removed) == [
         "iter_1/b.manifest.json",
+        "iter_1/b.parquet",
+        "iter_1/d.parquet",
         "setup/c.manifest.json",
     ]
     assert store.read_manifest(1, "a") == good
     assert store.artifacts(1) == ["a"] and store.artifacts(None) == []
+    assert store.fs.exists(store.path(1, "a.parquet"))
