@@ -64,12 +64,10 @@ def online(args: argparse.Namespace) -> int:
 def stage(args: argparse.Namespace) -> int:
     """Rerun one stage of a run (and, with --downstream, what depends on it): the flow runs
     as it always does, and the plan reuses every other stage and computes none."""
-    from flows.runs import close_match, last_iteration, stored_config
+    from flows.runs import check_iteration, close_match, stored_config
 
     config = stored_config(args.root, args.run, args.storage_options)
-    last = last_iteration(config)
-    if args.iteration is not None and args.iteration > last:
-        raise ConfigError(f"--iteration {args.iteration}: run {args.run} has {last}")
+    check_iteration(config, args.iteration)  # before a flow runs or the config is rewritten
     from eva_runtime.prefect_api import prefect_api
     from flows.online import eva_online
     from flows.run import eva_run
