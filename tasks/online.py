@@ -131,7 +131,7 @@ def online(
     out_dir = os.path.join(ctx.scratch, "model")
     started = time.perf_counter()
     # The trainer (TRL) is imported here: reading an online config needs none of it.
-    from tasks.backends.train.online_trainer import train_segment
+    from tasks.backends.train.online_trainer import segment_stats, train_segment
 
     try:
         metrics = train_segment(
@@ -155,7 +155,6 @@ def online(
     rewards = np.array([r for row in log for r in row["rewards"]], dtype=np.float64)
     info = np.array([row["informativeness"] for row in log], dtype=np.float64)
     pending = sum(len(b.records) for b in loop.pending)
-    last = metrics[-1] if metrics else {}
     stats = {
         "steps": steps,
         "trained_steps": trained,
@@ -168,7 +167,7 @@ def online(
         **_buffer_stats(buffer),
         **loop.stats.as_dict(),
         "backend_seconds": round(seconds, 3),
-        **{k: round(v, 4) for k, v in last.items() if k in ("loss", "kl", "entropy")},
+        **segment_stats(config.solver.kind, metrics, [row["rewards"] for row in log]),
     }
     top = sorted(buffer.entries, key=lambda e: -e.priority)[:20]
     parents = {r["prompt_id"]: r["prompt"] for r in records}
@@ -190,7 +189,14 @@ def online(
             for row in log[-20:]
         ],
     }
-    return StageOutput(_log_table(log), stats=stats, model_dir=out_dir, ui_tables=ui)
+    notes = {
+        "buffer": f"top {len(top)} of the {len(buffer.entries)} prompts in the buffer B, "
+        "by priority",
+        "trained": f"last {len(ui['trained'])} of the {len(log)} prompts this segment trained on",
+    }
+    return StageOutput(
+        _log_table(log), stats=stats, model_dir=out_dir, ui_tables=ui, ui_notes=notes
+    )
 
 
 def _buffer_stats(buffer: PromptBuffer) -> dict[str, Any]:

@@ -159,6 +159,20 @@ def test_online_run_publishes_its_summary_and_charts(online_run) -> None:
     assert charts.startswith(f"## Charts of eva online run `{config.run}`")
     assert charts.count("](data:image/svg+xml;base64,") == 5 and "nothing to draw" not in charts
     assert "win_vs_theta_0" in data[keys[1]] and "What each segment did" in data[keys[1]]
+    # A segment's stats: the policy-gradient signal, not RLOO's surrogate loss (0 by design).
+    store = RunStore(config.root, config.run)
+    stats = store.read_manifest(1, "online")["stats"]
+    assert stats["advantage_std"] > 0 and "loss" not in stats
+    # The buffer table counts the buffer (8 prompts), not the 12 rows the segment trained on.
+    key = f"{config.run}-iter-1-online-buffer"
+    with get_client(sync_client=True) as client:
+        (table, *_) = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key]))
+        )
+    size = stats["buffer"]["size"]
+    assert size == 8 and table.description == (
+        f"online iter_1: top {size} of the {size} prompts in the buffer B, by priority"
+    )
 
 
 def test_rerun_is_cached_and_show_prints_the_segments(online_run, capsys) -> None:

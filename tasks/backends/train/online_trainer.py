@@ -174,9 +174,9 @@ def segment_stats(
 ) -> dict[str, float]:
     """What a segment's policy-gradient update did, as a person reads it: the KL to the start
     policy and the entropy (TRL's, averaged over the segment's steps), and the learning signal
-    of the prompts trained on (``rewards``: each prompt's samples' rewards): the spread of
-    RLOO's leave-one-out advantages r_i - mean_{j != i} r_j, and the share of prompts whose
-    samples all scored the same (advantage 0: no gradient).
+    of the prompts trained on (``rewards``: each prompt's samples' rewards), the spread of
+    RLOO's leave-one-out advantages r_i - mean_{j != i} r_j (0: no gradient at all; the stage
+    counts the prompts whose samples all tied as ``tied_prompts``).
 
     RLOO's and GRPO's logged ``loss`` is not among them: with one update per generation the
     importance ratio is 1 and each prompt's advantages sum to 0, so the surrogate loss is 0 by
@@ -188,18 +188,14 @@ def segment_stats(
         if values:
             stats[key] = round(sum(values) / len(values), 4)
     advantages: list[float] = []
-    tied = scored = 0
     for samples in rewards:
         r = [x for x in samples if math.isfinite(x)]
         if len(r) < 2:
             continue  # no baseline to compare with
-        scored += 1
-        tied += max(r) == min(r)
         total = sum(r)
         advantages += [x - (total - x) / (len(r) - 1) for x in r]
     if advantages:
         mean = sum(advantages) / len(advantages)
         spread = math.sqrt(sum((a - mean) ** 2 for a in advantages) / len(advantages))
         stats["advantage_std"] = round(spread, 4)
-        stats["zero_advantage_share"] = round(tied / scored, 4)
     return stats
