@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
-from bench.arms import Baseline, baseline_run, bench_world, start_from, world_sizes
+from bench.arms import WINDOW, Baseline, baseline_run, bench_world, start_from, world_sizes
 from eva_core.informativeness import METRICS, reward_matrix
 from eva_world import world
 from flows.config import (
@@ -255,13 +255,16 @@ def run_arm(base: dict[str, Any], name: str, arm: Arm, overrides: dict[str, Any]
     the factor it took (rerunning keeps every stage the growth did not change)."""
     size = int(base["prompts"]["source"]["options"]["size"])
     for factor in TOPUP_FACTORS:
+        if arm.topup == "split" and factor > WINDOW:  # a split grows inside its window only
+            break
+        used = factor
         grown = deep_merge(overrides, arm.grown(factor, size))
         split = factor if arm.topup == "split" else 1.0
         store = _offline(base, name, grown, arm.baseline, split)
         its = range(1, int(overrides.get("iterations", arm.iterations)) + 1)
         if all(available_pairs(store, t) >= PAIR_BUDGET for t in its):
             break
-    return store, factor
+    return store, used
 
 
 def _model(store: Any, t: int | None) -> str:

@@ -86,25 +86,26 @@ def test_split_and_evolve_skip_held_out_prompts(tmp_path) -> None:
     unguarded = world.sample_prompts(
         world.SEED_DISTRIBUTION, 200, seed=stage_seed(3, None, "prompts")
     )
-    # Split t starts window t of 3 x 20 prompts: split 1 would hold unguarded[60:80].
-    held = seed_records(unguarded[65:75])  # ten prompts split 1 would otherwise contain
+    # X_0 is the stream's first 20; split t starts window t of 2 x 20 prompts after it: split 1
+    # would hold unguarded[20:40], split 2 unguarded[60:80].
+    held = seed_records(unguarded[25:35])  # ten prompts split 1 would otherwise contain
     x0 = seed_records(unguarded[:20])
     split1 = load_split.fn(ctx(1, "prompts"), config, heldout=held, seed_set=x0).table
     split2 = load_split.fn(ctx(2, "prompts"), config, heldout=held, seed_set=x0).table
     p1, p2 = split1.column("prompt").to_pylist(), split2.column("prompt").to_pylist()
-    assert p1[:5] == unguarded[60:65] and not set(p1) & set(unguarded[65:75])
+    assert p1[:5] == unguarded[20:25] and not set(p1) & set(unguarded[25:35])
     assert len(p1) == len(p2) == 20 and not set(p1) & set(p2)
-    assert not set(unguarded[:20]) & set(p1 + p2)  # X_0 starts window 0: never drawn again
+    assert not set(unguarded[:20]) & set(p1 + p2)  # X_0 starts the stream: never drawn again
     # A split grown to reach the pair budget stays inside its window: still disjoint.
     grown = PromptsConfig.model_validate(world_prompts("seed", 20))
-    options = {**grown.source.options, "topup": 3.0}
+    options = {**grown.source.options, "topup": 2.0}
     grown = grown.model_copy(
         update={"source": grown.source.model_copy(update={"options": options})}
     )
     big1 = load_split.fn(ctx(1, "prompts"), grown, heldout=held, seed_set=x0).table
     big2 = load_split.fn(ctx(2, "prompts"), grown, heldout=held, seed_set=x0).table
     b1, b2 = big1.column("prompt").to_pylist(), big2.column("prompt").to_pylist()
-    assert len(b1) == len(b2) == 60 and b1[:20] == p1 and not set(b1) & set(b2)
+    assert len(b1) == len(b2) == 40 and b1[:20] == p1 and not set(b1) & set(b2)
     # The target arm's stream has a seed of its own and skips X_0 too: made of exactly the
     # prompts its split 1 would otherwise start with, X_0 is never drawn by it.
     options = {**config.source.options, "distribution": "heldout", "stream": "target"}
@@ -114,10 +115,10 @@ def test_split_and_evolve_skip_held_out_prompts(tmp_path) -> None:
     unguarded_target = world.sample_prompts(
         world.HELDOUT_DISTRIBUTION, 200, seed=stage_seed(3, None, "target")
     )
-    x0_target = seed_records(unguarded_target[60:70])
+    x0_target = seed_records(unguarded_target[20:30])
     t1 = load_split.fn(ctx(1, "prompts"), target, heldout=held, seed_set=x0_target).table
     t1_prompts = t1.column("prompt").to_pylist()
-    assert len(t1_prompts) == 20 and not set(t1_prompts) & set(unguarded_target[60:70])
+    assert len(t1_prompts) == 20 and not set(t1_prompts) & set(unguarded_target[20:30])
     assert all(world.HELDOUT_DISTRIBUTION.contains(p) for p in t1_prompts)
 
     evolver = EvolveConfig.model_validate({"evolver": component("components:WorldRewriter")})
