@@ -8,8 +8,8 @@ a heartbeat that a thread of the holder refreshes. A launch refuses a lock held 
 launch, unless that holder is gone:
 
 - on the same host, its process no longer exists (it was killed, ``kill -9`` included);
-- or its heartbeat is older than ``STALE_S`` (another machine that died, or went away);
-- or the lock names another place than where it lies (it was copied along with the run).
+- or its heartbeat is older than ``STALE_S`` (another machine that died, or went away; a run
+  copied with the lock of a launch still running is taken over once that heartbeat is old).
 
 Local disks create the lock exclusively (``O_EXCL``); an object store has no such create, so
 the launch writes its lock, waits ``SETTLE_S`` and reads it back: of two launches racing, only
@@ -89,12 +89,10 @@ def read_owner(store: RunStore) -> dict[str, Any] | None:
     return owner if isinstance(owner, dict) else {}
 
 
-def stale_reason(owner: dict[str, Any], where: str, now: float | None = None) -> str | None:
+def stale_reason(owner: dict[str, Any], now: float | None = None) -> str | None:
     """Why a lock's holder is gone, or None while it may still be running."""
     if not owner.get("token"):
         return "the lock file is unreadable"
-    if owner.get("where") != where:
-        return f"it was taken at {owner.get('where')}, not here"
     if owner.get("host") == socket.gethostname() and not _alive(int(owner.get("pid", 0))):
         return f"process {owner.get('pid')} no longer exists"
     age = (time.time() if now is None else now) - float(owner.get("heartbeat", 0))
@@ -133,12 +131,13 @@ def _acquire(store: RunStore) -> _Hold:
             hold = _Hold(store, path, owner, count=1 << 30)
         else:
             if found is not None:
-                reason = stale_reason(found, where)
+                reason = stale_reason(found)
                 if reason is None:
                     raise _refusal(found, path)
                 log.warning("taking over the lock of %s: %s", where, reason)
             _write_new(store, path, owner, found)
             hold = _Hold(store, path, owner)
+            _remove_leftovers(store, path, owner["token"])
             hold.thread = threading.Thread(
                 target=_beat, args=(hold,), name="eva-run-lock", daemon=True
             )
@@ -175,10 +174,19 @@ def _write_new(store: RunStore, path: str, owner: dict[str, Any], stale: dict | 
         f.write(data)
     try:
         os.link(tmp, path)
-    except FileExistsError:
+    except (FileExistsError, FileNotFoundError):  # another launch was first
         raise _refusal(read_owner(store) or {}, path) from None
     finally:
-        os.remove(tmp)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+
+
+def _remove_leftovers(store: RunStore, path: str, token: str) -> None:
+    """Staging copies of the lock that a killed launch left (a heartbeat's, a takeover's)."""
+    for left in store.fs.glob(f"{path}.*"):
+        if token not in left:
+            with contextlib.suppress(FileNotFoundError):
+                store.fs.rm(left)
 
 
 def _token(data: bytes) -> Any:

@@ -111,12 +111,12 @@ def test_another_hosts_lock_is_taken_over_once_its_heartbeat_is_stale(tmp_path) 
         json.dump({**theirs, "heartbeat": now - lock_module.STALE_S - 1}, f)
     with run_lock(store) as owner:
         assert read_owner(store)["token"] == owner["token"] != "t"
-    # A lock copied along with its run names where it was taken: not a holder of this copy.
-    with open(lock_path(store), "w") as f:
-        json.dump({**theirs, "heartbeat": now, "where": "/elsewhere/r"}, f)
+    # What a launch killed mid-heartbeat or mid-takeover left beside the lock is removed.
+    for left in (".lock.json.tmp-1a2b3c4d", ".lock.json.stale-5e6f"):
+        open(os.path.join(store.base, left), "w").close()
     with run_lock(store):
-        pass
-    assert os.listdir(store.base) == []  # no staging copy of the lock left behind
+        assert os.listdir(store.base) == [".lock.json"]
+    assert os.listdir(store.base) == []
 
 
 def test_the_heartbeat_is_refreshed_while_held(tmp_path, monkeypatch) -> None:
