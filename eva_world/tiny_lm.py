@@ -27,6 +27,7 @@ from transformers import (
     get_cosine_schedule_with_warmup,
 )
 
+from eva_runtime.progress import report
 from eva_world.configs import SFTConfig as SFTConfig  # re-exported: the SFT's settings
 from eva_world.configs import TinyModelConfig
 from tasks.backends.protocols import Progress, no_progress
@@ -206,7 +207,8 @@ def sft(
                 }
             )
             window = []
-        progress(step / steps)
+        loss_now = metrics[-1]["loss"] if metrics else loss.item()
+        report(progress, step / steps, step=step, total=steps, loss=loss_now)
     model.eval()
     return metrics
 

@@ -56,6 +56,27 @@ def _count(text: str) -> int:
     return value
 
 
+def _follower_rank(text: str) -> int:
+    value = _count(text)
+    if value == 0:  # machine 0 runs the train stage itself; a follower joins it
+        raise argparse.ArgumentTypeError(
+            "machine 0 is the train stage itself; a follower is 1..machines-1"
+        )
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(
+            f"must be > 0 seconds (got {text}; leave it out to wait without end)"
+        )
+    return value
+
+
 def _json_object(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -123,13 +144,16 @@ def _parser() -> argparse.ArgumentParser:
     node.add_argument("--root", default="runs", help="the run root, as every machine mounts it")
     node.add_argument(
         "--machine-rank",
-        type=_count,
+        type=_follower_rank,
         help="this machine's rank, 1..machines-1 (default: $EVA_MACHINE_RANK, else a "
         "Kubernetes indexed Job's $JOB_COMPLETION_INDEX + 1)",
     )
     node.add_argument("--once", action="store_true", help="exit after one training")
     node.add_argument(
-        "--wait", type=float, metavar="SECONDS", help="give up when no training starts in time"
+        "--wait",
+        type=_seconds,
+        metavar="SECONDS",
+        help="give up when no training starts in time (default: wait as long as it takes)",
     )
 
     server = sub.add_parser(
@@ -181,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help (0) or a usage error, already printed in one line (2)
         return int(exc.code or 0)
     from eva_runtime.errors import EvaError
+    from eva_runtime.progress import quiet_library_bars
 
+    quiet_library_bars()  # before any command imports transformers: eva shows progress itself
     handlers: dict[str, Any] = {
         "run": commands.run,
         "online": commands.online,
@@ -194,9 +220,16 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:  # the commands that run flows open a Prefect API once their input is checked
         return handlers[args.command](args)
-    except EvaError as exc:  # every error a user can act on: one line, the field first
-        print(f"eva: error: {exc.line()}", file=sys.stderr)
-        return 2
+    except Exception as exc:
+        # A stage that failed: one line naming it, its traceback in the run (tasks.stage).
+        failed = getattr(exc, "eva_failure", None)  # tasks.stage.FAILURE
+        if failed is not None:
+            print(f"eva: error: {failed}", file=sys.stderr)
+            return 2 if isinstance(exc, EvaError) else 1
+        if isinstance(exc, EvaError):  # every error a user can act on: one line, field first
+            print(f"eva: error: {exc.line()}", file=sys.stderr)
+            return 2
+        raise
 
 
 if __name__ == "__main__":

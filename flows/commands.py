@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 from typing import TypeVar
@@ -43,9 +44,11 @@ def run(args: argparse.Namespace) -> int:
     from flows.run import eva_run
     from flows.summary import summary_table
 
-    with prefect_api():  # PREFECT_API_URL, else a running local server, else a temporary one
+    with prefect_api() as api:  # PREFECT_API_URL, else a running local server, else temporary
+        ui = _ui_url()
         rows = eva_run(config)
     print(f"\neva run '{config.run}' under {config.root}\n{summary_table(rows)}")
+    print(next_steps(config, ui if _lasting(api) else None))
     return 0
 
 
@@ -55,10 +58,43 @@ def online(args: argparse.Namespace) -> int:
     from flows.online import eva_online
     from flows.summary import summary_table
 
-    with prefect_api():
+    with prefect_api() as api:
+        ui = _ui_url()
         rows = eva_online(config)
     print(f"\neva online run '{config.run}' under {config.root}\n{summary_table(rows)}")
+    print(next_steps(config, ui if _lasting(api) else None))
     return 0
+
+
+def next_steps(config: RunConfig | OnlineRunConfig, ui: str | None) -> str:
+    """What to do after a run: inspect it, and find it in the UI of a lasting Prefect server
+    (a temporary one is gone with the command)."""
+    where = f"--run {shlex.quote(config.run)} --root {shlex.quote(config.root)}"
+    lines = [f"next: eva show {where}    (a stage's rows: add --iteration N --stage NAME)"]
+    if ui:
+        lines.append(f"      the run in the Prefect UI: {ui.rstrip('/')}/runs")
+    return "\n".join(lines)
+
+
+def _ui_url() -> str | None:
+    """The UI of the Prefect API in effect (inside ``prefect_api``)."""
+    from prefect.settings import PREFECT_UI_URL
+
+    return PREFECT_UI_URL.value() or None
+
+
+def _lasting(api: str) -> bool:
+    """Whether the API the command reported to outlives it: a configured one, or a server that
+    still answers now that the command's temporary one (if it used one) has stopped."""
+    import httpx
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return True
+    try:
+        return httpx.get(f"{api}/health", timeout=0.5, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def stage(args: argparse.Namespace) -> int:

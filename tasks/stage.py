@@ -22,7 +22,9 @@ import json
 import logging
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from prefect import task
@@ -31,7 +33,7 @@ from prefect.states import Completed
 from pydantic import BaseModel
 
 from eva_core.schema import missing_columns
-from eva_runtime.errors import StageError
+from eva_runtime.errors import EvaError, StageError, first_line
 from eva_runtime.prefect_ui import (
     ProgressArtifact,
     artifact_key,
@@ -39,6 +41,7 @@ from eva_runtime.prefect_ui import (
     publish_stage,
     readable,
 )
+from eva_runtime.progress import TerminalProgress
 from tasks.context import (
     RunContext,
     StageContext,
@@ -47,20 +50,28 @@ from tasks.context import (
     stage_seed,
 )
 from tasks.keys import cache_key, recorded_versions, sha
-from tasks.store import Ref, checkpoint_hash, iteration_dir
+from tasks.store import Ref, RunStore, checkpoint_hash, iteration_dir
 
 MODEL = None  # an input that is consumed as a checkpoint, not read as a table
 
 
 class _WithoutTraceback(logging.Filter):
     """Prefect logs a failed task run, and the flow run it fails, with the traceback. A
-    StageError's message already says what is wrong and what to do; three tracebacks through
-    Prefect's engine (terminal and UI) would only bury it. The log line itself stays."""
+    StageError's message already says what is wrong and what to do, and any other exception
+    a stage raised has its traceback kept in the run's logs/ (``_reported``); three tracebacks
+    through Prefect's engine (terminal and UI) would only bury it. The log line itself stays.
+
+    A stage that finished has just logged its own line (its headline stats): Prefect's
+    "Finished in state Completed()" after it would only double every stage's lines."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], StageError):
+        failed = record.exc_info[1] if record.exc_info else None
+        if isinstance(failed, StageError) or hasattr(failed, FAILURE):
             record.exc_info, record.exc_text = None, None
-        return True
+        return not (record.name == "prefect.task_runs" and record.getMessage() == _COMPLETED)
+
+
+_COMPLETED = "Finished in state Completed()"
 
 
 for _logger in ("prefect.task_runs", "prefect.flow_runs"):
@@ -189,10 +200,14 @@ class Stage:
 
         store.invalidate(iteration, artifact)
         where = iteration_dir(iteration)
-        progress = ProgressArtifact(artifact_key(run.run, where, artifact, "progress"))
+        bar = ProgressArtifact(artifact_key(run.run, where, artifact, "progress"))
+        progress = TerminalProgress(f"{artifact} {where}", bar)
         # Scratch lives in the run's own scratch area, which the next launch sweeps: a killed
         # stage leaves nothing in the system's temporary folder.
-        with tempfile.TemporaryDirectory(prefix=f"{artifact}-", dir=store.scratch_dir()) as scratch:
+        with (
+            _reported(store, where, artifact, progress),
+            tempfile.TemporaryDirectory(prefix=f"{artifact}-", dir=store.scratch_dir()) as scratch,
+        ):
             ctx = StageContext(
                 run,
                 iteration,
@@ -215,8 +230,8 @@ class Stage:
                 model_uri, model_hash = store.publish_model(iteration, out.model_dir)
             elif out.external_model:
                 model_uri, model_hash = out.external_model, checkpoint_hash(out.external_model)
-        if progress.started:  # close the bar of a stage that reported progress
-            progress(1.0)
+        if bar.started:  # close the bar of a stage that reported progress
+            bar(1.0)
         seconds = time.perf_counter() - started
         content_hash = sha(table_hash + (model_hash or ""))
         config_json = config.model_dump(mode="json")
@@ -231,11 +246,72 @@ class Stage:
         }  # fmt: skip
         store.write_manifest(iteration, artifact, manifest)
         ctx.log.info(
-            "%s %s: %d rows in %.1f s; %s", artifact, iteration_dir(iteration),
-            out.table.num_rows, seconds, readable(out.stats),
+            "%s %s: %s (%d rows, %.1f s)", artifact, where, headline(self.name, out.stats),
+            out.table.num_rows, seconds,
         )  # fmt: skip
         publish_stage(run.run, where, artifact, manifest, out.ui_tables, out.ui_notes)
         return _ref(manifest, rerun)
+
+
+# The few stats a stage's log line shows, by stage name (the manifest and the UI keep them
+# all); a stage not listed here, or whose stats have none of its names, shows its first four.
+HEADLINE: dict[str, tuple[str, ...]] = {
+    "prompts": ("prompts",),
+    "heldout": ("prompts",),
+    "bootstrap": ("checkpoint", "steps", "final_loss"),
+    "generate": ("prompts", "responses"),
+    "annotate": ("mean_reward", "unscored"),
+    "score": ("mean_informativeness", "zero_informativeness"),
+    "sample": ("selected", "prompts"),
+    "evolve": ("parents", "kept"),
+    "mix": ("size", "evolved", "original"),
+    "complexity": ("mean_complexity", "unscored"),
+    "pairs": ("pairs", "skipped_tied"),
+    "train": ("pairs", "steps", "loss"),
+    "evaluate": ("score", "solved"),
+    "online": ("steps", "mean_reward", "mean_informativeness", "budget"),
+}
+
+
+def headline(stage_name: str, stats: Mapping[str, Any]) -> str:
+    """The stats that matter for ``stage_name``, as ``score 0.0951, solved 0``."""
+    names = [k for k in HEADLINE.get(stage_name, ()) if k in stats]
+    if not names:  # fall back to the first few numbers and words (no breakdowns)
+        names = [k for k, v in stats.items() if not isinstance(v, Mapping)][:4]
+    return ", ".join(f"{k} {readable(stats[k])}" for k in names) or "done"
+
+
+# The attribute a stage's failure carries: the one line the CLI prints for it.
+FAILURE = "eva_failure"
+
+
+@contextmanager
+def _reported(
+    store: RunStore, where: str, artifact: str, progress: TerminalProgress
+) -> Iterator[None]:
+    """A stage that fails says so in one line: which stage, the cause, and where its full
+    traceback is (``logs/<iteration>-<artifact>.log`` in the run). The exception goes on as it
+    is (callers still catch its type), carrying that line as ``FAILURE``; Prefect's engine logs
+    it without the traceback (``_WithoutTraceback``). A StageError the stage raised itself
+    already says what is wrong and passes untouched."""
+    try:
+        yield
+    except StageError:
+        raise
+    except Exception as exc:
+        path = f"{store.base}/logs/{where}-{artifact}.log"
+        try:
+            store.fs.makedirs(f"{store.base}/logs", exist_ok=True)
+            with store.fs.open(path, "w") as f:
+                f.write("".join(traceback.format_exception(exc)))
+            kept = f"full traceback in {store.uri(path)}"
+        except Exception as unwritten:  # the run root itself failing: say so, lose nothing else
+            kept = f"no traceback written: {first_line(unwritten)}"
+        cause = first_line(exc, with_type=not isinstance(exc, EvaError))
+        setattr(exc, FAILURE, f"{artifact} of {where} failed: {cause} ({kept})")
+        raise
+    finally:
+        progress.close()
 
 
 def stage(

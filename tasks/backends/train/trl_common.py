@@ -11,11 +11,13 @@ from typing import Any
 import datasets
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from eva_runtime.progress import report
 from tasks.backends.protocols import Progress
 
 
 class ProgressCallback(TrainerCallback):
-    """Reports the share of optimizer steps done after each step."""
+    """Reports the share of optimizer steps done after each step, with the step and the last
+    logged loss where the sink shows them (the terminal)."""
 
     def __init__(self, progress: Progress):
         self.progress = progress
@@ -24,7 +26,10 @@ class ProgressCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
         if state.max_steps:
-            self.progress(min(1.0, state.global_step / state.max_steps))
+            logged = [e["loss"] for e in state.log_history if isinstance(e.get("loss"), float)]
+            loss = {"loss": logged[-1]} if logged else {}
+            fraction = min(1.0, state.global_step / state.max_steps)
+            report(self.progress, fraction, step=state.global_step, total=state.max_steps, **loss)
 
 
 @contextlib.contextmanager

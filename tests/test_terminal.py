@@ -1,0 +1,185 @@
+"""What `eva run` shows in a terminal: no library bars, a stage's progress and its headline
+stats, one line for a failed stage, what to do next; `eva train-node`'s refusals."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+
+import pytest
+
+from eva_runtime.progress import TerminalProgress, quiet_library_bars, report
+from flows.cli import main
+from flows.commands import next_steps
+from flows.config import RunConfig
+from tasks.stage import headline
+from tests.conftest import tiny_run_config
+
+PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class RaisingReward:
+    """A reward component whose scoring fails the way a user's code does (not an EvaError)."""
+
+    def score(
+        self, prompts: Sequence[str], responses: Sequence[Sequence[str]], progress: object = None
+    ) -> list[list[float]]:
+        raise ZeroDivisionError("the reward divided by zero")
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_prints_a_plain_line_at_most_every_ten_seconds_with_step_loss_and_eta() -> None:
+    clock, out, forwarded = _Clock(), io.StringIO(), list[float]()
+    progress = TerminalProgress("train iter_1", forwarded.append, stream=out, clock=clock)
+    clock.now = 102.0  # the first report, 2 s in: the pace (ETA) is measured from here
+    progress(0.1, step=4, total=40)
+    clock.now = 105.0
+    progress(0.2, step=8, total=40)
+    assert out.getvalue() == ""  # under 10 s: nothing yet
+    clock.now = 112.0
+    progress(0.6, step=24, total=40, loss=2.5)
+    clock.now = 113.0
+    progress(0.7, step=28, total=40)  # 1 s after the last line: nothing
+    clock.now = 130.0
+    progress(1.0, step=40, total=40)  # the end prints nothing: the stage's own line follows
+    # 0.5 of the work in the 10 s since the first report: the remaining 0.4 takes 8 s.
+    assert out.getvalue() == "train iter_1  60% | step 24/40 | loss 2.5 | 12 s, ETA 8 s\n"
+    assert forwarded == [0.1, 0.2, 0.6, 0.7, 1.0]  # every call still reaches the UI's bar
+
+
+def test_on_a_terminal_progress_redraws_one_line_and_erases_it_at_the_end() -> None:
+    clock, out = _Clock(), _Terminal()
+    progress = TerminalProgress("generate iter_0", stream=out, clock=clock)
+    progress(0.0)
+    clock.now = 101.0
+    progress(0.25)
+    clock.now = 101.2  # within half a second of the last line: not redrawn
+    progress(0.3)
+    clock.now = 102.0
+    progress(0.5)
+    progress(1.0)
+    assert out.getvalue() == (
+        "\rgenerate iter_0  25% | 1 s, ETA 3 s\033[K"
+        "\rgenerate iter_0  50% | 2 s, ETA 2 s\033[K"
+        "\r\033[K"
+    )
+
+
+def test_report_gives_detail_only_to_a_sink_that_shows_it() -> None:
+    seen: list[float] = []
+    report(seen.append, 0.5, step=2, total=4, loss=1.0)  # a plain callable: the fraction only
+    assert seen == [0.5]
+
+
+def test_library_bars_are_hidden_unless_the_user_asked_for_them() -> None:
+    env: dict[str, str] = {"HF_DATASETS_DISABLE_PROGRESS_BARS": "0"}
+    quiet_library_bars(env)
+    assert env == {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "0"}
+
+
+def test_a_stage_line_shows_its_headline_stats_else_its_first_scalars() -> None:
+    stats = {"score": 0.09512, "solved": 0, "per_category": {"add": 0.1}, "backend_seconds": 0.1}
+    assert headline("evaluate", stats) == "score 0.09512, solved 0"
+    stats = {"a": 1, "b": {"x": 2}, "c": "x", "d": 0.5, "e": True, "f": 3}
+    assert headline("someone_elses", stats) == "a 1, c x, d 0.5, e true"
+
+
+def test_next_steps_name_the_run_and_the_ui_of_a_lasting_server() -> None:
+    config = RunConfig.model_validate(tiny_run_config("/data/my runs", "base"))
+    assert next_steps(config, None) == (
+        "next: eva show --run base --root '/data/my runs'    "
+        "(a stage's rows: add --iteration N --stage NAME)"
+    )
+    assert next_steps(config, "http://127.0.0.1:4200/").endswith(
+        "\n      the run in the Prefect UI: http://127.0.0.1:4200/runs"
+    )
+
+
+def _eva(tmp_path, config: dict) -> subprocess.CompletedProcess[str]:
+    """`eva run` in a process of its own (the libraries' bars are decided at its start),
+    reporting to the suite's Prefect server, a lasting one for it."""
+    from prefect.settings import PREFECT_API_URL
+
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(config))
+    env = {**os.environ, "PYTHONPATH": PROJECT, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    for name in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS"):
+        env.pop(name, None)
+    code = "import flows.cli, sys; sys.exit(flows.cli.main(sys.argv[1:]))"
+    return subprocess.run(
+        [sys.executable, "-c", code, "run", "--config", str(path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_a_run_shows_no_library_bars_and_ends_with_what_to_do_next(
+    prefect_api, policy_dir, tmp_path
+) -> None:
+    root = str(tmp_path / "runs")
+    theta_0 = {"init_checkpoint": policy_dir}
+    done = _eva(tmp_path, tiny_run_config(root, "quiet", iterations=0, bootstrap=theta_0))
+    assert done.returncode == 0, done.stderr[-3000:]
+    # Before: a "Loading weights" bar for every checkpoint loaded, "Writing model shards" for
+    # every one saved (evaluate, generate, train x2, ...).
+    assert "Loading weights" not in done.stderr and "Writing model shards" not in done.stderr
+    assert "Map" not in done.stderr  # datasets' map bars (TRL's DPO tokenizes with map)
+    assert "evaluate setup: score " in done.stderr  # the headline, not ~40 fields
+    assert "per_category" not in done.stderr
+    assert done.stdout.rstrip().endswith(
+        f"next: eva show --run quiet --root {root}    (a stage's rows: add --iteration N "
+        "--stage NAME)\n      the run in the Prefect UI: http://127.0.0.1"
+        + done.stdout.rstrip().rsplit("http://127.0.0.1", 1)[1]
+    )
+    assert done.stdout.rstrip().endswith("/runs")
+
+
+def test_a_failing_stage_ends_the_command_with_one_line_and_its_traceback_in_the_run(
+    prefect_api, policy_dir, tmp_path
+) -> None:
+    root = str(tmp_path / "runs")
+    reward = {"kind": "python", "factory": "tests.test_terminal:RaisingReward"}
+    theta_0 = {"init_checkpoint": policy_dir}
+    config = tiny_run_config(root, "broken", bootstrap=theta_0, annotate={"reward": reward})
+    done = _eva(tmp_path, config)
+    assert done.returncode == 1  # a crash in the user's code (an EvaError would exit 2)
+    log = os.path.join(root, "broken", "logs", "setup-evaluate.log")
+    last = done.stderr.rstrip().splitlines()[-1]
+    assert last == (
+        "eva: error: evaluate of setup failed: ZeroDivisionError: the reward divided by zero "
+        f"(full traceback in {log})"
+    )
+    # Before: four tracebacks through Prefect's engine, 326 lines.
+    assert "Traceback" not in done.stderr
+    assert len(done.stderr.splitlines()) < 16, done.stderr
+    with open(log) as f:
+        kept = f.read()
+    assert kept.startswith("Traceback") and 'raise ZeroDivisionError("the reward' in kept
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--machine-rank", "0"], "argument --machine-rank: machine 0 is the train stage itself"),
+        (["--wait", "-1"], "argument --wait: must be > 0 seconds (got -1;"),
+    ],
+)
+def test_train_node_refuses_rank_0_and_a_negative_wait_in_one_line(argv, says, capsys) -> None:
+    assert main(["train-node", "--run", "r", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"eva: error: {says}") and err.count("\n") == 1
