@@ -77,11 +77,20 @@ def evolve(
         # Decontamination: an evolved prompt that is a held-out prompt never reaches training.
         exclude_ids=set(heldout.column("prompt_id").to_pylist()),
     )
-    parent_text = dict(zip(subset.column("prompt_id").to_pylist(), parents, strict=True))
+    parent_ids = subset.column("prompt_id").to_pylist()
+    parent_text = dict(zip(parent_ids, parents, strict=True))
+    # Why each parent was picked: its informativeness and draw rank (the sample stage's columns;
+    # its samples' rewards are in the score stage's table, by the same prompt_id).
+    why = {
+        c: dict(zip(parent_ids, subset.column(c).to_pylist(), strict=True))
+        for c in ("informativeness", "draw_rank")
+        if c in subset.column_names
+    }
     rows = [
         {
             "parent": parent_text[r["parent_id"]],
             "evolved": r["prompt"],
+            **{f"parent_{c}": values[r["parent_id"]] for c, values in why.items()},
             "method": r["evolve_method"],
             "category": r["category"],
             **{c: r[c] for c in LINEAGE_COLUMNS},
