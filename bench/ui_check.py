@@ -47,7 +47,7 @@ CONFIG = {
 CHECKS: dict[str, tuple[str, ...]] = {
     "charts": ("Charts of eva run",),
     "summary": ("win_vs_theta_0", "What each iteration did"),
-    "iter-1-evolve-evolved": ("parent_id", "root_id", "depth", "parent", "evolved"),
+    "iter-1-evolve-evolved": ("parent_id", "root_id", "depth", "parent_informativeness"),
     "iter-1-sample-drawn": ("draw_rank", "weight_share", "root_id"),
     "iter-1-mix-originals-kept": ("prompt_id", "root_id"),
     "iter-1-score-distribution": ("share", "prompts"),
