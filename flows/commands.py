@@ -35,7 +35,17 @@ def load(args: argparse.Namespace, model: type[T]) -> T:
             overrides.append(f"{field}={text}")
     config = load_config(args.config, overrides, model)
     check_inputs(config)  # before any artifact is written
+    _refuse_if_held(config)
     return config
+
+
+def _refuse_if_held(config: RunConfig | OnlineRunConfig) -> None:
+    """Another launch of this run is going on: refused in one line before a Prefect API and a
+    flow start (the flow takes the run's lock itself)."""
+    from tasks.run_lock import refuse_if_held
+    from tasks.store import RunStore
+
+    refuse_if_held(RunStore(config.root, config.run, config.storage_options))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,6 +114,7 @@ def stage(args: argparse.Namespace) -> int:
 
     config = stored_config(args.root, args.run, args.storage_options)
     check_iteration(config, args.iteration)  # before a flow runs or the config is rewritten
+    _refuse_if_held(config)
     from eva_runtime.prefect_api import prefect_api
     from flows.online import eva_online
     from flows.run import eva_run

@@ -73,6 +73,16 @@ def run_lock(store: RunStore) -> Iterator[dict[str, Any]]:
         _release(hold)
 
 
+def refuse_if_held(store: RunStore) -> None:
+    """``RunLocked`` when another live launch holds the run: what a command checks before it
+    starts a flow (the flow takes the lock itself; this only refuses early, in one line)."""
+    found = read_owner(store)
+    if found is None or store.uri(store.base) in _HELD:
+        return
+    if found.get("token") != os.environ.get(INHERITED) and stale_reason(found) is None:
+        raise _refusal(found, lock_path(store))
+
+
 def lock_path(store: RunStore) -> str:
     return f"{store.base}/{LOCK_NAME}"
 

@@ -152,6 +152,11 @@ def test_eva_run_and_eva_stage_refuse_a_held_run_in_one_line(tmp_path, capsys) -
             err = capsys.readouterr().err.strip()
             assert err.startswith(f"eva: error: {lock_path(store)}: another launch holds this")
             assert f"pid {proc.pid}" in err and "\n" not in err
+        # A deployment's flow run (no CLI before it) is refused by the lock the flow takes.
+        from flows.run import eva_run
+
+        with pytest.raises(RunLocked, match=f"pid {proc.pid} on "):
+            eva_run(validate_config(cfg))
         assert sorted(os.listdir(store.base)) == [".lock.json", "config.json"]  # nothing ran
         assert read_owner(store)["token"] == token
     finally:
