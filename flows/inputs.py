@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,9 +32,11 @@ def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
     _check_required(config)
     _check_checkpoint(config.bootstrap.init_checkpoint)
     _check_api_keys(config)
+    _check_devices(config)
     if isinstance(config, RunConfig) and config.train.launcher == "accelerate":
         _check_accelerate(config)
     components = dict(_loaded_components(config))
+    read: dict[str, list[str]] = {}  # the prompt files' texts, by field
     for field in ("prompts", "heldout"):
         prompts: PromptsConfig = getattr(config, field)
         if prompts.origin is None:
@@ -56,6 +59,11 @@ def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
                     hint=f"{where} is {_named(config, where)}",
                 ) from None
         _check_context(config, field, texts)
+        read[field] = texts
+    if isinstance(config, OnlineRunConfig) and "prompts" in read:
+        config.online.check_budget(len(read["prompts"]))
+    if "prompts" in read and "heldout" in read:
+        _check_heldout_overlap(read["prompts"], read["heldout"])
     check_root(config.root, config.storage_options)
 
 
@@ -207,3 +215,70 @@ def _check_api_keys(config: Any) -> None:
                 visit(getattr(node, name), f"{path}.{name}" if path else name)
 
     visit(config, "")
+
+
+def _check_heldout_overlap(prompts: list[str], heldout: list[str]) -> None:
+    """The held-out set measures what training did not see (the paper's is disjoint from its
+    prompts): one made of training prompts only is refused, one mostly of them is warned of."""
+    train = set(prompts)
+    shared = sum(p in train for p in heldout)
+    if not heldout or not shared:
+        return
+    share = shared / len(heldout)
+    message = f"{shared} of {len(heldout)} held-out prompts are training prompts too"
+    if shared == len(heldout):
+        raise ConfigError(
+            f"{message}: it measures nothing training did not see",
+            field="heldout.path",
+            hint="use prompts disjoint from prompts.path",
+        )
+    line = f"eva: warning: heldout.path: {message} ({share:.0%}): scores on it flatter training"
+    if share > 0.5 and line not in _WARNED:  # the flow checks inputs again: say it once
+        _WARNED.add(line)
+        print(line, file=sys.stderr)
+
+
+_WARNED: set[str] = set()
+
+
+def _check_devices(config: BaseModel) -> None:
+    """A device no machine here has (``device: cuda``, ``use_vllm: true``) is refused now,
+    not trained on CPU in silence or failed after setup. torch is imported only when a config
+    asks for an accelerator."""
+    asked: list[tuple[str, str]] = []  # (field, what it needs)
+
+    def visit(node: Any, path: str) -> None:
+        if not isinstance(node, BaseModel):
+            return
+        for name in type(node).model_fields:
+            value, where = getattr(node, name), f"{path}.{name}" if path else name
+            if name == "device" and isinstance(value, str) and value.startswith(("cuda", "mps")):
+                asked.append((where, value.split(":")[0]))
+            elif name == "use_vllm" and value is True:
+                asked.append((where, "cuda"))
+            visit(value, where)
+
+    visit(config, "")
+    if not asked:
+        return
+    import torch
+
+    have = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    for where, needs in asked:
+        if not have[needs]:
+            setting = "true" if where.endswith("use_vllm") else str(_value_at(config, where))
+            raise ConfigError(
+                f"{where}={setting} needs {needs.upper()}, which this machine does not have",
+                field=where,
+                hint='set it to "auto" or "cpu", or run on a machine with one'
+                if not where.endswith("use_vllm")
+                else "set it to false, or run on a machine with a GPU",
+            )
+
+
+def _value_at(config: Any, where: str) -> Any:
+    """The value a dotted field names."""
+    node = config
+    for part in where.split("."):
+        node = getattr(node, part)
+    return node

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.buffer import PromptBuffer
 from eva_core.schema import PROMPT_COLUMNS
+from eva_runtime.errors import ConfigError
 from tasks.backends.evolve import EvolverBackend
 from tasks.backends.reward import PointwiseRewardBackend
 from tasks.backends.train.online import OnlineSolverConfig
@@ -58,6 +59,24 @@ class OnlineConfig(BaseModel):
     max_chars: int | None = Field(
         default=8192, ge=1, description="Drop rewrites longer than this many characters."
     )
+    max_unscored_share: float = Field(
+        default=0.5,
+        ge=0.0,
+        le=1.0,
+        # Left out of dumps at their defaults: the keys of segments cached before they existed
+        # hold (the same rules as annotate's, which an online segment had none of).
+        exclude_if=lambda value: value == 0.5,
+        description="Fail the segment when more than this share of the prompts it trained on "
+        "got no finite reward at all (a reward that is broken or down); its policy is not "
+        "kept. Fewer are counted in the stats (annotate.max_unscored_share offline).",
+    )
+    fail_on_no_signal: bool = Field(
+        default=False,
+        exclude_if=lambda value: value is False,
+        description="Fail the segment when every scored prompt's rewards were all equal (no "
+        "signal: RLOO's advantages are all 0, the policy does not move); by default this is "
+        "reported (tied_prompts) and the run goes on.",
+    )
     max_failed_share: float = Field(
         default=0.5,
         ge=0.0,
@@ -71,6 +90,19 @@ class OnlineConfig(BaseModel):
         description="Children of step t's prompts enter the buffer at step t + lag, so a slow "
         "API evolver overlaps with training; 0 waits for it every step.",
     )
+
+    def check_budget(self, seeds: int) -> None:
+        """Refuse a step larger than the whole budget: ``total_steps`` rounds up to one step, so
+        it would train ``prompts_per_step / (budget x |D|)`` times the budget, silently."""
+        per_step, budget = self.solver.prompts_per_step, self.budget * seeds
+        if per_step > budget:
+            raise ConfigError(
+                f"{per_step} prompts a step exceed the whole budget, online.budget x |D| = "
+                f"{self.budget:g} x {seeds} = {budget:g} prompts: one step would train "
+                f"{per_step / budget:.3g}x the budget",
+                field="online.solver.prompts_per_step",
+                hint=f"set it to at most {math.floor(budget)}, or raise online.budget",
+            )
 
     def total_steps(self, seeds: int) -> int:
         return max(1, math.ceil(self.budget * seeds / self.solver.prompts_per_step))
@@ -109,6 +141,7 @@ def online(
         buffer = PromptBuffer.from_state(records, state["buffer"])
     else:
         buffer = config.buffer.buffer(records, seed=ctx.run.seed)
+    config.check_budget(len(records))  # the edge checks it where D is a file it can count
     done = int(state.get("trained_steps", 0))
     steps = min(config.steps_per_segment, config.total_steps(len(records)) - done)
     if steps <= 0:
@@ -140,6 +173,7 @@ def online(
     finally:
         loop.close()
     seconds = time.perf_counter() - started
+    signal = _reward_signal(ctx.artifact, loop.log, config)
     endpoint = getattr(getattr(config.evolver, "llm", None), "base_url", None)
     if endpoint is not None:
         check_failures(
@@ -162,8 +196,9 @@ def online(
         "budget": round((buffer.consumed - pending) / len(records), 4),
         "seeds_left": buffer.seeds_left,
         "refilled": buffer.refilled,
-        "mean_reward": round(float(np.nanmean(rewards)), 4) if rewards.size else None,
-        "mean_informativeness": round(float(np.nanmean(info)), 4) if info.size else None,
+        "mean_reward": _finite_mean(rewards),
+        "mean_informativeness": _finite_mean(info),
+        **signal,
         **_buffer_stats(buffer),
         **loop.stats.as_dict(),
         "backend_seconds": round(seconds, 3),
@@ -197,6 +232,38 @@ def online(
     return StageOutput(
         _log_table(log), stats=stats, model_dir=out_dir, ui_tables=ui, ui_notes=notes
     )
+
+
+def _finite_mean(values: np.ndarray) -> float | None:
+    """The mean of the finite values, None when there is none (never a NaN in a manifest)."""
+    finite = values[np.isfinite(values)]
+    return round(float(finite.mean()), 4) if finite.size else None
+
+
+def _reward_signal(
+    artifact: str, log: list[dict[str, Any]], config: OnlineConfig
+) -> dict[str, int]:
+    """The offline annotate stage's rules over the prompts a segment trained on: a prompt with
+    no finite reward is unscored (more than ``max_unscored_share`` of them fails the segment),
+    one whose finite rewards are all equal is tied (all of them fails it under
+    ``fail_on_no_signal``)."""
+    scored = tied = 0
+    for row in log:
+        finite = [r for r in row["rewards"] if math.isfinite(r)]
+        scored += bool(finite)
+        tied += bool(finite) and max(finite) == min(finite)
+    n = len(log)
+    check_failures(
+        artifact, n - scored, n, "the reward gave no finite score (unscored)",
+        config.max_unscored_share, "online.max_unscored_share",
+    )  # fmt: skip
+    if config.fail_on_no_signal and n and tied == scored:
+        raise StageError(
+            f"{artifact}: every scored prompt's rewards are equal ({tied} of {n}): no signal, "
+            "the policy did not move (online.fail_on_no_signal)",
+            field="online.reward",
+        )
+    return {"unscored_prompts": n - scored, "tied_prompts": tied}
 
 
 def _buffer_stats(buffer: PromptBuffer) -> dict[str, Any]:

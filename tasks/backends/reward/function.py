@@ -11,7 +11,11 @@ stage counts NaN as "unscored"); it is counted in ``stats()["failures"]`` and a 
 the first error: one bad response should not kill a stage of thousands. If *every* response
 fails, the function is broken rather than the data, and the call raises. A return of ``None``
 is NaN too (TRL's convention for "cannot score"), but not a failure. A batched function that
-raises fails the call: its results cannot be attributed to single responses.
+raises fails the call: its results cannot be attributed to single responses. A function that
+calls ``sys.exit`` fails the call too, whichever kind: it is the user's code asking to stop,
+not a bad response. Every failure of the call is a ``RewardFunctionError``, one line naming
+the function (field ``annotate.reward``), never a traceback or the exit status of the user's
+``sys.exit``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from eva_runtime.errors import EvaError, first_line
 from tasks.backends.protocols import Progress, no_progress
 from tasks.backends.python import resolve
 
@@ -35,6 +40,18 @@ def resolve_function(path: str) -> Callable[..., Any]:
     if not callable(obj):
         raise ValueError(f"{path!r} is a {type(obj).__name__}, not a callable")
     return obj
+
+
+class RewardFunctionError(EvaError, RuntimeError, ValueError):
+    """The reward function failed the whole call (see the module docstring)."""
+
+
+def _exited(function: str, exc: SystemExit) -> RewardFunctionError:
+    return RewardFunctionError(
+        f"reward function {function} called sys.exit({exc.code!r})",
+        field="annotate.reward",
+        hint="a reward returns a number (None or NaN: cannot score); it must not exit",
+    )
 
 
 def _as_reward(value: Any) -> float:
@@ -105,6 +122,8 @@ class CallableScorer:
             for response in rs:
                 try:
                     row.append(_as_reward(self.fn(prompt, response, **self.config.kwargs)))
+                except SystemExit as e:  # not a bad response: the code asked the process to end
+                    raise _exited(self.config.function, e) from None
                 except Exception as e:  # one response's failure must not sink the stage
                     failures += 1
                     first_error = first_error or e
@@ -114,9 +133,11 @@ class CallableScorer:
         self._last = {"failures": failures}
         if first_error is not None:
             if failures == total:
-                raise RuntimeError(
+                raise RewardFunctionError(
                     f"reward function {self.config.function} raised on all {total} responses; "
-                    f"first error: {first_error!r}"
+                    f"first error: {type(first_error).__name__}: "
+                    f"{first_line(first_error, with_type=False)}",
+                    field="annotate.reward",
                 ) from first_error
             log.warning(
                 "reward function %s raised on %d of %d responses (scored NaN); first error: %r",
@@ -130,15 +151,32 @@ class CallableScorer:
     def _batched(
         self, prompts: Sequence[str], responses: Sequence[Sequence[str]]
     ) -> list[list[float]]:
-        result = self.fn(list(prompts), [list(rs) for rs in responses], **self.config.kwargs)
+        name = self.config.function
+        try:
+            result = self.fn(list(prompts), [list(rs) for rs in responses], **self.config.kwargs)
+        except SystemExit as exc:
+            raise _exited(name, exc) from None
+        except Exception as exc:
+            raise RewardFunctionError(
+                f"batched reward function {name} raised {first_line(exc)}",
+                field="annotate.reward",
+            ) from exc
         shape = [len(rs) for rs in responses]
         try:
             got = [len(r) for r in result]
         except TypeError:  # not a list of lists
             got = None
         if got != shape:
-            raise ValueError(
-                f"batched reward function {self.config.function} returned a result shaped "
-                f"{got}, expected one list per prompt shaped {shape}"
+            raise RewardFunctionError(
+                f"batched reward function {name} returned a result shaped {got}, expected one "
+                f"list per prompt shaped {shape}",
+                field="annotate.reward",
             )
-        return [[_as_reward(v) for v in row] for row in result]
+        try:
+            return [[_as_reward(v) for v in row] for row in result]
+        except (TypeError, ValueError) as exc:
+            raise RewardFunctionError(
+                f"batched reward function {name} returned a value that is no number: "
+                f"{first_line(exc)}",
+                field="annotate.reward",
+            ) from exc

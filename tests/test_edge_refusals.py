@@ -1,0 +1,204 @@
+"""Bad input that used to pass or end in a traceback, each refused in one line naming the field:
+a reward that scores nothing online, a step larger than the whole budget, an accelerator this
+machine lacks, a reward function that exits or raises, an unknown storage option, a held-out set
+made of training prompts, a deployment file that cannot be served."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import pytest
+import torch
+import yaml
+
+from eva_runtime.errors import EvaError
+from flows.cli import main
+from tasks.backends.reward.function import CallableReward, RewardFunctionError
+from tasks.online import OnlineConfig
+from tasks.store import RunStore
+from tests.conftest import world_sft
+from tests.test_online import tiny_online_config
+
+NO_CUDA = not torch.cuda.is_available()
+
+
+# --- reward functions of a user's, named by import path below ---------------------------------
+
+
+def nan_reward(prompt: str, response: str) -> float:
+    return math.nan
+
+
+def exits_3(prompt: str, response: str) -> float:
+    sys.exit(3)
+
+
+def batched_exits(prompts: list[str], responses: list[list[str]]) -> list[list[float]]:
+    sys.exit(3)
+
+
+def batched_raises(prompts: list[str], responses: list[list[str]]) -> list[list[float]]:
+    raise KeyError("no such column\nsecond line of the message")
+
+
+HERE = "tests.test_edge_refusals"
+
+
+def tiny(root: str, run: str, reward: str) -> dict[str, object]:
+    """An online run of one step (2 of 12 prompts) on a theta_0 trained 2 steps, with the
+    reward function ``reward`` of this module."""
+    config = tiny_online_config(root, run=run, budget=2 / 12)
+    config["bootstrap"] = world_sft(steps=2, examples=64)
+    config["online"]["reward"] = {"kind": "callable", "function": f"{HERE}:{reward}"}
+    return config
+
+
+def eva(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    """``eva ARGV`` in process: its exit status and what it wrote to stderr."""
+    status = main(list(argv))
+    return status, capsys.readouterr().err.strip()
+
+
+def write_prompts(path: str, prompts: list[str]) -> str:
+    with open(path, "w") as f:
+        for p in prompts:
+            f.write(json.dumps({"prompt": p}) + "\n")
+    return path
+
+
+SUMS = [f"{a}+{b}=" for a in range(10, 15) for b in range(20, 24)]  # 20 world prompts
+
+
+# --- 2. online: a reward that scores nothing ---------------------------------------------------
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_online_with_an_all_nan_reward_fails_the_segment_and_keeps_no_policy(tmp_path, capsys):
+    config = tiny(str(tmp_path / "runs"), "nan", "nan_reward")
+    path = tmp_path / "nan.yaml"
+    path.write_text(yaml.safe_dump(config))
+    status, err = eva(capsys, "online", "--config", str(path))
+    assert status == 2
+    line = err.splitlines()[-1]
+    assert line.startswith("eva: error: online: the reward gave no finite score (unscored)")
+    assert "for 2 of 2" in line and "online.max_unscored_share = 0.5" in line
+    store = RunStore(str(tmp_path / "runs"), "nan")
+    assert store.read_manifest(1, "online") is None  # nothing cached: a rerun retries it
+
+
+# --- 3. a step larger than the budget ---------------------------------------------------------
+
+
+def test_a_step_larger_than_the_whole_budget_is_refused():
+    config = OnlineConfig.model_validate({"solver": {"prompts_per_step": 5000}, "budget": 1})
+    with pytest.raises(EvaError) as info:
+        config.check_budget(1000)
+    assert info.value.line() == (
+        "online.solver.prompts_per_step: 5000 prompts a step exceed the whole budget, "
+        "online.budget x |D| = 1 x 1000 = 1000 prompts: one step would train 5x the budget "
+        "(set it to at most 1000, or raise online.budget)"
+    )
+    config.check_budget(5000)  # exactly one step of the budget: fine
+    assert config.total_steps(5000) == 1
+
+
+def test_the_edge_counts_a_prompt_file_against_the_budget(tmp_path, capsys):
+    prompts = write_prompts(str(tmp_path / "p.jsonl"), SUMS)
+    heldout = write_prompts(str(tmp_path / "h.jsonl"), ["1+1=", "2+2="])
+    root = tmp_path / "runs"
+    status, err = eva(
+        capsys, "online", "--root", str(root), "--set", f"prompts.path={prompts}",
+        "--set", f"heldout.path={heldout}", "--set", "online.solver.prompts_per_step=50",
+        "--set", "online.budget=1",
+    )  # fmt: skip
+    assert status == 2 and "\n" not in err
+    assert err.startswith("eva: error: online.solver.prompts_per_step: 50 prompts a step")
+    assert "1 x 20 = 20 prompts: one step would train 2.5x the budget" in err
+    assert not root.exists()
+
+
+# --- 4. an accelerator this machine lacks -----------------------------------------------------
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="a machine with CUDA accepts these")
+@pytest.mark.parametrize(
+    ("command", "setting", "head"),
+    [
+        ("online", "online.solver.use_vllm=true", "online.solver.use_vllm=true needs CUDA"),
+        ("online", "online.solver.device=cuda", "online.solver.device=cuda needs CUDA"),
+        ("run", "train.solver.device=cuda:1", "train.solver.device=cuda:1 needs CUDA"),
+    ],
+)
+def test_an_accelerator_this_machine_lacks_is_refused_before_writing(
+    tmp_path, capsys, command, setting, head
+):
+    root = tmp_path / "runs"
+    status, err = eva(capsys, command, "--root", str(root), "--set", setting)
+    assert status == 2 and "\n" not in err
+    assert err.startswith(f"eva: error: {head}, which this machine does not have")
+    assert not root.exists()
+
+
+# --- 5. a reward function that exits or raises ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("function", "batched", "says"),
+    [
+        ("exits_3", False, "reward function tests.test_edge_refusals:exits_3 called sys.exit(3)"),
+        ("batched_exits", True, "called sys.exit(3)"),
+        ("batched_raises", True, "raised KeyError: 'no such column"),
+    ],
+)
+def test_a_reward_function_that_exits_or_raises_is_one_line_naming_it(function, batched, says):
+    scorer = CallableReward(function=f"{HERE}:{function}", batched=batched).load()
+    with pytest.raises(RewardFunctionError) as info:
+        scorer.score(["1+1="], [["2", "3"]])
+    line = info.value.line()
+    assert line.startswith("annotate.reward: ") and says in line and "\n" not in line
+    assert f"{HERE}:{function}" in line
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_eva_online_with_a_reward_that_exits_says_so_and_exits_2(tmp_path, capsys):
+    config = tiny(str(tmp_path / "runs"), "exit", "exits_3")
+    path = tmp_path / "exit.yaml"
+    path.write_text(yaml.safe_dump(config))
+    status, err = eva(capsys, "online", "--config", str(path))
+    assert status == 2  # not the user's 3: eva says why it stopped
+    line = err.splitlines()[-1]  # theta_0's evaluation is the first to call it
+    assert line.startswith("eva: error: ") and "annotate.reward: reward function " in line
+    assert f"{HERE}:exits_3 called sys.exit(3)" in line
+
+
+# --- 8. a held-out set made of training prompts -----------------------------------------------
+
+
+def test_a_heldout_set_of_training_prompts_is_refused_and_mostly_warned(tmp_path, capsys):
+    prompts = write_prompts(str(tmp_path / "p.jsonl"), SUMS)
+    root = tmp_path / "runs"
+    sets = ["--set", f"prompts.path={prompts}", "--set", "iterations=0"]
+    status, err = eva(capsys, "config", "--set", f"prompts.path={prompts}")
+    status, err = eva(capsys, "run", "--root", str(root), *sets, "--set", f"heldout.path={prompts}")
+    assert status == 2 and "\n" not in err
+    assert err == (
+        "eva: error: heldout.path: 20 of 20 held-out prompts are training prompts too: it "
+        "measures nothing training did not see (use prompts disjoint from prompts.path)"
+    )
+    assert not root.exists()
+    mostly = write_prompts(str(tmp_path / "h.jsonl"), [*SUMS[:3], "1+1="])
+    from flows.config import load_config
+    from flows.inputs import check_inputs
+
+    config = load_config(
+        None, [f"root={root}", f"prompts.path={prompts}", f"heldout.path={mostly}"]
+    )
+    check_inputs(config)
+    check_inputs(config)  # the flow checks again: the warning is said once
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "eva: warning: heldout.path: 3 of 4 held-out prompts are training prompts too (75%): "
+        "scores on it flatter training"
+    )
