@@ -85,32 +85,38 @@ def _informativeness(store: RunStore, iterations: Sequence[int]) -> Chart | None
     )
 
 
+def _shares(
+    counts_at: dict[int, dict[str, int]], label: str = "{}"
+) -> dict[str, list[tuple[float, float]]]:
+    """Each name's share of the counts at every x that has counts, 0 where it is absent (a
+    depth that appears later starts from 0 rather than from nowhere); names in order."""
+    names = sorted({n for c in counts_at.values() for n in c}, key=lambda n: (len(n), n))
+    return {
+        label.format(n): [(x, c.get(n, 0) / (sum(c.values()) or 1)) for x, c in counts_at.items()]
+        for n in names
+    }
+
+
 def _curriculum(store: RunStore, iterations: Sequence[int]) -> list[Chart | None]:
     complexity: list[tuple[float, float]] = []
-    categories: dict[str, list[tuple[float, float]]] = {}
-    depths: dict[str, list[tuple[float, float]]] = {}
+    categories: dict[int, dict[str, int]] = {}
+    depths: dict[int, dict[str, int]] = {}
     for t in iterations:
         c = store.read_manifest(t, "complexity")
         if c is not None and c["stats"].get("mean_complexity") is not None:
             complexity.append((t, c["stats"]["mean_complexity"]))
         mix = store.read_manifest(t, "mix")
-        if mix is None:
-            continue
-        for key, into in (("categories", categories), ("depths", depths)):
-            counts = mix["stats"].get(key, {})
-            total = sum(counts.values()) or 1
-            for name, n in counts.items():
-                into.setdefault(name if key == "categories" else f"depth {name}", []).append(
-                    (t, n / total)
-                )
+        if mix is not None:
+            categories[t] = mix["stats"].get("categories") or {}
+            depths[t] = mix["stats"].get("depths") or {}
     names = {float(t): f"it.{t}" for t in iterations}
     return [
         line_chart("Curriculum: mean complexity of X_t", {"complexity": complexity},
                    "iteration t", names=names),
-        line_chart("Curriculum: category mix of X_t (share)", categories, "iteration t", True,
-                   names=names),
-        line_chart("Curriculum: depth mix of X_t (share)", depths, "iteration t", True,
-                   names=names),
+        line_chart("Curriculum: category mix of X_t (share)", _shares(categories),
+                   "iteration t", True, names=names),
+        line_chart("Curriculum: depth mix of X_t (share)", _shares(depths, "depth {}"),
+                   "iteration t", True, names=names),
     ]  # fmt: skip
 
 
@@ -186,24 +192,19 @@ def _online_steps(store: RunStore, segments: Sequence[int]) -> Chart | None:
 
 
 def _buffer_mix(store: RunStore, segments: Sequence[int]) -> list[Chart | None]:
-    categories: dict[str, list[tuple[float, float]]] = {}
-    depths: dict[str, list[tuple[float, float]]] = {}
+    categories: dict[int, dict[str, int]] = {}
+    depths: dict[int, dict[str, int]] = {}
     for s in segments:
         m = store.read_manifest(s, "online")
-        if m is None:
-            continue
-        for key, into, fmt in (("buffer_categories", categories, "{}"),
-                               ("buffer_depths", depths, "depth {}")):  # fmt: skip
-            counts = m["stats"].get(key) or {}
-            total = sum(counts.values()) or 1
-            for name, n in counts.items():
-                into.setdefault(fmt.format(name), []).append((s, n / total))
+        if m is not None:
+            categories[s] = m["stats"].get("buffer_categories") or {}
+            depths[s] = m["stats"].get("buffer_depths") or {}
     names = {float(s): f"seg.{s}" for s in segments}
     return [
-        line_chart("Buffer B: category mix at each segment's end (share)", categories,
+        line_chart("Buffer B: category mix at each segment's end (share)", _shares(categories),
                    "segment", True, names=names),
-        line_chart("Buffer B: depth mix at each segment's end (share)", depths, "segment", True,
-                   names=names),
+        line_chart("Buffer B: depth mix at each segment's end (share)",
+                   _shares(depths, "depth {}"), "segment", True, names=names),
     ]  # fmt: skip
 
 

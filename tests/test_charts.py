@@ -158,7 +158,7 @@ def test_online_charts(tmp_path: Any) -> None:
             "informativeness": [0.5, 0.0, 0.0, 0.0],
         })  # fmt: skip
         _write(store, s, "online", log, buffer_categories={"add": 2, "rev": 2 * s},
-               buffer_depths={"0": 4, "1": s})  # fmt: skip
+               buffer_depths={"0": 4, **({"1": 2} if s == 2 else {})})  # fmt: skip
     rows: list[dict[str, Any]] = [{"segment": "theta_0", "heldout_score": 0.4},
             {"segment": 1, "heldout_score": 0.5}, {"segment": 2, "heldout_score": 0.6}]  # fmt: skip
     charts = dict(online_charts(store, rows))
@@ -172,3 +172,7 @@ def test_online_charts(tmp_path: Any) -> None:
     assert steps.series["mean informativeness"][0] == (1, 0.25)
     mix = charts["buffer: category mix"]
     assert isinstance(mix, LineChart) and mix.series["rev"] == [(1, 0.5), (2, 4 / 6)]
+    # A depth that first appears in segment 2 starts from a share of 0 in segment 1.
+    depths = charts["buffer: depth mix"]
+    assert isinstance(depths, LineChart) and list(depths.series) == ["depth 0", "depth 1"]
+    assert depths.series["depth 1"] == [(1, 0.0), (2, 2 / 6)]
