@@ -120,8 +120,8 @@ class RunStore:
         removed = [p for p in self.fs.glob(f"{self.base}/*/*.tmp-*") if "/.scratch/" not in p]
         for path in removed:
             self.fs.rm(path, recursive=True)
-        removed += self._sweep_unreadable_manifests()
-        removed += self._sweep_orphaned_tables()
+        unreadable = self._sweep_unreadable_manifests()
+        removed += unreadable + self._sweep_orphaned_tables(set(unreadable))
         scratch = self.scratch_dir()
         for name in sorted(os.listdir(scratch)):
             shutil.rmtree(os.path.join(scratch, name), ignore_errors=True)
@@ -145,11 +145,12 @@ class RunStore:
             )
         return manifest
 
-    def _sweep_orphaned_tables(self) -> list[str]:
+    def _sweep_orphaned_tables(self, redone: set[str]) -> list[str]:
         """Remove every stage table without a manifest: a stage that failed (or was killed)
-        after writing its table never made it complete, and its rerun writes it anew."""
+        after writing its table never made it complete, and its rerun writes it anew. The
+        tables of the ``redone`` manifests (said already) are left to their rerun."""
         found = set(self.fs.glob(f"{self.base}/*/*.parquet"))
-        manifests = set(self.fs.glob(f"{self.base}/*/*.manifest.json"))
+        manifests = set(self.fs.glob(f"{self.base}/*/*.manifest.json")) | redone
         orphans = sorted(
             p for p in found if p.removesuffix(".parquet") + ".manifest.json" not in manifests
         )

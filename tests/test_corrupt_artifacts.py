@@ -59,7 +59,7 @@ def _relaunch_after(config, damage, capsys) -> tuple[set[tuple], dict, dict, str
     return changed, before, after, err
 
 
-def test_an_unreadable_manifest_is_redone_alone_and_shown_in_one_line(run, capsys) -> None:
+def test_an_unreadable_manifest_is_redone_alone_and_shown_in_one_line(run, capsys, caplog) -> None:
     def garble(store: RunStore) -> None:
         with open(store.path(None, "evaluate.manifest.json"), "w") as f:
             f.write("{garbage\n")
@@ -70,6 +70,11 @@ def test_an_unreadable_manifest_is_redone_alone_and_shown_in_one_line(run, capsy
     assert "\n" not in err and "launch the run again" in err
     assert changed == {(None, "evaluate")}
     assert after[(None, "evaluate")][1] == before[(None, "evaluate")][1]  # byte-identical
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert said == [
+        f"{path} was unreadable (Expecting property name enclosed in double quotes): "
+        "removed, its stage is redone"
+    ]
 
 
 def test_a_manifest_missing_its_key_is_redone_alone(run, capsys) -> None:
@@ -115,10 +120,12 @@ def test_sweep_removes_only_unreadable_manifests_on_s3(local_s3) -> None:
     removed = store.sweep()
     assert sorted(p.rsplit("/", 2)[-2] + "/" + p.rsplit("/", 1)[-1] for p in removed) == [
         "iter_1/b.manifest.json",
-        "iter_1/b.parquet",
         "iter_1/d.parquet",
         "setup/c.manifest.json",
     ]
     assert store.read_manifest(1, "a") == good
     assert store.artifacts(1) == ["a"] and store.artifacts(None) == []
-    assert store.fs.exists(store.path(1, "a.parquet"))
+    # b's table is left to b's rerun, which overwrites it: one line said b is redone.
+    assert store.fs.exists(store.path(1, "a.parquet")) and store.fs.exists(
+        store.path(1, "b.parquet")
+    )
