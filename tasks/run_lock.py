@@ -11,11 +11,14 @@ launch, unless that holder is gone:
 - or its heartbeat is older than ``STALE_S`` (another machine that died, or went away; a run
   copied with the lock of a launch still running is taken over once that heartbeat is old).
 
-Local disks create the lock exclusively (``O_EXCL``); an object store has no such create, so
-the launch writes its lock, waits ``SETTLE_S`` and reads it back: of two launches racing, only
-the last writer finds its own token. The processes a launch starts (accelerate's trainers,
-servers) never open the run, so they never wait on it; a process that does and inherits the
-holder's token in ``EVA_RUN_LOCK`` (a child of the holder) shares the hold.
+A local disk creates the lock exclusively (a hard link to a complete file, which fails where
+one exists); an object store has no such create, so the launch writes its lock, waits
+``SETTLE_S`` and reads it back: of two launches that both found no lock, only the last writer
+finds its own token (unless one took more than ``SETTLE_S`` between its look and its write).
+
+The processes a launch starts (accelerate's trainers, servers) never open the run, so they
+never wait on it; a process that does and inherits the holder's token in ``EVA_RUN_LOCK`` (a
+child of the holder) shares the hold.
 """
 
 from __future__ import annotations
@@ -76,7 +79,10 @@ def run_lock(store: RunStore) -> Iterator[dict[str, Any]]:
 def refuse_if_held(store: RunStore) -> None:
     """``RunLocked`` when another live launch holds the run: what a command checks before it
     starts a flow (the flow takes the lock itself; this only refuses early, in one line)."""
-    found = read_owner(store)
+    try:
+        found = read_owner(store)
+    except Exception:  # an unreachable root: the launch itself says why, in its own words
+        return
     if found is None or store.uri(store.base) in _HELD:
         return
     if found.get("token") != os.environ.get(INHERITED) and stale_reason(found) is None:
