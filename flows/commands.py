@@ -199,8 +199,10 @@ def train_node(args: argparse.Namespace) -> int:  # runs no flow: no Prefect API
 
 def serve(args: argparse.Namespace) -> int:
     from eva_runtime.prefect_api import prefect_api
+    from flows.serve import check
     from flows.serve import serve as serve_deployment
 
+    check(args.file)  # refused in one line before a Prefect API is opened
     with prefect_api():
         serve_deployment(args.file)
     return 0

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import yaml
-from prefect.schedules import Cron, Interval
 
+from eva_runtime.errors import ConfigError, first_line
 from flows.config import PROJECT_DIR, resolve_extends, validate_config
-from flows.run import eva_run
 
 # Entrypoints (flows/run.py) and relative run roots are read against the project root, so a
 # deployment writes where its config says whoever serves it and from wherever.
@@ -27,31 +27,91 @@ def deployment_config(spec_path: str, parameters: dict) -> dict:
     return validate_config(data).model_dump(mode="json")
 
 
-def serve(path: str) -> None:
+def read_deployment(path: str) -> dict[str, Any]:
+    """The file's first deployment of ``eva_run``, or a ``ConfigError`` in one line naming the
+    file: checked before a Prefect API is opened or anything is served."""
     path = os.path.abspath(path)
-    with open(path) as f:
-        spec = yaml.safe_load(f)
-    deployments = [d for d in spec.get("deployments", []) if d["entrypoint"].endswith(":eva_run")]
+    try:
+        with open(path, encoding="utf-8") as f:
+            spec = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"no file at {path}",
+            field="--file",
+            hint="eva serve reads infra/prefect.yaml of a checkout of eva; pass --file",
+        ) from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path} is a directory, not a YAML file", field="--file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})", field="--file") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"{path}:{where}: {problem}", field="--file") from None
+    found = spec.get("deployments") if isinstance(spec, dict) else None
+    deployments = [
+        d
+        for d in (found if isinstance(found, list) else [])
+        if isinstance(d, dict) and str(d.get("entrypoint", "")).endswith(":eva_run")
+    ]
     if not deployments:
-        raise SystemExit(f"eva: error: {path}: no deployment with entrypoint ...:eva_run")
-    d = deployments[0]
-    schedules = []
+        raise ConfigError(
+            f"{path}: no deployment with entrypoint ...:eva_run under deployments:",
+            field="--file",
+            hint="see the project's infra/prefect.yaml",
+        )
+    d: dict[str, Any] = deployments[0]
+    if not isinstance(d.get("parameters") or {}, dict):
+        raise ConfigError(f"{path}: {d.get('name')}: parameters: expected a mapping")
+    if not d.get("name"):
+        raise ConfigError(f"{path}: the eva_run deployment has no name")
+    return d
+
+
+def check(path: str) -> None:
+    """Everything ``serve`` reads, checked before a Prefect API is opened: the file, its
+    deployment, the run config the deployment gives and its schedules."""
+    d = read_deployment(path)
+    _config(path, d)
+    _schedules(path, d)
+
+
+def _config(path: str, d: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return deployment_config(path, d.get("parameters") or {})
+    except ConfigError as exc:
+        raise ConfigError(f"{os.path.abspath(path)}: parameters.config.{exc.line()}") from None
+
+
+def _schedules(path: str, d: dict[str, Any]) -> list[Any]:
+    from prefect.schedules import Cron, Interval
+
+    schedules: list[Any] = []
     for s in d.get("schedules") or []:
-        if "cron" in s:
-            schedules.append(
-                Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True))
-            )
-        elif "interval" in s:
-            schedules.append(Interval(s["interval"], active=s.get("active", True)))
+        try:
+            if "cron" in s:
+                active = s.get("active", True)
+                schedules.append(Cron(s["cron"], timezone=s.get("timezone"), active=active))
+            elif "interval" in s:
+                schedules.append(Interval(s["interval"], active=s.get("active", True)))
+        except (TypeError, ValueError, KeyError) as exc:
+            raise ConfigError(f"{path}: schedules: {s!r}: {first_line(exc)}") from None
+    return schedules
+
+
+def serve(path: str) -> None:
+    from flows.run import eva_run  # the flow (torch, via the stages) once the file is read
+
+    d = read_deployment(path)
+    config = _config(path, d)
+    schedules = _schedules(path, d)
     # Prefect records the entrypoint relative to the working directory and runs it from there.
     os.chdir(PROJECT)
     eva_run.serve(
         name=d["name"],
         description=d.get("description"),
         tags=d.get("tags"),
-        parameters={
-            **(d.get("parameters") or {}),
-            "config": deployment_config(path, d.get("parameters") or {}),
-        },
+        parameters={**(d.get("parameters") or {}), "config": config},
         schedules=schedules or None,
     )

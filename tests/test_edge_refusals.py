@@ -202,3 +202,36 @@ def test_a_heldout_set_of_training_prompts_is_refused_and_mostly_warned(tmp_path
         "eva: warning: heldout.path: 3 of 4 held-out prompts are training prompts too (75%): "
         "scores on it flatter training"
     )
+
+
+# --- 6. a deployment file eva serve cannot serve ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (None, "--file: no file at {path} (eva serve reads infra/prefect.yaml of a checkout"),
+        ("deployments: [\n", "--file: {path}: line 2, column 1: expected the node content"),
+        ("a: 1\n", "--file: {path}: no deployment with entrypoint ...:eva_run under deploy"),
+        (
+            "deployments:\n- {name: x, entrypoint: 'flows/run.py:eva_run', "
+            "parameters: {config: {sample: {fraction: 7}}}}\n",
+            "{path}: parameters.config.sample.fraction: Input should be less than or equal to 1",
+        ),
+        (
+            "deployments:\n- {name: x, entrypoint: 'flows/run.py:eva_run', "
+            "schedules: [{cron: not a cron}]}\n",
+            "{path}: schedules: {{'cron': 'not a cron'}}: ValueError: Invalid cron string",
+        ),
+    ],
+)
+def test_eva_serve_refuses_a_file_it_cannot_serve_before_opening_an_api(
+    tmp_path, capsys, monkeypatch, content, says
+):
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)  # nothing to reach: none is opened
+    path = tmp_path / "prefect.yaml"
+    if content is not None:
+        path.write_text(content)
+    status, err = eva(capsys, "serve", "--file", str(path))
+    assert status == 2 and "\n" not in err
+    assert err.startswith("eva: error: " + says.format(path=path))
