@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from eva_runtime.errors import ConfigError, first_line
 from flows.config import OnlineRunConfig, RunConfig
-from flows.roots import check_root
+from flows.roots import check_root, check_storage_options
 from tasks.backends.python import PythonComponent
 from tasks.prompts import PromptsConfig, read_prompts
 from tasks.store import is_hub_id
@@ -42,6 +42,8 @@ def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
         if prompts.origin is None:
             continue
         named, shown = prompts.origin  # path or dataset
+        if prompts.path is not None:
+            check_storage_options(prompts.path, prompts.storage_options, f"{field}.storage_options")
         try:
             texts = read_prompts(prompts).column("prompt").to_pylist()
         except FileNotFoundError:

@@ -235,3 +235,37 @@ def test_eva_serve_refuses_a_file_it_cannot_serve_before_opening_an_api(
     status, err = eva(capsys, "serve", "--file", str(path))
     assert status == 2 and "\n" not in err
     assert err.startswith("eva: error: " + says.format(path=path))
+
+
+# --- 7. an unknown storage option -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("root", "setting", "says"),
+    [
+        ("{tmp}/runs", "storage_options.auto_mkdr=true", "storage_options: LocalFileSystem (file"),
+        ("s3://bucket/runs", "storage_options.endpoint=http://x", "storage_options: S3FileSystem"),
+    ],
+)
+def test_an_option_the_filesystem_does_not_take_is_refused(tmp_path, capsys, root, setting, says):
+    root = root.format(tmp=tmp_path)
+    status, err = eva(capsys, "run", "--root", root, "--set", setting)
+    assert status == 2 and "\n" not in err
+    key = setting.split(".")[1].split("=")[0]
+    assert err.startswith(f"eva: error: {says}") and f"takes no option '{key}'" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_options_the_filesystem_takes_pass_and_prompt_files_are_checked_too(tmp_path, capsys):
+    from flows.roots import check_storage_options
+
+    check_storage_options("s3://b/runs", {"endpoint_url": "http://x", "anon": True}, "f")
+    check_storage_options("/tmp/runs", {"auto_mkdir": True, "skip_instance_cache": True}, "f")
+    check_storage_options("https://host/p.jsonl", {"headers": {"a": "b"}}, "f")  # not checked
+    prompts = write_prompts(str(tmp_path / "p.jsonl"), SUMS)
+    status, err = eva(
+        capsys, "run", "--root", str(tmp_path / "runs"), "--set", f"prompts.path={prompts}",
+        "--set", "prompts.storage_options={anon: true}",
+    )  # fmt: skip
+    assert status == 2
+    assert err.startswith("eva: error: prompts.storage_options: LocalFileSystem (file://) takes")
