@@ -85,7 +85,8 @@ def refuse_if_held(store: RunStore) -> None:
         return
     if found is None or store.uri(store.base) in _HELD:
         return
-    if found.get("token") != os.environ.get(INHERITED) and stale_reason(found) is None:
+    inherited = os.environ.get(INHERITED)
+    if not (inherited and found.get("token") == inherited) and stale_reason(found) is None:
         raise _refusal(found, lock_path(store))
 
 
@@ -142,7 +143,8 @@ def _acquire(store: RunStore) -> _Hold:
             "started": now, "heartbeat": now, "where": where,
         }  # fmt: skip
         found = read_owner(store)
-        if found is not None and found.get("token") == os.environ.get(INHERITED):
+        inherited = os.environ.get(INHERITED)
+        if found is not None and inherited and found.get("token") == inherited:
             owner = found  # a child of the holder: it shares the hold and never releases it
             hold = _Hold(store, path, owner, count=1 << 30)
         else:

@@ -111,6 +111,11 @@ def test_another_hosts_lock_is_taken_over_once_its_heartbeat_is_stale(tmp_path) 
         json.dump({**theirs, "heartbeat": now - lock_module.STALE_S - 1}, f)
     with run_lock(store) as owner:
         assert read_owner(store)["token"] == owner["token"] != "t"
+    # A lock file that does not parse names no holder: taken over, and held by this launch.
+    with open(lock_path(store), "w") as f:
+        f.write("{garbage")
+    with run_lock(store) as owner:
+        assert read_owner(store)["token"] == owner["token"] and owner["pid"] == os.getpid()
     # What a launch killed mid-heartbeat or mid-takeover left beside the lock is removed.
     for left in (".lock.json.tmp-1a2b3c4d", ".lock.json.stale-5e6f"):
         open(os.path.join(store.base, left), "w").close()
