@@ -252,8 +252,8 @@ class LLMClient:
             if self._down is None and limit is not None and self._down_streak >= limit:
                 self._down = (
                     f"{self.config.base_url} is down: {self._down_streak} requests in a row "
-                    f"failed after {self.config.max_retries + 1} attempts each, with no answer "
-                    f"between them; last: {error}"
+                    f"failed after {self.config.max_retries + 1} attempts each, and it answered "
+                    f"nothing meanwhile; last: {error}"
                 )
         if self._down is not None:
             self._tripped.set()
