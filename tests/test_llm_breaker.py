@@ -99,3 +99,17 @@ def test_a_base_url_that_is_no_http_url_is_refused_in_one_line(url):
     line = info.value.line()
     assert line.startswith("evolve.evolver.llm.base_url: not an http(s) URL with a host")
     assert "\n" not in line and repr(url) in line
+
+
+def test_distilabel_tasks_over_the_client_stop_too():
+    """EvolInstruct's requests go through ``ClientLLM``, which turns a failed request into ""
+    for its task: the breaker is no failed request, so the batch stops instead."""
+    from eva_runtime.distilabel_llm import ClientLLM
+
+    with OpenAICompatibleServer(fail=lambda request: ("status", 502)) as server:
+        llm = ClientLLM.over(client(server.base_url, max_retries=1))
+        chats = [[{"role": "user", "content": p}] for p in PROMPTS]
+        with pytest.raises(LLMEndpointDown, match="HTTP 502"):
+            llm.generate(chats)
+        assert len(server.requests) <= (3 + 4) * 2
+        assert llm.counts["error_502"] == 2  # the 2 that failed for good before it opened
