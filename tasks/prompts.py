@@ -211,4 +211,19 @@ def load_prompts(ctx: StageContext, config: PromptsConfig) -> StageOutput:
     extra_key=_file_key,
 )
 def load_heldout(ctx: StageContext, config: PromptsConfig, seed_set: pa.Table) -> StageOutput:
-    return _output(_records(ctx, config, exclude=set(seed_set.column("prompt").to_pylist())))
+    seeds = set(seed_set.column("prompt").to_pylist())
+    table = _records(ctx, config, exclude=seeds)
+    # A source draws around the seeds; a file or dataset may hold them (the edge checks two
+    # files against each other, this a file against prompts drawn from a source).
+    shared = sum(p in seeds for p in table.column("prompt").to_pylist())
+    if shared and shared == table.num_rows:
+        raise StageError(
+            f"{ctx.artifact}: all {shared} held-out prompts are training prompts too: it "
+            "measures nothing training did not see",
+            field="heldout",
+            hint="use prompts disjoint from the training prompts",
+        )
+    if shared > table.num_rows / 2:
+        ctx.log.warning("%s: %d of %d held-out prompts are training prompts too",
+                        ctx.artifact, shared, table.num_rows)  # fmt: skip
+    return _output(table)

@@ -269,3 +269,19 @@ def test_options_the_filesystem_takes_pass_and_prompt_files_are_checked_too(tmp_
     )  # fmt: skip
     assert status == 2
     assert err.startswith("eva: error: prompts.storage_options: LocalFileSystem (file://) takes")
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_a_heldout_file_of_the_prompts_a_source_drew_is_refused_by_its_stage(tmp_path, capsys):
+    from eva_world.components import WorldPrompts
+
+    drawn = [p for p, _ in WorldPrompts("seed", 4, seed=7).draw(0)]  # what the source draws
+    heldout = write_prompts(str(tmp_path / "h.jsonl"), drawn)
+    status, err = eva(
+        capsys, "run", "--root", str(tmp_path / "runs"),
+        "--set", "prompts.source.options={distribution: seed, size: 4, seed: 7}",
+        "--set", "heldout.source=null", "--set", f"heldout.path={heldout}",
+    )  # fmt: skip
+    assert status != 0
+    line = err.splitlines()[-1]
+    assert "heldout: all 4 held-out prompts are training prompts too" in line
