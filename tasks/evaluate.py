@@ -71,11 +71,19 @@ def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> St
         }
     )
     stats = {
-        "score": round(float(np.nanmean(rewards)), 4),
+        "score": _finite_mean(rewards),
         "solved": round(float(np.mean(rewards == 1.0)), 4),
-        "per_category": {c: round(float(np.nanmean(v)), 4) for c, v in sorted(by_cat.items())},
+        "per_category": {c: _finite_mean(v) for c, v in sorted(by_cat.items())},
         "backend_seconds": round(seconds, 3),
         **({"backend": requests} if requests is not None else {}),
         **engines,
     }
     return StageOutput(out, stats=stats, ui_tables={"responses": out.slice(0, 20).to_pylist()})
+
+
+def _finite_mean(values: object) -> float | None:
+    """The mean of the finite rewards; None when a reward scored none (a manifest is JSON: a
+    NaN there is no number a reader takes)."""
+    x = np.asarray(values, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    return round(float(x.mean()), 4) if x.size else None

@@ -86,6 +86,13 @@ def test_online_with_an_all_nan_reward_fails_the_segment_and_keeps_no_policy(tmp
     assert "for 2 of 2" in line and "online.max_unscored_share = 0.5" in line
     store = RunStore(str(tmp_path / "runs"), "nan")
     assert store.read_manifest(1, "online") is None  # nothing cached: a rerun retries it
+    # theta_0's evaluation with the same reward: a score of null, no bare NaN in the JSON.
+    evaluated = store.read_manifest(None, "evaluate")
+    assert evaluated is not None and evaluated["stats"]["score"] is None
+    manifests = list((tmp_path / "runs").rglob("*.manifest.json"))
+    assert len(manifests) >= 4  # prompts, heldout, bootstrap, evaluate
+    for manifest in manifests:
+        assert "NaN" not in manifest.read_text(), manifest
 
 
 # --- 3. a step larger than the budget ---------------------------------------------------------
