@@ -73,7 +73,10 @@ def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> St
     stats = {
         "score": _finite_mean(rewards),
         "solved": round(float(np.mean(rewards == 1.0)), 4),
-        "per_category": {c: _finite_mean(v) for c, v in sorted(by_cat.items())},
+        # A category no answer of which was scored is left out (charts plot numbers only).
+        "per_category": {
+            c: m for c, v in sorted(by_cat.items()) if (m := _finite_mean(v)) is not None
+        },
         "backend_seconds": round(seconds, 3),
         **({"backend": requests} if requests is not None else {}),
         **engines,
