@@ -336,7 +336,8 @@ def online_config(root: str, seed: int, evolve: bool, budget: float, base: dict[
     setup = RunStore(base["root"], f"s{seed}-base")
     world = load_config(None, None, OnlineRunConfig)
     solver = world.online.solver
-    per_x = math.ceil(ONLINE_SEEDS / solver.prompts_per_step)
+    per_step = min(solver.prompts_per_step, ONLINE_SEEDS)  # a step never exceeds 1x the budget
+    per_x = math.ceil(ONLINE_SEEDS / per_step)
     return validate_config(
         deep_merge(
             world.model_dump(mode="json"),
@@ -350,6 +351,7 @@ def online_config(root: str, seed: int, evolve: bool, budget: float, base: dict[
                 "online": {
                     "budget": budget,
                     "steps_per_segment": per_x,
+                    "solver": {"prompts_per_step": per_step},
                     "buffer": {"evolve": evolve},
                 },
             },
