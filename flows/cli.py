@@ -182,6 +182,11 @@ def _parser() -> argparse.ArgumentParser:
         help="override a config field, e.g. --set sample.fraction=0.5",
     )
     cfg.add_argument("--online", action="store_true", help="an eva online config")
+    cfg.add_argument(
+        "--explain",
+        action="store_true",
+        help="every field with its value and what it means (key: value  # description)",
+    )
 
     bench = sub.add_parser(
         "bench", help="the paper's tables in miniature and the pipeline's costs (docs/bench)"
@@ -220,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:  # the commands that run flows open a Prefect API once their input is checked
         return handlers[args.command](args)
+    except BrokenPipeError:  # `eva config --explain | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:
         # A stage that failed: one line naming it, its traceback in the run (tasks.stage).
         failed = getattr(exc, "eva_failure", None)  # tasks.stage.FAILURE

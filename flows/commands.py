@@ -216,6 +216,11 @@ def config(args: argparse.Namespace) -> int:
 
     model = OnlineRunConfig if args.online else RunConfig
     resolved = load_config(args.config, list(args.set), model)
+    if args.explain:
+        from flows.explain import explain
+
+        print("\n".join(explain(resolved)))
+        return 0
     print(yaml.safe_dump(resolved.model_dump(mode="json"), sort_keys=False))
     return 0
 

@@ -212,7 +212,14 @@ def validate_config(data: dict[str, Any], model: type[BaseModel] = RunConfig) ->
         msg = err["msg"].removeprefix("Value error, ")
         more = f" [+{exc.error_count() - 1} more]" if exc.error_count() > 1 else ""
         head = "" if msg.startswith(f"{field}:") else f"{field}: "
-        raise ConfigError(f"{head}{msg}{got}{more}") from None
+        hint = None
+        if err["type"] == "extra_forbidden":
+            from flows.explain import close_match
+
+            near = close_match(model, data, field)
+            msg = "not a field of this section"
+            hint = f"did you mean {near}?" if near else "eva config --explain lists the fields"
+        raise ConfigError(f"{head}{msg}{got}{more}", hint=hint) from None
 
 
 def _settable_path(data: Any, loc: tuple[Any, ...]) -> list[str]:

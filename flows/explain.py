@@ -1,0 +1,75 @@
+"""A config read aloud: ``eva config --explain`` (every field of the config that would run, its
+value and its description) and the close matches a mistyped key gets ("did you mean
+sample.fraction?"). Both walk the pydantic models the config is validated by, so the text is the
+``Field(description=...)`` each model already carries: one source for help and validation."""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import json
+import typing
+from collections.abc import Iterator
+from typing import Any
+
+from pydantic import BaseModel
+
+
+def explain(config: BaseModel, prefix: str = "") -> Iterator[str]:
+    """``key: value  # description`` for every field of ``config``, sections first-level order,
+    nested sections as dotted keys (what ``--set`` takes)."""
+    for name, info in type(config).model_fields.items():
+        value = getattr(config, name)
+        key = f"{prefix}{name}"
+        if isinstance(value, BaseModel):
+            about = f"  # {info.description}" if info.description else ""
+            yield f"{key}:{about}"
+            yield from explain(value, key + ".")
+            continue
+        shown = json.dumps(value.model_dump(mode="json") if isinstance(value, BaseModel) else value,
+                           default=str)  # fmt: skip
+        if len(shown) > 70:
+            shown = shown[:67] + "..."
+        about = f"  # {info.description}" if info.description else ""
+        yield f"{key}: {shown}{about}"
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation can hold (through Optional, unions and Annotated)."""
+    if inspect.isclass(annotation) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def _model_for(annotation: Any, node: Any) -> type[BaseModel] | None:
+    """The model a section is validated as: the only one, or the union member whose ``kind``
+    default is the section's ``kind``."""
+    models = _models_in(annotation)
+    if len(models) == 1:
+        return models[0]
+    kind = node.get("kind") if isinstance(node, dict) else None
+    for model in models:
+        field = model.model_fields.get("kind")
+        if field is not None and field.default == kind:
+            return model
+    return None
+
+
+def fields_at(model: type[BaseModel], data: Any, path: list[str]) -> list[str]:
+    """The field names of the section at ``path`` (dotted keys as --set takes them) of ``data``
+    validated as ``model``; [] where the section is free-form (options) or unknown."""
+    current: type[BaseModel] | None = model
+    node = data
+    for part in path:
+        if current is None or part not in current.model_fields:
+            return []
+        node = node.get(part) if isinstance(node, dict) else None
+        current = _model_for(current.model_fields[part].annotation, node)
+    return list(current.model_fields) if current is not None else []
+
+
+def close_match(model: type[BaseModel], data: Any, key: str) -> str | None:
+    """The field a mistyped dotted ``key`` most likely meant (its full dotted name), if any."""
+    *parent, word = key.split(".")
+    found = difflib.get_close_matches(word, fields_at(model, data, parent), n=1, cutoff=0.6)
+    return ".".join([*parent, found[0]]) if found else None
