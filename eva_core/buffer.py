@@ -96,6 +96,7 @@ class PromptBuffer:
     arrivals: int = 0  # children ever added (orders eviction)
     evicted: int = 0
     refilled: int = 0  # prompts taken from a new pass over D because B was empty
+    resampled: int = 0  # prompts drawn to replace prompts without signal (``refill``)
     entries: list[Entry] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -134,13 +135,14 @@ class PromptBuffer:
     def seeds_left(self) -> int:
         return len(self.seeds) - self.cursor
 
-    def _take_buffer(self, k: int) -> list[dict[str, Any]]:
+    def _take_buffer(self, k: int, stream: tuple[int, ...] = (1,)) -> list[dict[str, Any]]:
         """Pop k entries drawn by priority without replacement (uniform if all are zero)."""
         k = min(k, len(self.entries))
         if k == 0:
             return []
         weights = np.array([e.priority for e in self.entries])
-        picked = select_subset(weights, k, "weighted", seed=_mix(self.seed, self.step, 1)).indices
+        seed = _mix(self.seed, self.step, *stream)
+        picked = select_subset(weights, k, "weighted", seed=seed).indices
         chosen = [self.entries[int(i)] for i in picked]
         gone = {int(i) for i in picked}
         self.entries = [e for i, e in enumerate(self.entries) if i not in gone]
@@ -173,6 +175,23 @@ class PromptBuffer:
         self.step += 1
         self.consumed += len(records)
         return batch
+
+    def refill(self, k: int) -> Batch:
+        """Up to ``k`` prompts to replace, inside the batch being trained, prompts whose samples
+        carried no signal (dynamic sampling): from B by priority in the phases that draw from B,
+        then the next of D's shuffle. Fewer, or none, when both are spent: a replacement is never
+        a seed prompt drawn again at random. Counted in ``consumed`` (they are handed to the
+        trainer) and ``resampled``; the draw index ``step`` does not move."""
+        if k < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        from_b: list[dict[str, Any]] = []
+        if self.phase in ("mixup", "bootstrap"):
+            from_b = self._take_buffer(k, stream=(3, self.resampled))
+        from_d = self._take_seeds(k - len(from_b))
+        records = from_b + from_d
+        self.resampled += len(records)
+        self.consumed += len(records)
+        return Batch(records, [True] * len(from_b) + [False] * len(from_d), self.phase)
 
     def _advance_phase(self) -> None:
         if not self.evolve:
@@ -241,6 +260,7 @@ class PromptBuffer:
             "arrivals": self.arrivals,
             "evicted": self.evicted,
             "refilled": self.refilled,
+            **({"resampled": self.resampled} if self.resampled else {}),
             "entries": [asdict(e) for e in self.entries],
         }
 

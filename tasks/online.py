@@ -160,6 +160,7 @@ def online(
         exclude_ids=frozenset(heldout.column("prompt_id").to_pylist()),
         categorize=getattr(evolver, "category_of", None),
         evolve_lag=config.evolve_lag,
+        dynamic_sampling=config.solver.dynamic_sampling,
     )
     out_dir = os.path.join(ctx.scratch, "model")
     started = time.perf_counter()

@@ -82,9 +82,14 @@ class LoopStats:
     evolve_seconds: float = 0.0  # time the evolver worked (in the worker thread)
     evolve_wait_seconds: float = 0.0  # time training waited for it
     dropped: dict[str, int] = field(default_factory=dict)
+    # Dynamic sampling's counts (``OnlineLoop.resample``); None when it is off, and then not
+    # reported, so a segment's stats read as they always have.
+    dynamic_sampling: dict[str, int] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
+        if self.dynamic_sampling is None:
+            del out["dynamic_sampling"]
         out["evolve_seconds"] = round(self.evolve_seconds, 3)
         out["evolve_wait_seconds"] = round(self.evolve_wait_seconds, 3)
         return out
@@ -115,6 +120,7 @@ class OnlineLoop:
         exclude_ids: frozenset[str] = frozenset(),
         categorize: Callable[[str], str | None] | None = None,
         evolve_lag: int = 1,
+        dynamic_sampling: bool = False,
     ):
         if prompts_per_step < 1:
             raise ValueError(f"prompts_per_step must be >= 1, got {prompts_per_step}")
@@ -130,6 +136,13 @@ class OnlineLoop:
         self.categorize = categorize
         self.evolve_lag = evolve_lag
         self.stats = LoopStats()
+        if dynamic_sampling:
+            self.stats.dynamic_sampling = dict.fromkeys(
+                ("dropped_groups", "replacement_prompts", "extra_responses", "rounds",
+                 "short_steps"), 0,
+            )  # fmt: skip
+        self._rows: dict[int, list[str]] = {}  # draw index -> its rows, once one was replaced
+        self._replacements: set[str] = set()  # rows of prompts drawn as replacements
         self.log: list[dict[str, Any]] = []  # one row per trained prompt
         self._scores: dict[str, list[float]] = {}  # row -> its samples' rewards, this step
         self._evolutions: deque[tuple[int, Future[_Evolved]]] = deque()
@@ -190,6 +203,63 @@ class OnlineLoop:
                 flat[j] = value
         return flat
 
+    # --- 3b. dynamic sampling (DAPO) ------------------------------------------------------------
+
+    def _batch_rows(self, step: int) -> list[str]:
+        """The rows of batch ``step`` as it stands (replacements take their dropped row's place)."""
+        batch = self.pending[step - self._oldest_pending]
+        return self._rows.get(step) or [row_key(step, i) for i in range(len(batch.records))]
+
+    def tied(self, rows: Sequence[str]) -> list[str]:
+        """Those of the scored ``rows`` whose samples carry no signal: their finite rewards are
+        all equal (the rule of ``tied_prompts``; a row with no finite reward is unscored, not
+        tied, and left for the unscored check)."""
+        out = []
+        for row in rows:
+            finite = [r for r in self._scores[row] if math.isfinite(r)]
+            if finite and max(finite) == min(finite):
+                out.append(row)
+        return out
+
+    def resample(self, rows: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+        """Dynamic sampling: replace ``rows`` of the batch being trained (tied, see ``tied``)
+        with prompts drawn from the buffer (``PromptBuffer.refill``): each replacement takes its
+        row's place in the batch, under a row of its own, and the dropped row's rewards are
+        forgotten. Returns (dropped row, replacement prompt) pairs; fewer than ``rows`` when the
+        buffer is spent (the rest stay in the batch)."""
+        assert self.stats.dynamic_sampling is not None, "dynamic sampling is off"
+        if not rows:
+            return []
+        step = self._oldest_pending
+        batch = self.pending[0]
+        current = self._batch_rows(step)
+        if missing := [row for row in rows if row not in current or row not in self._scores]:
+            raise RuntimeError(f"rows {missing[:3]} are not scored rows of batch {step}")
+        drawn = self.buffer.refill(len(rows))
+        counts = self.stats.dynamic_sampling
+        counts["rounds"] += 1
+        counts["replacement_prompts"] += len(drawn.records)
+        swaps = []
+        for j, (row, record) in enumerate(zip(rows, drawn.records, strict=False)):
+            position = current.index(row)
+            new_row = row_key(step, len(batch.records) + len(self._replacements_of(step)) + j)
+            dropped = self._scores.pop(row)
+            if row in self._replacements:
+                counts["extra_responses"] += len(dropped)
+            batch.records[position] = record
+            batch.from_buffer[position] = drawn.from_buffer[j]
+            current[position] = new_row
+            swaps.append((row, {"prompt": record["prompt"], "prompt_id": record["prompt_id"],
+                                "row": new_row}))  # fmt: skip
+        self._replacements.update(swap["row"] for _, swap in swaps)
+        counts["dropped_groups"] += len(swaps)
+        self._rows[step] = current
+        return swaps
+
+    def _replacements_of(self, step: int) -> list[str]:
+        prefix = f"{step}:"
+        return [row for row in self._replacements if row.startswith(prefix)]
+
     # --- 4. update, 5. evolve, 6. join -----------------------------------------------------
 
     def step_end(self) -> None:
@@ -198,14 +268,23 @@ class OnlineLoop:
         if not self.pending:
             raise RuntimeError("a step ended before its batch was drawn")
         step = self._oldest_pending
+        rows = self._batch_rows(step)
         batch = self.pending.popleft()
-        rows = [row_key(step, i) for i in range(len(batch.records))]
+        self._rows.pop(step, None)
         if sorted(self._scores) != sorted(rows):
             raise RuntimeError(
                 f"the step that trained batch {step} ended, but the rows scored since the last "
                 f"step are {sorted(self._scores)[:4]}, not {rows[:4]}"
             )
         per_row = [self._scores.pop(row) for row in rows]
+        if (counts := self.stats.dynamic_sampling) is not None:
+            mine = self._replacements_of(step)
+            counts["extra_responses"] += sum(
+                len(r) for row, r in zip(rows, per_row, strict=True) if row in self._replacements
+            )
+            self._replacements.difference_update(mine)
+            finite = [[x for x in r if math.isfinite(x)] for r in per_row]
+            counts["short_steps"] += any(f and max(f) == min(f) for f in finite)
         if len({len(r) for r in per_row}) != 1:
             raise RuntimeError(
                 f"step {step}: rows have {sorted({len(r) for r in per_row})} samples"
