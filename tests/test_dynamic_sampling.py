@@ -12,6 +12,7 @@ replacements are the shuffle's 5th and 6th prompts, step 1's the next epoch's.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import pytest
@@ -22,7 +23,7 @@ from eva_core.schema import seed_records
 from tasks.backends.protocols import no_progress
 from tasks.backends.train.online import OnlineSolverConfig
 from tasks.backends.train.online_trainer import splice_groups, train_segment
-from tasks.online_loop import BufferConfig, OnlineLoop
+from tasks.online_loop import BufferConfig, OnlineLoop, pending_batches
 
 PROMPTS = [f"{i}+{i}=" for i in range(8)]
 
@@ -136,3 +137,42 @@ def test_without_it_nothing_is_replaced_or_reported(tmp_path, policy_dir) -> Non
     assert [PROMPTS.index(row["prompt"]) for row in loop.log] == [2, 4, 3, 6]
     assert "dynamic_sampling" not in loop.stats.as_dict()
     assert loop.buffer.resampled == 0 and "resampled" not in loop.buffer.state()
+
+
+def test_a_resumed_segment_replaces_exactly_as_an_uninterrupted_one(tmp_path, policy_dir) -> None:
+    """Two segments of 2 steps draw and replace the prompts one segment of 4 steps does: the
+    replacements' draws are part of the buffer's saved state."""
+    config = OnlineSolverConfig(
+        learning_rate=1e-3, beta=0.0, num_generations=2, prompts_per_step=2,
+        max_completion_length=3, device="cpu", dynamic_sampling=True,
+    )  # fmt: skip
+    flat = {3, 4, 5}
+    whole = OnlineLoop(seed_buffer(), 2, SplitReward(flat), None, dynamic_sampling=True)
+    train_segment(config, policy_dir, whole, 4, str(tmp_path / "whole"), seed=0)
+    whole.close()
+
+    first = OnlineLoop(seed_buffer(), 2, SplitReward(flat), None, dynamic_sampling=True)
+    train_segment(config, policy_dir, first, 2, str(tmp_path / "first"), seed=0)
+    first.close()
+    state = json.loads(json.dumps(first.state()))
+    seeds = seed_records(PROMPTS).to_pylist()
+    second = OnlineLoop(
+        PromptBuffer.from_state(seeds, state["buffer"]), 2, SplitReward(flat), None,
+        pending=pending_batches(state), dynamic_sampling=True,
+    )  # fmt: skip
+    train_segment(config, str(tmp_path / "first"), second, 2, str(tmp_path / "second"), seed=0)
+    second.close()
+
+    def trained(loop: OnlineLoop) -> list[tuple[int, int]]:
+        return [(row["step"], PROMPTS.index(row["prompt"])) for row in loop.log]
+
+    assert trained(first) + trained(second) == trained(whole)
+    assert second.buffer.state() == whole.buffer.state()
+    # Steps 0, 1 as above (batch 2 = [1, 7] drawn before step 1 samples, its replacement 1 the
+    # next epoch's first: 1 3 7 6 0 4 2 5); batch 3 = [3, 7] is drawn before step 2 and batch
+    # 4 = [6, 0] before step 3; step 2 trains [1, 7] as drawn; step 3's 3 ties -> 4 (ties) -> 2.
+    assert trained(whole) == [(0, 2), (0, 0), (1, 1), (1, 6), (2, 1), (2, 7), (3, 2), (3, 7)]
+    counts = [
+        loop.stats.as_dict()["dynamic_sampling"]["dropped_groups"] for loop in (first, second)
+    ]
+    assert counts == [3, 2]
