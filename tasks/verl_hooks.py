@@ -13,7 +13,8 @@ What this relies on, in the verl 0.7.1 wheel:
 * ``verl/trainer/main_ppo.py`` ``create_rl_sampler`` (l. 408-422) builds the sampler as
   ``cls(data_source=dataset, data_config=config.data)`` and asserts
   ``dataloader_num_workers == 0``, so the DataLoader asks the sampler for each batch's indices
-  only when that batch is needed and a reordering after ``update`` takes effect next step.
+  only when that batch is needed (``RayPPOTrainer._create_dataloader``, ray_trainer.py
+  l. 346-353: a StatefulDataLoader over the sampler), so a new order takes effect next step.
 * ``verl/trainer/ppo/ray_trainer.py``: every prompt row of a step gets a fresh ``uid``
   (l. 1303), the batch is repeated ``rollout.n`` times interleaved (l. 1358), the rewards are
   ``batch.batch["token_level_scores"]`` (l. 1452; summed over tokens, as l. 435 does), then

@@ -256,3 +256,52 @@ def test_without_verl_the_hooks_import_and_refuse_to_be_built() -> None:
     with pytest.raises(EvaError, match="verl's curriculum hooks cannot be imported") as err:
         EvaCurriculumSampler([], {})
     assert "eva[verl]" in (err.value.hint or "")
+
+
+def test_verls_dataloader_takes_the_new_order_at_the_next_step(tmp_path) -> None:
+    # As RayPPOTrainer._create_dataloader builds it: StatefulDataLoader, num_workers=0,
+    # drop_last, verl's collate_fn. Batch indices are asked for only when a batch is needed,
+    # so children added after step 1 can fill step 2.
+    torch, OmegaConf, DataProto = _verl()
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from tasks.verl_hooks import EvaCurriculumSampler
+
+    data = _dataset(tmp_path, OmegaConf, with_gen=True)
+    sampler = EvaCurriculumSampler(data, OmegaConf.create({"sampler": {"eva": {"seed": 5}}}))
+    # Every prompt scored once and uninformative: the epoch starts in a uniform order.
+    sampler.update(_batch(DataProto, torch, [0, 1, 2, 3], [1, 1, 0, 0, 1, 1, 0, 0]))
+    loader = StatefulDataLoader(
+        data, batch_size=2, num_workers=0, drop_last=True, collate_fn=collate_fn, sampler=sampler
+    )
+    steps = iter(loader)
+    first = [int(i) for i in next(steps)["index"]]
+    # Step 1's rollouts: its first prompt splits its rewards (gap 1), the second does not.
+    batch = _batch(DataProto, torch, first, [0, 1, 1, 1])
+    sampler.update(batch)
+    data.on_batch_end(batch=batch)
+    second = next(steps)
+    # The parent's two rewrites (priority 1) beat the two seeds left (priority 0).
+    assert sorted(int(i) for i in second["index"]) == [4, 5]
+    assert {e["parent_index"] for e in second["extra_info"]} == {first[0]}
+    with pytest.raises(StopIteration):  # the epoch keeps its length: 4 prompts, 2 steps
+        next(steps)
+
+
+def test_the_recipe_merges_into_verls_data_config_and_builds_eva(tmp_path) -> None:
+    from pathlib import Path
+
+    _, OmegaConf, _ = _verl()
+    main_ppo = pytest.importorskip("verl.trainer.main_ppo")
+    import verl
+    from verl.utils.dataset.rl_dataset import get_dataset_class
+
+    from tasks.verl_hooks import EvaCurriculumSampler, EvaGenDataset
+
+    stock = Path(verl.__file__).parent / "trainer" / "config" / "data" / "legacy_data.yaml"
+    recipe = OmegaConf.load(Path(__file__).parents[1] / "infra" / "verl" / "grpo-eva.yaml")
+    data_cfg = OmegaConf.merge(OmegaConf.load(stock), recipe.data)
+    assert get_dataset_class(data_cfg) is EvaGenDataset
+    data = _dataset(tmp_path, OmegaConf, with_gen=True)
+    assert isinstance(main_ppo.create_rl_sampler(data_cfg, data), EvaCurriculumSampler)
