@@ -114,6 +114,11 @@ class Curriculum:
         self.position: dict[int, int] = {}  # extra_info.index -> dataset position
         self.epoch = 0
         self.version = 0  # bumped by every change that can reorder the rest of an epoch
+        # The epoch in progress: its length, positions drawn, the order drawn for the rest and
+        # the version it was drawn at (all saved, so a resumed epoch goes on exactly as it would).
+        self._total, self._resume, self._seen = 0, False, -1
+        self._drawn: list[int] = []
+        self._pending: list[int] = []
 
     def __len__(self) -> int:
         return len(self.priority)
@@ -152,32 +157,53 @@ class Curriculum:
         return np.where(scored, self.priority, prior if prior > 0 else 1.0)
 
     def iterate(self, sync: Callable[[], None]) -> Iterator[int]:
-        """One epoch of positions; ``sync`` adds rows the dataset gained since the last call."""
+        """One epoch of positions; ``sync`` adds rows the dataset gained since the last call.
+        After ``load`` it continues the saved epoch where it stopped: verl's StatefulDataLoader
+        skips nothing itself for a sampler that has a state of its own."""
         sync()
-        total, drawn, seen = len(self), np.zeros(0, dtype=bool), -1
-        pending: list[int] = []
-        for step in range(total):
+        if not self._resume:
+            self._total, self._drawn, self._pending, self._seen = len(self), [], [], -1
+        self._resume = False
+        drawn = np.zeros(len(self), dtype=bool)
+        drawn[self._drawn] = True
+        for step in range(len(self._drawn), self._total):
             sync()
             if len(drawn) < len(self):
                 drawn = np.concatenate([drawn, np.zeros(len(self) - len(drawn), dtype=bool)])
-            if seen != self.version or not pending:
+            if self._seen != self.version or not self._pending:
                 rest = np.flatnonzero(~drawn)
                 w = self.weights()[rest]
                 order = select_subset(w, len(rest), "weighted", _mix(self.seed, self.epoch, step))
-                pending, seen = [int(rest[i]) for i in order.indices], self.version
-            position = pending.pop(0)
+                self._pending, self._seen = [int(rest[i]) for i in order.indices], self.version
+            position = self._pending.pop(0)
             drawn[position] = True
+            self._drawn.append(position)
             yield position
         self.epoch += 1
+        self._total, self._drawn, self._pending = 0, [], []
 
     def state(self) -> dict[str, Any]:
-        return {"priority": self.priority.tolist(), "epoch": self.epoch}
+        return {
+            "priority": self.priority.tolist(),
+            "epoch": self.epoch,
+            "total": self._total,
+            "drawn": list(self._drawn),
+            "pending": list(self._pending),
+            "stale": self._seen != self.version,  # scores changed since the order was drawn
+        }
 
     def load(self, state: dict[str, Any]) -> None:
+        """Priorities of the rows this dataset has (children a resumed dataset no longer holds
+        are dropped) and the position in the saved epoch."""
         saved = np.asarray(state["priority"], dtype=np.float64)
         self.priority[: len(saved)] = saved[: len(self.priority)]
         self.epoch = int(state["epoch"])
+        drawn = [int(p) for p in state.get("drawn", []) if int(p) < len(self.priority)]
+        self._total = min(int(state.get("total", 0)), len(self.priority))
+        self._drawn, self._resume = drawn, bool(drawn) and len(drawn) < self._total
+        self._pending = [int(p) for p in state.get("pending", []) if int(p) < len(self.priority)]
         self.version += 1
+        self._seen = -1 if state.get("stale", True) else self.version
 
 
 def load_rewriter(path: str) -> Callable[[list[str], int, int], list[list[str]]]:

@@ -85,6 +85,23 @@ def test_an_update_mid_epoch_reorders_the_rest_and_children_join_at_once() -> No
     assert len(drawn) == 4 and drawn[1] == 4 and len(set(drawn)) == 4
 
 
+def test_a_saved_epoch_resumes_exactly_as_it_would_have_gone_on() -> None:
+    def fresh() -> Curriculum:
+        cur = Curriculum("a_min", 2)
+        cur.extend(list(range(6)))
+        return cur
+
+    cur = fresh()
+    whole = list(cur.iterate(lambda: None))
+    cur = fresh()
+    steps = cur.iterate(lambda: None)
+    head = [next(steps), next(steps)]
+    resumed = fresh()
+    resumed.load(cur.state())
+    assert head + list(resumed.iterate(lambda: None)) == whole
+    assert resumed.epoch == 1
+
+
 def test_rows_need_a_unique_extra_info_index() -> None:
     cur = Curriculum("a_min", 0)
     with pytest.raises(EvaError, match="not unique"):
@@ -305,3 +322,42 @@ def test_the_recipe_merges_into_verls_data_config_and_builds_eva(tmp_path) -> No
     assert get_dataset_class(data_cfg) is EvaGenDataset
     data = _dataset(tmp_path, OmegaConf, with_gen=True)
     assert isinstance(main_ppo.create_rl_sampler(data_cfg, data), EvaCurriculumSampler)
+
+
+def test_a_checkpoint_mid_epoch_resumes_with_the_prompts_not_yet_drawn(tmp_path) -> None:
+    # verl saves train_dataloader.state_dict(); torchdata's StatefulDataLoader then skips
+    # nothing for a sampler with a state of its own, so the sampler must remember the epoch.
+    torch, OmegaConf, DataProto = _verl()
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from tasks.verl_hooks import EvaCurriculumSampler
+
+    def loader(sampler: EvaCurriculumSampler) -> StatefulDataLoader:
+        return StatefulDataLoader(
+            data,
+            batch_size=2,
+            num_workers=0,
+            drop_last=True,
+            collate_fn=collate_fn,
+            sampler=sampler,
+        )
+
+    data = _dataset(tmp_path, OmegaConf, with_gen=True)
+    cfg = OmegaConf.create({"sampler": {"eva": {"seed": 5}}})
+    first_sampler = EvaCurriculumSampler(data, cfg)
+    first_sampler.update(_batch(DataProto, torch, [0, 1, 2, 3], [1, 1, 0, 0, 1, 1, 0, 1]))
+    run = loader(first_sampler)
+    steps = iter(run)
+    step1 = [int(i) for i in next(steps)["index"]]
+    assert step1[0] == 3  # prompt 3's gap: drawn first
+    saved = run.state_dict()
+    step2 = [int(i) for i in next(steps)["index"]]
+
+    resumed_sampler = EvaCurriculumSampler(data, cfg)
+    resumed = loader(resumed_sampler)
+    resumed.load_state_dict(saved)
+    again = list(resumed)
+    assert [int(i) for i in again[0]["index"]] == step2 and len(again) == 1
+    np.testing.assert_array_equal(resumed_sampler.curriculum.priority, [0, 0, 0, 1])
+    assert len(list(resumed)) == 2  # the next epoch is whole again
