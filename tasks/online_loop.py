@@ -237,7 +237,7 @@ class OnlineLoop:
             raise RuntimeError(f"rows {missing[:3]} are not scored rows of batch {step}")
         drawn = self.buffer.refill(len(rows))
         counts = self.stats.dynamic_sampling
-        counts["rounds"] += 1
+        counts["rounds"] += bool(drawn.records)  # rounds that sampled replacements
         counts["replacement_prompts"] += len(drawn.records)
         swaps = []
         for j, (row, record) in enumerate(zip(rows, drawn.records, strict=False)):

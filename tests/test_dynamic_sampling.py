@@ -176,3 +176,25 @@ def test_a_resumed_segment_replaces_exactly_as_an_uninterrupted_one(tmp_path, po
         loop.stats.as_dict()["dynamic_sampling"]["dropped_groups"] for loop in (first, second)
     ]
     assert counts == [3, 2]
+
+
+def test_a_spent_buffer_replaces_nothing_and_the_step_stays_short() -> None:
+    """Evolution on, D of 2 drawn whole by the first batch and B still empty: the tied group has
+    no replacement (never a seed prompt again at random), so it stays in the step, short."""
+    seeds = seed_records(PROMPTS[:2]).to_pylist()
+    loop = OnlineLoop(
+        BufferConfig(size=4).buffer(seeds, seed=0), 2, SplitReward({0}), None,
+        dynamic_sampling=True,
+    )  # fmt: skip
+    stream = loop.prompts()
+    batch = [next(stream), next(stream)]
+    rows = [p["row"] for p in batch for _ in range(2)]
+    loop.score(rows, [p["prompt"] for p in batch for _ in range(2)], ["a"] * 4)
+    tied = loop.tied([p["row"] for p in batch])
+    assert [PROMPTS.index(p["prompt"]) for p in batch if p["row"] in tied] == [0]
+    assert loop.resample(tied) == []
+    loop.step_end()
+    assert loop.stats.as_dict()["dynamic_sampling"] == dict(
+        dropped_groups=0, replacement_prompts=0, extra_responses=0, rounds=0, short_steps=1
+    )
+    assert loop.buffer.consumed == 2 and loop.buffer.resampled == 0
