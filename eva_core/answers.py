@@ -1,0 +1,157 @@
+"""Answers for evolved prompts whose reference answer nobody knows (issue 22).
+
+A verifiable reward needs a reference answer per prompt. The built-in world's evolver knows
+every answer; an LLM rewriter does not, so an evolved child has to get its answer from
+somewhere. Two sources are here, both pure:
+
+* **Majority vote** over the policy's N samples (as SQLM, R-Zero and TTRL label their
+  self-generated problems): the most frequent normalized answer, kept only when its share of
+  the N samples reaches a threshold. The share counts every sample, empty ones too, so a
+  prompt the policy mostly fails to answer cannot reach a high agreement on the few answers it
+  gave. A tie for the top answer labels nothing: picking one of two equally supported answers
+  would be a coin flip dressed as a label.
+* **The rewriter's reference answer**, accepted when a verifier agrees with it; where no
+  verifier can judge the prompt it is recorded as unchecked, and the caller decides whether
+  unchecked answers count.
+
+Children whose answer is too uncertain are dropped and counted (``AnswerStats``), as
+``eva_core.pairs`` counts the prompts it skips.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+# Statuses of a rewriter-given answer.
+VERIFIED = "verified"  # the verifier agrees
+REJECTED = "rejected"  # the verifier disagrees: the answer is dropped
+UNCHECKED = "unchecked"  # no verifier could judge it: kept only if the caller accepts that
+MISSING = "missing"  # the rewriter gave no answer
+STATUSES = (VERIFIED, REJECTED, UNCHECKED, MISSING)
+
+
+def normalize_answer(text: str) -> str:
+    """Whitespace runs collapsed to one space, ends stripped, lower case."""
+    return " ".join(text.split()).lower()
+
+
+def majority_answer(
+    responses: Sequence[str], normalize: Callable[[str], str] = normalize_answer
+) -> tuple[str | None, float]:
+    """The most frequent normalized answer and its share of all ``len(responses)`` samples.
+
+    Empty answers (after normalizing) never win but count in the share. The answer is None
+    when there is no non-empty answer or when two answers tie for the top; the share is then
+    the top count's share all the same (0.0 with no answer at all).
+    """
+    if not responses:
+        return None, 0.0
+    counts = Counter(a for a in (normalize(r) for r in responses) if a)
+    if not counts:
+        return None, 0.0
+    (top, n), *rest = counts.most_common()
+    share = n / len(responses)
+    if rest and rest[0][1] == n:
+        return None, share
+    return top, share
+
+
+@dataclass(frozen=True)
+class AnswerStats:
+    children: int
+    kept: int
+    dropped_uncertain: int  # a unique top answer, below the threshold
+    dropped_tied: int  # two answers tie for the top
+    dropped_unanswered: int  # no non-empty sample at all
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class MajorityVote:
+    answers: list[str | None]  # the majority answer per prompt (None: no unique top answer)
+    agreement: np.ndarray  # its share of the prompt's samples, float64
+    keep: np.ndarray  # bool: a unique answer with agreement >= threshold
+    stats: AnswerStats
+
+
+def majority_answers(
+    responses: Sequence[Sequence[str]],
+    threshold: float,
+    normalize: Callable[[str], str] = normalize_answer,
+) -> MajorityVote:
+    """Majority answers for a batch (N responses per prompt) and which reach ``threshold``.
+
+    A prompt is kept when it has a unique top answer whose share is at least ``threshold``
+    (the boundary is kept: 4 of 6 reaches 4/6).
+    """
+    if not 0.0 < threshold <= 1.0:
+        raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+    votes = [majority_answer(rs, normalize) for rs in responses]
+    answers = [a for a, _ in votes]
+    agreement = np.array([s for _, s in votes], dtype=np.float64)
+    has = np.array([a is not None for a in answers], dtype=bool)
+    # A share computed as k/N can fall a hair below a threshold written as the same fraction.
+    reaches = agreement >= threshold - 1e-9
+    keep = has & reaches
+    unanswered = agreement == 0.0
+    stats = AnswerStats(
+        children=len(answers),
+        kept=int(keep.sum()),
+        dropped_uncertain=int((has & ~reaches).sum()),
+        dropped_tied=int((~has & ~unanswered).sum()),
+        dropped_unanswered=int(unanswered.sum()),
+    )
+    return MajorityVote(answers, agreement, keep, stats)
+
+
+def reference_answer(
+    prompt: str,
+    answer: str | None,
+    verify: Callable[[str, str], bool | None] | None = None,
+    normalize: Callable[[str], str] = normalize_answer,
+) -> tuple[str | None, str]:
+    """A rewriter-given answer and its status; None unless verified or unchecked.
+
+    ``verify(prompt, answer)`` returns True (agrees), False (disagrees) or None (cannot judge
+    this prompt). No verifier at all leaves every given answer unchecked.
+    """
+    if answer is None or not normalize(answer):
+        return None, MISSING
+    verdict = verify(prompt, answer) if verify is not None else None
+    if verdict is None:
+        return answer, UNCHECKED
+    return (answer, VERIFIED) if verdict else (None, REJECTED)
+
+
+def reference_answers(
+    prompts: Sequence[str],
+    answers: Sequence[str | None],
+    verify: Callable[[str, str], bool | None] | None = None,
+    accept_unchecked: bool = False,
+    normalize: Callable[[str], str] = normalize_answer,
+) -> tuple[list[str | None], list[str], np.ndarray]:
+    """Per prompt: the answer (None when rejected or missing), its status, and a keep mask.
+
+    Verified answers are kept; unchecked ones only with ``accept_unchecked``.
+    """
+    if len(prompts) != len(answers):
+        raise ValueError(f"{len(prompts)} prompts but {len(answers)} answers")
+    checked = [
+        reference_answer(p, a, verify, normalize) for p, a in zip(prompts, answers, strict=True)
+    ]
+    statuses = [s for _, s in checked]
+    ok = {VERIFIED, UNCHECKED} if accept_unchecked else {VERIFIED}
+    keep = np.array([s in ok for s in statuses], dtype=bool)
+    return [a for a, _ in checked], statuses, keep
+
+
+def status_counts(statuses: Sequence[str]) -> dict[str, int]:
+    """How many answers have each status (every status named, zeros included)."""
+    counts = Counter(statuses)
+    return {s: counts.get(s, 0) for s in STATUSES}

@@ -1,0 +1,115 @@
+"""Answer sources for evolved prompts (eva_core.answers): majority vote and rewriter answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from eva_core.answers import (
+    MISSING,
+    REJECTED,
+    UNCHECKED,
+    VERIFIED,
+    majority_answer,
+    majority_answers,
+    normalize_answer,
+    reference_answer,
+    reference_answers,
+    status_counts,
+)
+
+
+def test_normalize_collapses_whitespace_and_case() -> None:
+    assert normalize_answer("  Forty\t Two \n") == "forty two"
+    assert normalize_answer(" \n ") == ""
+
+
+def test_majority_counts_every_sample_in_the_share() -> None:
+    # "42" 3 times, "24" twice, one empty: 3 of 6.
+    assert majority_answer(["42", "24", "42", "", "42", "24"]) == ("42", 0.5)
+    # Normalization merges " Yes", "yes " and "YES": 3 of 4.
+    assert majority_answer([" Yes", "no", "yes ", "YES"]) == ("yes", 0.75)
+    assert majority_answer(["a b", "A  b", "a\tB"]) == ("a b", 1.0)
+
+
+def test_majority_tie_empty_and_no_samples() -> None:
+    # Two answers tie at 2 of 5: no label, but the share is reported.
+    assert majority_answer(["x", "y", "x", "y", "z"]) == (None, 0.4)
+    # Empty answers never win even when they are the most common.
+    assert majority_answer(["", " ", "7"]) == ("7", pytest.approx(1 / 3))
+    assert majority_answer(["", "  "]) == (None, 0.0)
+    assert majority_answer([]) == (None, 0.0)
+
+
+def test_majority_custom_normalize() -> None:
+    # A normalizer that drops a trailing period makes "3." and "3" one answer.
+    assert majority_answer(["3.", "3", "4"], normalize=lambda s: s.strip().rstrip(".")) == (
+        "3",
+        pytest.approx(2 / 3),
+    )
+
+
+def test_batch_threshold_boundary_and_counts() -> None:
+    responses = [
+        ["a", "a", "a", "a", "b", "c"],  # 4/6
+        ["a", "a", "a", "b", "b", "c"],  # 3/6 = 0.5
+        ["a", "a", "b", "b", "c", "c"],  # three-way tie at 2/6
+        ["", "", "", "", "", ""],  # nothing answered
+        ["q"] * 6,  # 6/6
+    ]
+    vote = majority_answers(responses, threshold=4 / 6)
+    assert vote.answers == ["a", "a", None, None, "q"]
+    np.testing.assert_allclose(vote.agreement, [4 / 6, 0.5, 2 / 6, 0.0, 1.0])
+    assert vote.keep.tolist() == [True, False, False, False, True]
+    assert vote.stats.as_dict() == {
+        "children": 5,
+        "kept": 2,
+        "dropped_uncertain": 1,
+        "dropped_tied": 1,
+        "dropped_unanswered": 1,
+    }
+    # 0.67 written as a decimal is above 4/6 = 0.6667: the first prompt is now uncertain.
+    assert majority_answers(responses, threshold=0.67).keep.tolist() == [
+        False, False, False, False, True,
+    ]  # fmt: skip
+    # At 0.5 the boundary share 3/6 is kept.
+    assert majority_answers(responses, threshold=0.5).keep.tolist() == [
+        True, True, False, False, True,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("threshold", [0.0, -0.1, 1.01])
+def test_batch_rejects_threshold_outside_unit_interval(threshold: float) -> None:
+    with pytest.raises(ValueError, match="threshold"):
+        majority_answers([["a"]], threshold=threshold)
+
+
+def _sum_verifier(prompt: str, answer: str) -> bool | None:
+    """Judges "a+b=" prompts only; anything else it cannot judge."""
+    if "+" not in prompt:
+        return None
+    a, b = prompt.rstrip("=").split("+")
+    return answer.strip() == str(int(a) + int(b))
+
+
+def test_reference_answer_statuses() -> None:
+    assert reference_answer("2+3=", " 5", _sum_verifier) == (" 5", VERIFIED)
+    assert reference_answer("2+3=", "6", _sum_verifier) == (None, REJECTED)
+    assert reference_answer("write a poem", "roses", _sum_verifier) == ("roses", UNCHECKED)
+    assert reference_answer("2+3=", "5") == ("5", UNCHECKED)  # no verifier at all
+    assert reference_answer("2+3=", None, _sum_verifier) == (None, MISSING)
+    assert reference_answer("2+3=", "  ", _sum_verifier) == (None, MISSING)
+
+
+def test_reference_answers_batch_keeps_unchecked_only_when_asked() -> None:
+    prompts = ["2+3=", "4+4=", "a poem", "1+1="]
+    given = ["5", "9", "roses", None]
+    answers, statuses, keep = reference_answers(prompts, given, _sum_verifier)
+    assert answers == ["5", None, "roses", None]
+    assert statuses == [VERIFIED, REJECTED, UNCHECKED, MISSING]
+    assert keep.tolist() == [True, False, False, False]
+    _, _, keep = reference_answers(prompts, given, _sum_verifier, accept_unchecked=True)
+    assert keep.tolist() == [True, False, True, False]
+    assert status_counts(statuses) == {VERIFIED: 1, REJECTED: 1, UNCHECKED: 1, MISSING: 1}
+    with pytest.raises(ValueError, match="2 prompts but 1 answers"):
+        reference_answers(["a", "b"], ["x"])
