@@ -13,6 +13,11 @@ somewhere. Two sources are here, both pure:
 * **The rewriter's reference answer**, accepted when a verifier agrees with it; where no
   verifier can judge the prompt it is recorded as unchecked, and the caller decides whether
   unchecked answers count.
+* **The parent's answer**, for a rewrite that was asked to keep it (SvS's variational
+  problems): the child inherits it, and the policy's samples say whether that is plausible. A
+  child none of whose samples reach the inherited answer may have changed it (or be too hard),
+  one all of whose samples do teaches nothing; ``inherited_answers`` keeps the children whose
+  share of matching samples lies in a band.
 
 Children whose answer is too uncertain are dropped and counted (``AnswerStats``), as
 ``eva_core.pairs`` counts the prompts it skips.
@@ -149,6 +154,58 @@ def reference_answers(
     ok = {VERIFIED, UNCHECKED} if accept_unchecked else {VERIFIED}
     keep = np.array([s in ok for s in statuses], dtype=bool)
     return [a for a, _ in checked], statuses, keep
+
+
+@dataclass(frozen=True)
+class InheritStats:
+    children: int
+    kept: int
+    dropped_no_parent_answer: int
+    dropped_below: int  # fewer samples match the inherited answer than ``low`` asks
+    dropped_above: int  # more than ``high``: solved too reliably to teach anything
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def inherited_answers(
+    parent_answers: Sequence[str | None],
+    responses: Sequence[Sequence[str]],
+    low: float,
+    high: float = 1.0,
+    normalize: Callable[[str], str] = normalize_answer,
+) -> tuple[np.ndarray, np.ndarray, InheritStats]:
+    """Per child of an answer-preserving rewrite: the share of its samples that give the
+    parent's answer, and a keep mask for ``low <= share <= high`` (both ends kept).
+
+    A share counts every sample, empty ones too; a child whose parent has no answer gets share
+    0 and is dropped on its own count.
+    """
+    if not 0.0 <= low <= high <= 1.0:
+        raise ValueError(f"need 0 <= low <= high <= 1, got low={low}, high={high}")
+    if len(parent_answers) != len(responses):
+        raise ValueError(f"{len(parent_answers)} answers but {len(responses)} response lists")
+    target = [normalize(a) if a is not None else "" for a in parent_answers]
+    share = np.array(
+        [
+            sum(normalize(r) == t for r in rs) / len(rs) if t and rs else 0.0
+            for t, rs in zip(target, responses, strict=True)
+        ],
+        dtype=np.float64,
+    )
+    has = np.array([bool(t) for t in target], dtype=bool)
+    # k/N shares against thresholds written as the same fraction: see majority_answers.
+    below = share < low - 1e-9
+    above = share > high + 1e-9
+    keep = has & ~below & ~above
+    stats = InheritStats(
+        children=len(target),
+        kept=int(keep.sum()),
+        dropped_no_parent_answer=int((~has).sum()),
+        dropped_below=int((has & below).sum()),
+        dropped_above=int((has & above).sum()),
+    )
+    return share, keep, stats
 
 
 def status_counts(statuses: Sequence[str]) -> dict[str, int]:

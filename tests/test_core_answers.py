@@ -10,6 +10,7 @@ from eva_core.answers import (
     REJECTED,
     UNCHECKED,
     VERIFIED,
+    inherited_answers,
     majority_answer,
     majority_answers,
     normalize_answer,
@@ -113,3 +114,32 @@ def test_reference_answers_batch_keeps_unchecked_only_when_asked() -> None:
     assert status_counts(statuses) == {VERIFIED: 1, REJECTED: 1, UNCHECKED: 1, MISSING: 1}
     with pytest.raises(ValueError, match="2 prompts but 1 answers"):
         reference_answers(["a", "b"], ["x"])
+
+
+def test_inherited_answers_band_and_counts() -> None:
+    parents = ["42", "7", None, "x", "5"]
+    responses = [
+        ["42", " 42", "41", "", "40", "42"],  # 3/6 match (whitespace normalized)
+        ["7"] * 6,  # 6/6: too easy for high = 5/6
+        ["1", "2"],  # parent has no answer
+        ["y", "z", "y"],  # 0/3: the rewrite may have changed the answer
+        ["5", "6", "6", "6", "6", "6"],  # 1/6: the boundary of low = 1/6 is kept
+    ]
+    share, keep, stats = inherited_answers(parents, responses, low=1 / 6, high=5 / 6)
+    np.testing.assert_allclose(share, [0.5, 1.0, 0.0, 0.0, 1 / 6])
+    assert keep.tolist() == [True, False, False, False, True]
+    assert stats.as_dict() == {
+        "children": 5,
+        "kept": 2,
+        "dropped_no_parent_answer": 1,
+        "dropped_below": 1,
+        "dropped_above": 1,
+    }
+    # high = 1.0 keeps the always-solved child.
+    assert inherited_answers(parents, responses, low=1 / 6)[1].tolist() == [
+        True, True, False, False, True,
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="low <= high"):
+        inherited_answers(parents, responses, low=0.9, high=0.5)
+    with pytest.raises(ValueError, match="1 answers but 2 response lists"):
+        inherited_answers(["a"], [["a"], ["b"]], low=0.0)
