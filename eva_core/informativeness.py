@@ -65,14 +65,14 @@ def informativeness(rewards: np.ndarray, metric: str) -> np.ndarray:
     if metric == "uniform":
         return np.ones(n_prompts)
     finite = np.isfinite(r)
-    n_valid = finite.sum(axis=1)
-    scored = n_valid > 0
     all_finite = bool(finite.all())
-    top = r.max(axis=1) if all_finite else np.where(finite, r, -np.inf).max(axis=1)
+    n_valid = np.full(n_prompts, r.shape[1]) if all_finite else finite.sum(axis=1)
+    scored = n_valid > 0
+    top = _row_extreme(r if all_finite else np.where(finite, r, -np.inf), np.maximum)
 
     with np.errstate(invalid="ignore", divide="ignore"):
         if metric in ("a_min", "inv_a_min"):
-            low = r.min(axis=1) if all_finite else np.where(finite, r, np.inf).min(axis=1)
+            low = _row_extreme(r if all_finite else np.where(finite, r, np.inf), np.minimum)
             value = top - low
             if metric == "inv_a_min":
                 value = 1.0 / (value + INVERSE_EPS)
@@ -97,6 +97,19 @@ def informativeness(rewards: np.ndarray, metric: str) -> np.ndarray:
                 if metric == "inv_avg":
                     value = 1.0 / (value + INVERSE_EPS)
     return np.where(scored, value, np.nan)
+
+
+def _row_extreme(r: np.ndarray, pick: np.ufunc) -> np.ndarray:
+    """Row-wise max (``np.maximum``) or min of a (prompts, N) matrix, one column at a time:
+    N is small (the paper's 6), and a reduction along a short axis is about 4x slower than N
+    passes over contiguous columns (the creator's CPU path at 1M prompts, bench.creator_cpu).
+    Exactly the values ``r.max(axis=1)`` / ``r.min(axis=1)`` give, NaN included."""
+    if r.shape[1] == 0:
+        return pick.reduce(r, axis=1)  # raises as max/min of an empty row does
+    out = r[:, 0].copy()
+    for j in range(1, r.shape[1]):
+        pick(out, r[:, j], out=out)
+    return out
 
 
 def _row_mean(
