@@ -214,9 +214,9 @@ def validate_config(data: dict[str, Any], model: type[BaseModel] = RunConfig) ->
         head = "" if msg.startswith(f"{field}:") else f"{field}: "
         hint = None
         if err["type"] == "extra_forbidden":
-            from flows.explain import close_match
+            from flows.explain import close_field
 
-            near = close_match(model, data, field)
+            near = close_field(model, data, field)
             msg = "not a field of this section"
             hint = f"did you mean {near}?" if near else "eva config --explain lists the fields"
         raise ConfigError(f"{head}{msg}{got}{more}", hint=hint) from None

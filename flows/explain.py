@@ -9,7 +9,7 @@ import difflib
 import inspect
 import json
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from pydantic import BaseModel
@@ -26,8 +26,7 @@ def explain(config: BaseModel, prefix: str = "") -> Iterator[str]:
             yield f"{key}:{about}"
             yield from explain(value, key + ".")
             continue
-        shown = json.dumps(value.model_dump(mode="json") if isinstance(value, BaseModel) else value,
-                           default=str)  # fmt: skip
+        shown = json.dumps(value, default=str)
         if len(shown) > 70:
             shown = shown[:67] + "..."
         about = f"  # {info.description}" if info.description else ""
@@ -68,8 +67,14 @@ def fields_at(model: type[BaseModel], data: Any, path: list[str]) -> list[str]:
     return list(current.model_fields) if current is not None else []
 
 
-def close_match(model: type[BaseModel], data: Any, key: str) -> str | None:
+def close_match(word: str, choices: Iterable[str]) -> str | None:
+    """The choice a typo most likely meant ("evolv" -> "evolve"), if one is close."""
+    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def close_field(model: type[BaseModel], data: Any, key: str) -> str | None:
     """The field a mistyped dotted ``key`` most likely meant (its full dotted name), if any."""
     *parent, word = key.split(".")
-    found = difflib.get_close_matches(word, fields_at(model, data, parent), n=1, cutoff=0.6)
-    return ".".join([*parent, found[0]]) if found else None
+    near = close_match(word, fields_at(model, data, parent))
+    return ".".join([*parent, near]) if near else None

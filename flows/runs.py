@@ -7,14 +7,13 @@ elsewhere is shown and rerun where it now is, never where it was first launched)
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
-from collections.abc import Iterable
 from typing import Any
 
 from eva_runtime.errors import ConfigError, first_line
 from flows.config import RUN_NAME, OnlineRunConfig, RunConfig, validate_config
+from flows.explain import close_match
 from tasks.store import RunStore
 
 
@@ -95,9 +94,3 @@ def runs_under(store: RunStore) -> list[str]:
     except Exception:  # an unreachable root: no suggestions, the caller's error says why
         return []
     return sorted(p.rsplit("/", 2)[-2] for p in found)
-
-
-def close_match(word: str, choices: Iterable[str]) -> str | None:
-    """The choice a typo most likely meant ("evolv" -> "evolve"), if one is close."""
-    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return found[0] if found else None
