@@ -212,3 +212,47 @@ def status_counts(statuses: Sequence[str]) -> dict[str, int]:
     """How many answers have each status (every status named, zeros included)."""
     counts = Counter(statuses)
     return {s: counts.get(s, 0) for s in STATUSES}
+
+
+@dataclass(frozen=True)
+class AnswerRewards:
+    rewards: list[list[float]]  # per prompt, one per response; NaN where no answer was used
+    labels: list[str | None]  # the answer each prompt was scored against (None: none)
+    sources: list[str]  # "known", "majority" or "dropped", per prompt
+    stats: AnswerStats  # the majority vote's counts, over the prompts with no known answer
+
+    def counts(self) -> dict[str, int]:
+        """Prompts scored against a known answer, a majority label, or dropped."""
+        c = Counter(self.sources)
+        return {s: c.get(s, 0) for s in ("known", "majority", "dropped")}
+
+
+def answer_rewards(
+    responses: Sequence[Sequence[str]],
+    answers: Sequence[str | None],
+    verify: Callable[[str, str], float],
+    threshold: float,
+    normalize: Callable[[str], str] = normalize_answer,
+) -> AnswerRewards:
+    """Verifiable rewards where some prompts have no reference answer (TTRL's labelling).
+
+    A prompt with a known answer is scored against it, ``verify(response, answer)``. One
+    without is labelled by the majority vote of its own N responses when the vote reaches
+    ``threshold`` (``majority_answers``), and scored against that label; below it, every
+    response gets NaN, which the stages count as unscored (no pair, no informativeness) rather
+    than a reward made up from noise.
+    """
+    if len(responses) != len(answers):
+        raise ValueError(f"{len(answers)} answers for {len(responses)} prompts")
+    unknown = [i for i, a in enumerate(answers) if a is None]
+    vote = majority_answers([responses[i] for i in unknown], threshold, normalize)
+    labels: list[str | None] = list(answers)
+    sources = ["known"] * len(answers)
+    for j, i in enumerate(unknown):
+        labels[i] = vote.answers[j] if vote.keep[j] else None
+        sources[i] = "majority" if vote.keep[j] else "dropped"
+    rewards = [
+        [verify(r, label) for r in rs] if label is not None else [float("nan")] * len(rs)
+        for rs, label in zip(responses, labels, strict=True)
+    ]
+    return AnswerRewards(rewards, labels, sources, vote.stats)

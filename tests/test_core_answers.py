@@ -10,6 +10,7 @@ from eva_core.answers import (
     REJECTED,
     UNCHECKED,
     VERIFIED,
+    answer_rewards,
     inherited_answers,
     majority_answer,
     majority_answers,
@@ -143,3 +144,28 @@ def test_inherited_answers_band_and_counts() -> None:
         inherited_answers(parents, responses, low=0.9, high=0.5)
     with pytest.raises(ValueError, match="1 answers but 2 response lists"):
         inherited_answers(["a"], [["a"], ["b"]], low=0.0)
+
+
+def test_answer_rewards_known_majority_and_dropped() -> None:
+    def exact(response: str, answer: str) -> float:
+        return float(response.strip() == answer)
+
+    responses = [
+        ["7", "8", "7"],  # known answer 8: scored against it, not against the majority 7
+        ["5", "5", "6"],  # unknown: majority 5 at 2/3 reaches 0.6
+        ["1", "2", "3"],  # unknown: three-way tie, dropped
+        ["4", "9", ""],  # unknown: tie between 4 and 9 at 1/3, dropped
+    ]
+    out = answer_rewards(responses, ["8", None, None, None], exact, threshold=0.6)
+    assert out.rewards[0] == [0.0, 1.0, 0.0]
+    assert out.rewards[1] == [1.0, 1.0, 0.0]
+    assert all(np.isnan(out.rewards[2])) and all(np.isnan(out.rewards[3]))
+    assert out.labels == ["8", "5", None, None]
+    assert out.sources == ["known", "majority", "dropped", "dropped"]
+    assert out.counts() == {"known": 1, "majority": 1, "dropped": 2}
+    assert (out.stats.children, out.stats.kept, out.stats.dropped_tied) == (3, 1, 2)
+    # A stricter threshold drops the 2/3 majority too.
+    strict = answer_rewards(responses, ["8", None, None, None], exact, threshold=0.7)
+    assert strict.sources[1] == "dropped" and all(np.isnan(strict.rewards[1]))
+    with pytest.raises(ValueError, match="2 answers for 4 prompts"):
+        answer_rewards(responses, ["8", None], exact, threshold=0.6)
