@@ -55,6 +55,14 @@ class WorldVerifier:
         return out
 
 
+def match(response: str, answer: str) -> float:
+    """The world's verifier against a given answer rather than the world's own: position-wise
+    match in [0, 1] (``world.reward`` is this with ``world.solve(prompt)``). It is what a
+    ``verifiable`` reward (``tasks.backends.reward.verifiable``) names to score the world's
+    responses against known or majority-voted answers without the world's solver."""
+    return world.match(response, answer)
+
+
 class WorldRewriter:
     """Rewrites prompts with the world's in-depth and in-breadth operators (``methods``: a
     subset of ``world.ALL_METHODS``; by default ``world.EVOLVE_METHODS``, every operator but

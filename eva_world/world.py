@@ -189,9 +189,13 @@ def constraint_count(prompt: str) -> int:
 def reward(prompt: str, response: str) -> float:
     """Position-wise match with the reference, over the longer length; NaN if unscorable."""
     p = parse(prompt)
-    if p is None:
-        return float("nan")
-    answer, got = _answer(p), response.strip()
+    return float("nan") if p is None else match(response, _answer(p))
+
+
+def match(response: str, answer: str) -> float:
+    """Position-wise match of a stripped response with a given answer, over the longer of the
+    two lengths (an empty response: 0.0)."""
+    got = response.strip()
     if not got:
         return 0.0
     return sum(a == b for a, b in zip(got, answer, strict=False)) / max(len(got), len(answer))

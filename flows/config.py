@@ -184,9 +184,9 @@ class OnlineRunConfig(BaseModel):
 
 
 def _scored_by(evaluate: EvaluateConfig, reward: Any) -> EvaluateConfig:
-    """``evaluate`` with ``reward`` filled in where it names none (a pairwise reward cannot
-    score one answer alone: ``flows.inputs`` refuses that run before it starts)."""
-    if evaluate.reward is not None or reward is None or reward.kind == "pairwise":
+    """``evaluate`` with ``reward`` filled in where it names none (a pairwise or verifiable
+    reward cannot score one answer alone: ``flows.inputs`` refuses that run before it starts)."""
+    if evaluate.reward is not None or reward is None or reward.kind in ("pairwise", "verifiable"):
         return evaluate
     return evaluate.model_copy(update={"reward": reward})
 

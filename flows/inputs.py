@@ -108,7 +108,7 @@ def _check_required(config: RunConfig | OnlineRunConfig) -> None:
         )
     if config.evaluation.reward is None:
         raise ConfigError(
-            f"{reward_field} is pairwise and cannot score one answer alone",
+            f"{reward_field} is {reward.kind} and cannot score one answer alone",
             field="evaluate.reward",
             hint="set a pointwise reward for evaluation",
         )

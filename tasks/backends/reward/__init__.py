@@ -15,6 +15,9 @@ callable             any Python function ``package.module:function``
 pairwise             an LLM judge's pairwise preferences -> mean win probability
 python               an object of yours, ``factory(**options)`` (the built-in world's
                      verifier: ``eva_world.components:WorldVerifier``)
+verifiable           a verifier ``f(response, answer)`` against known answers from a file,
+                     and a majority vote of the N responses where none is known (needs
+                     the N together: not pointwise)
 ==================== ================================================================
 """
 
@@ -28,6 +31,7 @@ from tasks.backends.python import PythonComponent
 from tasks.backends.reward.function import CallableReward
 from tasks.backends.reward.pairwise import PairwiseReward
 from tasks.backends.reward.sequence_classifier import SequenceClassifierReward
+from tasks.backends.reward.verifiable import VerifiableReward
 from tasks.backends.reward.vllm_pooling import VLLMPoolingReward
 
 # Scores one response on its own: what a stage with a single response per prompt can use.
@@ -41,7 +45,8 @@ RewardBackend: TypeAlias = Annotated[
     | VLLMPoolingReward
     | CallableReward
     | PythonComponent
-    | PairwiseReward,
+    | PairwiseReward
+    | VerifiableReward,
     Field(discriminator="kind"),
 ]
 
@@ -53,4 +58,5 @@ __all__ = [
     "RewardBackend",
     "SequenceClassifierReward",
     "VLLMPoolingReward",
+    "VerifiableReward",
 ]

@@ -1,0 +1,235 @@
+"""A verifiable reward for prompts whose reference answer is known for some and not for others.
+
+A math or puzzle set usually comes with answers for its seed prompts; the children an LLM
+rewriter evolves from them come with none. ``verifiable`` scores a response with a verifier
+``function(response, answer) -> float`` against
+
+* the prompt's **known answer**, from a file (``answers``: JSONL, JSON, CSV or parquet with a
+  prompt and an answer column), matched by ``eva_core.schema.prompt_id``, so spacing and case
+  of the prompt do not matter;
+* for a prompt without one, with ``unknown: majority``, the **majority answer** of its own N
+  responses, when that answer's share of the N reaches ``agreement`` (test-time RL's and
+  self-questioning LMs' labelling: TTRL, Zuo et al. 2025; SQLM, Chen et al. 2025; R-Zero);
+  below it, or with ``unknown: drop``, every response of the prompt is NaN: unscored, counted
+  by the stage (``annotate.max_unscored_share``) and left out of pairs and informativeness.
+
+It needs a prompt's N responses together, so it is not a pointwise reward: evaluation (one
+greedy answer per prompt) needs a reward of its own (``evaluate.reward``).
+
+Verifier failures: one that raises on a response gives that response NaN and is counted
+(``verifier_failures``); one that raises on every response fails the call, one line naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from eva_core.answers import answer_rewards
+from eva_core.schema import prompt_id
+from eva_runtime.errors import EvaError, first_line
+from tasks.backends.protocols import Progress, no_progress
+from tasks.backends.reward.function import resolve_function
+from tasks.prompt_files import _read_table
+from tasks.store import hash_file
+
+log = logging.getLogger(__name__)
+
+FIELD = "annotate.reward"
+FORMATS = (".jsonl", ".json", ".csv", ".parquet")
+
+
+class AnswersError(EvaError, ValueError):
+    """An answers file that cannot be read as asked (file, format, columns, conflicts)."""
+
+
+def read_answers(
+    path: str, prompt_column: str = "prompt", answer_column: str = "answer"
+) -> dict[str, str]:
+    """Known answers by ``prompt_id``. Rows with an empty answer are skipped (those prompts
+    count as unknown); two different answers for one prompt are refused."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in FORMATS:
+        raise AnswersError(
+            f"answers: {path!r} is not one of {', '.join(FORMATS)}",
+            field=f"{FIELD}.answers",
+            hint="a file with a prompt and an answer column",
+        )
+    try:
+        table = _read_table(path, ext, {})
+    except Exception as exc:  # missing, unreadable, malformed: one line, whichever
+        raise AnswersError(
+            f"answers: cannot read {path!r}: {first_line(exc)}",
+            field=f"{FIELD}.answers",
+            hint="a local JSONL, JSON, CSV or parquet file",
+        ) from None
+    for name, column in (("prompt_column", prompt_column), ("answer_column", answer_column)):
+        if column not in table.column_names:
+            raise AnswersError(
+                f"answers: {path!r} has no column {column!r} (it has {table.column_names})",
+                field=f"{FIELD}.{name}",
+                hint=f"set {name} to the column that holds it",
+            )
+    out: dict[str, str] = {}
+    prompts = table.column(prompt_column).to_pylist()
+    answers = table.column(answer_column).to_pylist()
+    for row, (prompt, answer) in enumerate(zip(prompts, answers, strict=True)):
+        text = "" if answer is None else str(answer).strip()
+        if not text or not isinstance(prompt, str):
+            continue
+        key = prompt_id(prompt)
+        if out.get(key, text) != text:
+            raise AnswersError(
+                f"answers: row {row} gives {text!r} for a prompt already answered "
+                f"{out[key]!r}: {prompt[:60]!r}",
+                field=f"{FIELD}.answers",
+                hint="one answer per prompt (prompts match ignoring spacing and case)",
+            )
+        out[key] = text
+    return out
+
+
+class VerifiableReward(BaseModel):
+    """Score responses against known answers, and unknown ones against a majority vote."""
+
+    version: ClassVar[int] = 1  # bump when a change can change what it computes
+    libraries: ClassVar[tuple[str, ...]] = ("pyarrow",)
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["verifiable"] = "verifiable"
+    function: str = Field(
+        description='The verifier, import path "package.module:function", called as '
+        "f(response, answer) -> float (1 correct, 0 wrong, or anything between; None: NaN)."
+    )
+    answers: str | None = Field(
+        default=None,
+        description="Known reference answers: a local JSONL/JSON/CSV/parquet file with a "
+        "prompt and an answer column (matched ignoring spacing and case). None: every prompt "
+        "is unknown.",
+    )
+    prompt_column: str = Field(default="prompt", description="The answers file's prompt column.")
+    answer_column: str = Field(default="answer", description="The answers file's answer column.")
+    unknown: Literal["majority", "drop"] = Field(
+        default="majority",
+        description="A prompt with no known answer: majority = scored against the most "
+        "frequent answer of its own N responses when that reaches `agreement` (TTRL, SQLM, "
+        "R-Zero), else unscored; drop = unscored (NaN).",
+    )
+    agreement: float = Field(
+        default=0.5,
+        gt=0.0,
+        le=1.0,
+        description="The share of a prompt's N responses the majority answer needs to become "
+        "its label (empty responses count in N). TTRL labels by plain majority; higher is "
+        "fewer, surer labels.",
+    )
+    answers_sha256: str | None = Field(
+        default=None,
+        description="Filled in when the config is read: the answers file's hash, which keys "
+        "the stages that use this reward, so editing the file reruns them. A value given is "
+        "replaced.",
+    )
+
+    @field_validator("function")
+    @classmethod
+    def _importable(cls, value: str) -> str:
+        resolve_function(value)
+        return value
+
+    @model_validator(mode="after")
+    def _read(self) -> VerifiableReward:
+        if self.answers is None:
+            object.__setattr__(self, "answers_sha256", None)
+            return self
+        try:
+            read_answers(self.answers, self.prompt_column, self.answer_column)
+        except AnswersError as exc:  # pydantic names the field; the hint stays in the line
+            raise ValueError(f"{exc.message} ({exc.hint})") from None
+        object.__setattr__(self, "answers_sha256", hash_file(self.answers))
+        return self
+
+    def load(self) -> VerifiableScorer:
+        known: dict[str, str] = {}
+        if self.answers is not None:
+            known = read_answers(self.answers, self.prompt_column, self.answer_column)
+        return VerifiableScorer(resolve_function(self.function), known, self)
+
+
+class VerifiableScorer:
+    """A loaded verifiable reward (``RewardModel``); ``stats()`` counts its last call."""
+
+    def __init__(
+        self, verify: Callable[[str, str], Any], known: dict[str, str], config: VerifiableReward
+    ):
+        self.verify, self.known, self.config = verify, known, config
+        self._last: dict[str, int] = {}
+
+    def stats(self) -> dict[str, int]:
+        return dict(self._last)
+
+    def score(
+        self,
+        prompts: Sequence[str],
+        responses: Sequence[Sequence[str]],
+        progress: Progress = no_progress,
+    ) -> list[list[float]]:
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts but {len(responses)} response lists")
+        answers = [self.known.get(prompt_id(p)) for p in prompts]
+        calls, failures = 0, 0
+        first_error: Exception | None = None
+
+        def verify(response: str, answer: str) -> float:
+            nonlocal calls, failures, first_error
+            calls += 1
+            try:
+                value = self.verify(response, answer)
+            except SystemExit as exc:
+                raise EvaError(
+                    f"verifier {self.config.function} called sys.exit({exc.code!r})",
+                    field=FIELD,
+                    hint="a verifier returns a number; it must not exit",
+                ) from None
+            except Exception as exc:  # one response's failure must not sink the stage
+                failures += 1
+                first_error = first_error or exc
+                return math.nan
+            return math.nan if value is None else float(value)
+
+        if self.config.unknown == "majority":
+            result = answer_rewards(responses, answers, verify, self.config.agreement)
+            rewards, counts, vote = result.rewards, result.counts(), result.stats.as_dict()
+        else:
+            rewards = [
+                [verify(r, a) for r in rs] if a is not None else [math.nan] * len(rs)
+                for rs, a in zip(responses, answers, strict=True)
+            ]
+            known = sum(a is not None for a in answers)
+            counts, vote = {"known": known, "majority": 0, "dropped": len(answers) - known}, {}
+        self._last = {
+            **counts,
+            **{k: v for k, v in vote.items() if k.startswith("dropped_")},
+            "verifier_failures": failures,
+        }
+        if first_error is not None and failures == calls:
+            raise EvaError(
+                f"verifier {self.config.function} raised on all {failures} responses it was "
+                f"given; first error: {first_line(first_error)}",
+                field=FIELD,
+            ) from first_error
+        if first_error is not None:
+            log.warning(
+                "verifier %s raised on %d of %d responses (scored NaN); first error: %r",
+                self.config.function,
+                failures,
+                calls,
+                first_error,
+            )
+        progress(1.0)
+        return rewards
