@@ -36,6 +36,7 @@ from tasks.generate import GenerateConfig
 from tasks.mix import MixConfig
 from tasks.online import OnlineConfig
 from tasks.pairs import PairsConfig
+from tasks.predict import PredictConfig
 from tasks.prompts import PromptsConfig
 from tasks.sample import SampleConfig
 from tasks.score import ScoreConfig
@@ -105,11 +106,13 @@ class RunConfig(BaseModel):
         description="eva: evolve the informative subset and mix (the method). subset: train on "
         "the informative subset without evolving (the paper's Table 5 ablation).",
     )
-    creator_rollouts: Literal["fresh", "previous"] = Field(
+    creator_rollouts: Literal["fresh", "previous", "predicted"] = Field(
         default="fresh",
         description="fresh: the creator samples X_{t-1} with theta_{t-1} (paper). previous: "
         "reuse the last solver step's rollouts of X_{t-1} (by theta_{t-2}): one step "
-        "off-policy, no extra generation.",
+        "off-policy, no extra generation. predicted: no extra generation either; each prompt's "
+        "informativeness is a posterior over the solver's readings of it (older ones count "
+        "less) or, without one, its parent's shifted by its evolution method (see `predict`).",
     )
     prompts: PromptsConfig = Field(
         default_factory=PromptsConfig, description="The seed prompt set X_0 (required)."
@@ -124,6 +127,10 @@ class RunConfig(BaseModel):
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
     annotate: AnnotateConfig = Field(default_factory=AnnotateConfig)
     score: ScoreConfig = Field(default_factory=ScoreConfig)
+    predict: PredictConfig = Field(
+        default_factory=PredictConfig,
+        description="The creator's posterior when creator_rollouts is predicted.",
+    )
     sample: SampleConfig = Field(default_factory=SampleConfig)
     evolve: EvolveConfig = Field(default_factory=EvolveConfig)
     mix: MixConfig = Field(default_factory=MixConfig)
@@ -146,6 +153,13 @@ class RunConfig(BaseModel):
         """The evaluate stage's config, scoring with the run's own reward model unless it
         names one."""
         return _scored_by(self.evaluate, self.annotate.reward)
+
+    @property
+    def prediction(self) -> PredictConfig:
+        """The predict stage's config, on the score stage's metric unless it names one."""
+        if self.predict.metric is not None:
+            return self.predict
+        return self.predict.model_copy(update={"metric": self.score.metric})
 
 
 class OnlineRunConfig(BaseModel):

@@ -19,6 +19,7 @@ from tasks.evolve import evolve
 from tasks.generate import generate
 from tasks.mix import mix
 from tasks.pairs import pairs
+from tasks.predict import predict
 from tasks.sample import sample
 from tasks.score import score
 from tasks.store import Ref
@@ -52,19 +53,31 @@ def eva_iteration(
     policy: Ref,
     heldout: Ref,
     last_rollouts: Ref | None = None,
+    older_rollouts: Ref | None = None,
 ) -> Step:
-    """Creator then solver on X_t."""
+    """Creator then solver on X_t. ``last_rollouts`` are the last solver step's annotated
+    rollouts of X_{t-1}, ``older_rollouts`` the step before's, of X_{t-2}."""
     # Creator: where is the current policy still learning?
-    if cfg.creator_rollouts == "previous" and last_rollouts is not None:
-        # The last solver step already sampled X_{t-1}, by theta_{t-2}: one step off-policy,
-        # and no extra generation.
-        rewarded = last_rollouts
-    else:
-        rollouts = generate(
-            run, t, cfg.generate, artifact="creator_generate", prompts=prompts, policy=policy
+    if cfg.creator_rollouts == "predicted" and last_rollouts is not None:
+        # No generation: a posterior over the solver's readings of each prompt (at iteration 1
+        # there is one reading, so the same rollouts stand for both).
+        older = older_rollouts if older_rollouts is not None else last_rollouts
+        scores = predict(
+            run, t, cfg.prediction, artifact="score", recent=last_rollouts, older=older
         )
-        rewarded = annotate(run, t, cfg.annotate, artifact="creator_annotate", rollouts=rollouts)
-    scores = score(run, t, cfg.score, annotated=rewarded)
+    else:
+        if cfg.creator_rollouts == "previous" and last_rollouts is not None:
+            # The last solver step already sampled X_{t-1}, by theta_{t-2}: one step
+            # off-policy, and no extra generation.
+            rewarded = last_rollouts
+        else:
+            rollouts = generate(
+                run, t, cfg.generate, artifact="creator_generate", prompts=prompts, policy=policy
+            )
+            rewarded = annotate(
+                run, t, cfg.annotate, artifact="creator_annotate", rollouts=rollouts
+            )
+        scores = score(run, t, cfg.score, annotated=rewarded)
     subset = sample(run, t, cfg.sample, scores=scores)
     if cfg.prompt_strategy == "subset":  # ablation: the informative prompts, not evolved
         next_prompts = subset

@@ -33,14 +33,14 @@ def eva_run(config: RunConfig, plan: Plan | None = None, advance: int = 0) -> li
         policy = bootstrap(run, None, config.bootstrap, heldout=heldout)  # theta_0
         evaluate(run, None, config.evaluation, heldout=heldout, policy=policy)
 
-        step = None
+        step, older = None, None
         if config.iteration0_dpo:
             step = dpo_iteration(run, 0, config, prompts, policy, heldout)
             policy = step.policy
         for t in range(1, config.iterations + 1):
             last = step.rollouts if step else None
-            step = eva_iteration(run, t, config, prompts, policy, heldout, last)
-            prompts, policy = step.prompts, step.policy
+            step = eva_iteration(run, t, config, prompts, policy, heldout, last, older)
+            prompts, policy, older = step.prompts, step.policy, last
 
         rows = iteration_summary(run.store(), config)
         publish_summary(config.run, rows, f"eva run, iteration {config.iterations}")

@@ -36,19 +36,7 @@ class ScoreConfig(BaseModel):
 def score(ctx: StageContext, config: ScoreConfig, annotated: pa.Table) -> StageOutput:
     rewards = reward_matrix(annotated.column("rewards"))
     info = informativeness(rewards, config.metric)
-    with np.errstate(all="ignore"):
-        finite = np.isfinite(rewards)
-        r_max = np.where(finite, rewards, -np.inf).max(axis=1, initial=-np.inf)
-        r_min = np.where(finite, rewards, np.inf).min(axis=1, initial=np.inf)
-        r_mean = np.where(finite, rewards, 0).sum(axis=1) / finite.sum(axis=1)
-    out = annotated.select(list(PROMPT_COLUMNS))
-    for name, values in (
-        ("informativeness", info),
-        ("reward_max", r_max),
-        ("reward_min", r_min),
-        ("reward_mean", r_mean),
-    ):
-        out = out.append_column(name, pa.array(np.where(np.isfinite(values), values, np.nan)))
+    out = reward_summary(annotated, info, rewards)
     top = pc.sort_indices(out, [("informativeness", "descending")])[:20]
     ui = annotated.take(top).append_column(
         "informativeness", out.column("informativeness").take(top)
@@ -83,6 +71,29 @@ def score(ctx: StageContext, config: ScoreConfig, annotated: pa.Table) -> StageO
             f"prompts of {n}, in 10 equal bins",
         },
     )
+
+
+def reward_summary(
+    annotated: pa.Table, info: np.ndarray, rewards: np.ndarray | None = None
+) -> pa.Table:
+    """``annotated``'s prompt records with each prompt's informativeness and its rewards' max,
+    min and mean (NaN where it has no finite reward): the columns ``sample`` draws from."""
+    if rewards is None:
+        rewards = reward_matrix(annotated.column("rewards"))
+    with np.errstate(all="ignore"):
+        finite = np.isfinite(rewards)
+        r_max = np.where(finite, rewards, -np.inf).max(axis=1, initial=-np.inf)
+        r_min = np.where(finite, rewards, np.inf).min(axis=1, initial=np.inf)
+        r_mean = np.where(finite, rewards, 0).sum(axis=1) / finite.sum(axis=1)
+    out = annotated.select(list(PROMPT_COLUMNS))
+    for name, values in (
+        ("informativeness", info),
+        ("reward_max", r_max),
+        ("reward_min", r_min),
+        ("reward_mean", r_mean),
+    ):
+        out = out.append_column(name, pa.array(np.where(np.isfinite(values), values, np.nan)))
+    return out
 
 
 def distribution(values: np.ndarray, bins: int = 10) -> list[dict[str, Any]]:

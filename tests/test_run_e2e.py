@@ -573,6 +573,42 @@ def test_subset_strategy_and_reused_rollouts(tmp_path) -> None:
     assert rollouts.num_rows == 6  # 25% of 24
 
 
+def test_predicted_creator_scores_from_the_solver_history(tmp_path) -> None:
+    import numpy as np
+
+    from eva_core.informativeness import informativeness, reward_matrix
+    from flows.run import eva_run
+
+    root = str(tmp_path)
+    cfg = validate_config(
+        tiny_run_config(
+            root, run="pred", iterations=2, creator_rollouts="predicted", predict={"min_pairs": 2}
+        )
+    )
+    eva_run(cfg)
+    store = RunStore(root, "pred")
+    for t in (1, 2):
+        assert store.read_manifest(t, "creator_generate") is None
+    first, second = store.read_manifest(1, "score"), store.read_manifest(2, "score")
+    assert first["stage"] == second["stage"] == "predict"
+    # Iteration 1: one reading (iteration 0's solver rollouts), rho at its prior, and every
+    # prompt at m + rho (y - m) of its a_min reading.
+    assert first["inputs"]["recent"] == first["inputs"]["older"]
+    assert first["inputs"]["recent"]["uri"].endswith("iter_0/annotate.parquet")
+    assert first["stats"]["rho"] == 0.8 and not first["stats"]["rho_measured"]
+    rollouts = store.read_table(first["inputs"]["recent"]["uri"])
+    y = informativeness(reward_matrix(rollouts.column("rewards")), "a_min")
+    predicted = store.read_table(first["uri"])
+    expected = np.maximum(y.mean() + 0.8 * (y - y.mean()), 0.0)
+    assert np.allclose(predicted.column("informativeness").to_numpy(), expected)
+    assert set(predicted.column("estimate").to_pylist()) == {"history"}
+    # Iteration 2: the originals X_1 kept from X_0 were read by both solver steps.
+    assert second["inputs"]["recent"]["uri"].endswith("iter_1/annotate.parquet")
+    assert second["inputs"]["older"]["uri"].endswith("iter_0/annotate.parquet")
+    assert second["stats"]["read_twice"] > 0
+    assert store.read_manifest(2, "evaluate") is not None
+
+
 def test_a_dead_evolver_fails_the_run_and_is_retried_once_it_answers(
     tmp_path, capsys, monkeypatch
 ) -> None:
