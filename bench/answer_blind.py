@@ -1,0 +1,314 @@
+"""Benchmark (issue 22): eva when nobody knows the evolved prompts' answers.
+
+    python -m bench.answer_blind [--seeds 0 1 2] [--agreement 0.5] [--root runs-bench]
+        [--out docs/bench]
+
+The world's rewriter knows every child's answer; an LLM rewriter does not. Per seed, on the
+benchmark's world and from the same start as ``bench.method``'s eva arm (its base run:
+X_0, the held-out set, theta_0 -> theta_1), two arms of 2 eva iterations:
+
+* ``exact``: rewards by the world's verifier (the world's solver knows every answer): it is
+  ``bench.method``'s ``eva`` arm, run by the same ``run_arm``.
+* ``answer-blind``: ``annotate.reward`` is ``verifiable`` (``eva_world.components:match``)
+  with known answers for the seed prompts X_0 only (a human-labelled seed set: the answers
+  file is written from the base run's X_0 with ``world.solve``) and the majority vote of the
+  policy's N samples for every evolved child, labelled at ``--agreement``; below it the child
+  is unscored. ``annotate.max_unscored_share`` is 1.0 so that dropped children never fail the
+  stage (their share is reported instead). ``evaluate.reward`` stays the world's verifier, so
+  held-out scores are comparable with the exact arm's.
+
+Reported per seed and as mean ± sd: held-out score per iteration for both arms and their
+paired difference; for every annotate stage of the blind arm, the majority labels recomputed
+from the stored rollouts with the same function (``eva_core.answers.answer_rewards``; the
+stored rewards must be reproduced exactly), their accuracy against ``world.solve``, the share
+of unknown prompts dropped, and the share of the pairs the solver trained on whose chosen
+answer is truly correct. The rewriter's reference answer and an inherited parent answer are
+measured where the world allows (``inherited_accuracy``: how often a child's answer equals
+its parent's); see docs/benchmarks.md for what cannot be measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
+from bench.arms import start_from
+from bench.method import Arm, _iteration_row, _model, run_arm, seed_base
+from bench.report import md_table, mean_std
+from eva_core.answers import answer_rewards, normalize_answer
+from eva_core.schema import prompt_id
+from eva_world import world
+from eva_world.components import match
+from flows.config import deep_merge
+
+ITERATIONS = 2
+MATCH = "eva_world.components:match"
+WORLD_VERIFIER = {"kind": "python", "factory": "eva_world.components:WorldVerifier"}
+ARMS = ("exact", "blind")
+
+
+def blind_overrides(answers: str, agreement: float) -> dict[str, Any]:
+    """The answer-blind arm's settings on top of the exact arm's."""
+    reward = {"kind": "verifiable", "function": MATCH, "answers": answers, "agreement": agreement}
+    return {
+        "annotate": {"reward": reward, "max_unscored_share": 1.0},
+        "evaluate": {"reward": WORLD_VERIFIER},
+    }
+
+
+def write_answers(prompts: Sequence[str], path: str) -> dict[str, str]:
+    """The seed set's answers file (JSONL: prompt, answer); returns them by prompt id."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        for p in prompts:
+            f.write(json.dumps({"prompt": p, "answer": world.solve(p)}) + "\n")
+    return {prompt_id(p): world.solve(p) for p in prompts}
+
+
+def label_check(
+    prompts: Sequence[str],
+    responses: Sequence[Sequence[str]],
+    stored: Sequence[Sequence[float]],
+    known: Mapping[str, str],
+    agreement: float,
+    solve: Callable[[str], str] = world.solve,
+) -> dict[str, Any]:
+    """The labels an annotate stage used, recomputed, and how right they were.
+
+    ``reproduced``: the recomputed rewards equal the stored ones (NaN equal to NaN);
+    ``label_accuracy``: the share of majority-labelled prompts whose label is the true answer;
+    ``dropped_share``: the share of unknown prompts left unscored; ``reward_error``: the mean
+    absolute difference from the exact reward over the majority-labelled responses.
+    """
+    answers = [known.get(prompt_id(p)) for p in prompts]
+    got = answer_rewards(responses, answers, match, agreement)
+    flat_got = np.array([r for rs in got.rewards for r in rs], dtype=float)
+    flat_stored = np.array([r for rs in stored for r in rs], dtype=float)
+    reproduced = flat_got.shape == flat_stored.shape and bool(
+        np.array_equal(flat_got, flat_stored, equal_nan=True)
+    )
+    labelled = [i for i, s in enumerate(got.sources) if s == "majority"]
+    right = [normalize_answer(solve(prompts[i])) == got.labels[i] for i in labelled]
+    errors = [
+        abs(match(r, str(got.labels[i])) - match(r, solve(prompts[i])))
+        for i in labelled
+        for r in responses[i]
+    ]
+    counts = got.counts()
+    unknown = counts["majority"] + counts["dropped"]
+    return {
+        "prompts": len(prompts),
+        **counts,
+        "reproduced": reproduced,
+        "label_accuracy": _share(sum(right), len(right)),
+        "dropped_share": _share(counts["dropped"], unknown),
+        "reward_error": round(float(np.mean(errors)), 4) if errors else None,
+    }
+
+
+def chosen_correct(prompts: Sequence[str], chosen: Sequence[str]) -> float | None:
+    """The share of pairs whose chosen answer is exactly right by the world's solver."""
+    right = sum(world.reward(p, c) == 1.0 for p, c in zip(prompts, chosen, strict=True))
+    return _share(right, len(chosen))
+
+
+def inherited_accuracy(children: Sequence[str], parents: Sequence[str]) -> float | None:
+    """The share of children whose answer is their parent's: an inherited answer's accuracy."""
+    same = sum(world.solve(c) == world.solve(p) for c, p in zip(children, parents, strict=True))
+    return _share(same, len(children))
+
+
+def _share(k: int, n: int) -> float | None:
+    return round(k / n, 4) if n else None
+
+
+def _table(store: Any, t: int | None, artifact: str) -> Any:
+    manifest = store.read_manifest(t, artifact)
+    return None if manifest is None else store.read_table(manifest["uri"])
+
+
+def blind_stats(store: Any, t: int, known: Mapping[str, str], agreement: float) -> dict[str, Any]:
+    """Label checks of iteration ``t``'s annotate stages, pair correctness, inheritance."""
+    out: dict[str, Any] = {}
+    for artifact in ("creator_annotate", "annotate"):
+        table = _table(store, t, artifact)
+        if table is not None:
+            cols = [table.column(c).to_pylist() for c in ("prompt", "responses", "rewards")]
+            out[artifact] = label_check(cols[0], cols[1], cols[2], known, agreement)
+    out.update(solver_stats(store, t))
+    return out
+
+
+def solver_stats(store: Any, t: int) -> dict[str, Any]:
+    """What any arm's iteration ``t`` trained on and evolved: pair correctness, and how often
+    an evolved child kept its parent's answer."""
+    pairs = _table(store, t, "pairs")
+    chosen = chosen_correct(pairs.column("prompt").to_pylist(), pairs.column("chosen").to_pylist())
+    evolved = _table(store, t, "evolve")
+    previous = _table(store, None, "prompts") if t == 1 else _table(store, t - 1, "mix")
+    ids, texts = (previous.column(c).to_pylist() for c in ("prompt_id", "prompt"))
+    text = dict(zip(ids, texts, strict=True))
+    kids = [
+        (c, text[p])
+        for c, p in zip(
+            evolved.column("prompt").to_pylist(),
+            evolved.column("parent_id").to_pylist(),
+            strict=True,
+        )
+        if p in text
+    ]
+    return {
+        "chosen_correct": chosen,
+        "children": len(kids),
+        "inherited_accuracy": inherited_accuracy([c for c, _ in kids], [p for _, p in kids]),
+    }
+
+
+def run_seed(root: str, seed: int, theta0: str | None, agreement: float) -> dict[str, Any]:
+    """Both arms of one seed from the seed's base run (``bench.method.seed_base``)."""
+    base, store, factor = seed_base(root, seed, True, [], theta0)
+    x0 = _table(store, None, "prompts").column("prompt").to_pylist()
+    answers = os.path.join(root, "answers", f"s{seed}-x0.jsonl")
+    known = write_answers(x0, answers)
+    start = {
+        "iterations": ITERATIONS,
+        "iteration0_dpo": False,
+        "bootstrap": start_from(_model(store, 0)),
+    }
+    result: dict[str, Any] = {
+        "theta_0_model": _model(store, None),
+        "theta_1": {**_iteration_row(store, 0), "topup": factor},
+    }
+    # The blind arm's reward is another kind: the base's is cleared, not merged into.
+    blind_base = deep_merge(base, {"annotate": {"reward": None}})
+    for arm, arm_base, overrides in (
+        ("exact", base, start),
+        ("blind", blind_base, {**start, **blind_overrides(answers, agreement)}),
+    ):
+        name = "eva" if arm == "exact" else "eva-answer-blind"
+        started = time.perf_counter()
+        s, grown = run_arm(arm_base, f"s{seed}-{name}", Arm(name, "issue22", ITERATIONS), overrides)
+        its = []
+        for t in range(1, ITERATIONS + 1):
+            row = {**_iteration_row(s, t), **solver_stats(s, t)}
+            if arm == "blind":
+                row.update(blind_stats(s, t, known, agreement))
+            its.append(row)
+        result[arm] = {
+            "topup": grown,
+            "seconds": round(time.perf_counter() - started, 1),
+            "iterations": its,
+        }
+    return result
+
+
+def report(results: Mapping[str, Any], seconds: float, command: str, agreement: float) -> str:
+    """The markdown tables: scores and paired differences, then label quality."""
+    seeds = list(results)
+
+    def col(arm: str, t: int, *keys: str) -> list[float]:
+        vals = []
+        for s in seeds:
+            v: Any = results[s][arm]["iterations"][t - 1]
+            for k in keys:
+                v = v[k]
+            vals.append(math.nan if v is None else float(v))
+        return vals
+
+    lines = [
+        f"`{command}`",
+        "",
+        f"{len(seeds)} seed(s): {', '.join(seeds)}; {seconds / 60:.1f} min; "
+        f"{platform.machine()}, {os.cpu_count()} cores. Agreement threshold {agreement} of "
+        "N = 6 samples. Score = mean dense reward of greedy answers on the held-out set, by the "
+        "world's verifier in both arms; ± is the sd over seeds; Δ = blind - exact, paired by seed.",
+        "",
+    ]
+    head = ["seed", "theta_1"]
+    for t in range(1, ITERATIONS + 1):
+        head += [f"exact it{t}", f"blind it{t}", f"Δ it{t}"]
+    head += ["grown (exact/blind)"]
+    rows = []
+    for s in seeds:
+        r = results[s]
+        row = [s, f"{r['theta_1']['score']:.3f}"]
+        for t in range(1, ITERATIONS + 1):
+            e, b = (
+                r["exact"]["iterations"][t - 1]["score"],
+                r["blind"]["iterations"][t - 1]["score"],
+            )
+            row += [f"{e:.3f}", f"{b:.3f}", f"{b - e:+.3f}"]
+        rows.append([*row, f"x{r['exact']['topup']}/x{r['blind']['topup']}"])
+    mean = ["mean", mean_std([results[s]["theta_1"]["score"] for s in seeds])]
+    for t in range(1, ITERATIONS + 1):
+        e, b = np.array(col("exact", t, "score")), np.array(col("blind", t, "score"))
+        mean += [mean_std(list(e)), mean_std(list(b)), mean_std(list(b - e))]
+    rows.append([*mean, "-"])
+    lines += [*md_table(head, rows), ""]
+    head = ["iteration", "stage", "labelled by majority", "label accuracy", "unknown dropped",
+            "reward error", "stored rewards reproduced"]  # fmt: skip
+    rows = []
+    for t in range(1, ITERATIONS + 1):
+        for artifact in ("creator_annotate", "annotate"):
+            if any(artifact not in results[s]["blind"]["iterations"][t - 1] for s in seeds):
+                continue
+            its = [results[s]["blind"]["iterations"][t - 1][artifact] for s in seeds]
+            if not any(i["majority"] + i["dropped"] for i in its):
+                continue  # every prompt known (X_0): nothing voted
+            rows.append([
+                str(t), artifact, mean_std(col("blind", t, artifact, "majority")),
+                mean_std(col("blind", t, artifact, "label_accuracy")),
+                mean_std(col("blind", t, artifact, "dropped_share")),
+                mean_std(col("blind", t, artifact, "reward_error")),
+                "yes" if all(i["reproduced"] for i in its) else "NO",
+            ])  # fmt: skip
+    lines += [*md_table(head, rows), ""]
+    head = ["iteration", "arm", "pairs", "chosen answer truly correct", "children",
+            "child's answer = parent's (inherited accuracy)"]  # fmt: skip
+    rows = [
+        [str(t), arm, mean_std(col(arm, t, "pairs")), mean_std(col(arm, t, "chosen_correct")),
+         mean_std(col(arm, t, "children")), mean_std(col(arm, t, "inherited_accuracy"))]
+        for t in range(1, ITERATIONS + 1) for arm in ARMS
+    ]  # fmt: skip
+    return "\n".join(lines + md_table(head, rows))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--agreement", type=float, default=0.5)
+    ap.add_argument("--root", default="runs-bench")
+    ap.add_argument("--out", default=os.path.join("docs", "bench"))
+    args = ap.parse_args(argv)
+    root = os.path.abspath(os.path.join(args.root, "answer-blind"))
+    started = time.perf_counter()
+    results: dict[str, Any] = {}
+    theta0: str | None = None  # one theta_0 for every seed, as bench.method
+    for s in args.seeds:
+        results[str(s)] = run_seed(root, s, theta0, args.agreement)
+        model = results[str(s)].pop("theta_0_model")  # a path on this machine: not reported
+        theta0 = theta0 or model
+    command = "python -m bench.answer_blind " + " ".join(sys.argv[1:] if argv is None else argv)
+    md = report(results, time.perf_counter() - started, command, args.agreement)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "answer-blind.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(args.out, "answer-blind.md"), "w") as f:
+        f.write("## Answer-blind evolution (issue 22)\n\n" + md + "\n")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

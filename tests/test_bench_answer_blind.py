@@ -1,0 +1,82 @@
+"""bench.answer_blind's label checks and report, on hand-made rollouts (no run)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.answer_blind import chosen_correct, inherited_accuracy, label_check, report
+from eva_core.schema import prompt_id
+
+NAN = math.nan
+PROMPTS = ["1+2=", "5+5=", "9+9=", "r:ab="]
+RESPONSES = [
+    ["3", "4"],  # known answer "3"
+    ["01", "01", "01", "1", "", ""],  # majority "01" (3 of 6): the true answer
+    ["18", "18", "18", "81", "", ""],  # majority "18" (3 of 6): wrong, the truth is "81"
+    ["ab", "ba"],  # a tie: dropped
+]
+# The rewards the stage stored, by hand: against "3", "01", "18", nothing.
+STORED = [[1.0, 0.0], [1.0, 1.0, 1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0, 0.0, 0.0], [NAN, NAN]]
+
+
+def test_label_check_recomputes_the_labels_and_scores_them_against_the_truth() -> None:
+    got = label_check(PROMPTS, RESPONSES, STORED, {prompt_id("1+2="): "3"}, 0.5)
+    assert got == {
+        "prompts": 4, "known": 1, "majority": 2, "dropped": 1, "reproduced": True,
+        "label_accuracy": 0.5,  # "01" right, "18" wrong
+        "dropped_share": round(1 / 3, 4),  # 1 of the 3 unknown prompts
+        # Per labelled response |label reward - true reward|: 0 for every "5+5=" response;
+        # for "9+9=": "18" x3 (1 vs 0), "81" (0 vs 1), "" x2 (0 vs 0): 4 of 12 responses.
+        "reward_error": round(4 / 12, 4),
+    }  # fmt: skip
+    # Stored rewards the labels do not give are caught.
+    tampered = [row[:] for row in STORED]
+    tampered[2][3] = 1.0
+    assert not label_check(PROMPTS, RESPONSES, tampered, {prompt_id("1+2="): "3"}, 0.5)[
+        "reproduced"
+    ]
+    # At 4/6 no child is labelled: accuracy undefined, every unknown prompt dropped.
+    strict = label_check(PROMPTS, RESPONSES, STORED, {prompt_id("1+2="): "3"}, 4 / 6)
+    assert strict["label_accuracy"] is None and strict["dropped_share"] == 1.0
+
+
+def test_pair_and_inheritance_shares() -> None:
+    assert chosen_correct(["1+2=", "5+5="], ["3", "10"]) == 0.5  # "10" is unreversed: wrong
+    assert chosen_correct([], []) is None
+    # "2+1=" keeps "1+2="'s answer "3"; "1+3=" does not; "r:ba=" answers "ab", not "ba".
+    assert inherited_accuracy(
+        ["2+1=", "1+3=", "r:ba="], ["1+2=", "1+2=", "r:ab="]
+    ) == pytest.approx(round(1 / 3, 4))
+
+
+def _it(score: float, **more: object) -> dict[str, object]:
+    return {"score": score, "pairs": 320, "chosen_correct": 1.0, "children": 10,
+            "inherited_accuracy": 0.0, **more}  # fmt: skip
+
+
+def test_report_pairs_the_arms_by_seed() -> None:
+    check = {"prompts": 4, "known": 1, "majority": 2, "dropped": 1, "reproduced": True,
+             "label_accuracy": 0.5, "dropped_share": 0.25, "reward_error": 0.1}  # fmt: skip
+    results = {
+        s: {
+            "theta_1": {"score": 0.5},
+            "exact": {"topup": 1.0, "iterations": [_it(e1), _it(e2)]},
+            "blind": {
+                "topup": 1.5,
+                "iterations": [_it(b1, annotate=check), _it(b2, annotate=check)],
+            },
+        }
+        for s, (e1, e2, b1, b2) in {"0": (0.6, 0.7, 0.5, 0.6), "1": (0.6, 0.8, 0.6, 0.6)}.items()
+    }
+    md = report(results, 60.0, "python -m bench.answer_blind --seeds 0 1", 0.5)
+    # Seed 0: Δ it1 = 0.5 - 0.6, Δ it2 = 0.6 - 0.7; seed 1: 0.0 and -0.2.
+    assert "| 0 | 0.500 | 0.600 | 0.500 | -0.100 | 0.700 | 0.600 | -0.100 | x1.0/x1.5 |" in md
+    # Mean ± sd of the paired Δ it2 over seeds: -0.15 ± 0.0707.
+    assert "| mean | 0.500 ± 0.000 | 0.600 ± 0.000 | 0.550 ± 0.071 | -0.050 ± 0.071 |" in md
+    assert "-0.150 ± 0.071 | - |" in md
+    assert (
+        "| 1 | annotate | 2.000 ± 0.000 | 0.500 ± 0.000 | 0.250 ± 0.000 | 0.100 ± 0.000 | yes |"
+        in md
+    )
