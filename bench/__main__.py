@@ -1,6 +1,7 @@
-"""``python -m bench [--quick] [--root DIR] [--out DIR]``: the method and cost benchmarks, one
-after the other (what ``eva bench`` starts); each module also runs alone (``python -m
-bench.method``, ``python -m bench.costs``)."""
+"""``python -m bench [--quick] [--root DIR] [--out DIR]``: the method, compute-matched and cost
+benchmarks, one after the other (what ``eva bench`` starts); each module also runs alone
+(``python -m bench.method``, ``python -m bench.matched``, ``python -m bench.costs``). The
+compute-matched arms start from the method benchmark's base runs under the same root."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import argparse
 import os
 import sys
 
-from bench import costs, method
+from bench import costs, matched, method
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,6 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     quick = ["--quick"] if args.quick else []
     method.main([*quick, "--root", args.root, "--out", args.out])
+    matched.main([*quick, "--root", args.root, "--out", args.out])
     costs.main([*quick, "--root", os.path.join(args.root, "costs"), "--out", args.out])
     return 0
 

@@ -274,16 +274,12 @@ def _model(store: Any, t: int | None) -> str:
     return str(store.absolute(manifest["model_uri"]))
 
 
-def run_seed(
-    root: str,
-    seed: int,
-    quick: bool,
-    overrides: list[str],
-    only: list[str] | None,
-    theta0: str | None = None,
-) -> dict[str, Any]:
-    """Every arm of one seed; from ``theta0`` when given (the first seed's), else from the
-    world's SFT with this seed."""
+def seed_base(
+    root: str, seed: int, quick: bool, overrides: list[str], theta0: str | None
+) -> tuple[dict[str, Any], Any, float]:
+    """The seed's base run (X_0, held-out set, theta_0 -> theta_1 on K pairs), X_0 grown until
+    it yields K: the settings every arm of the seed shares, the base run's store and the
+    factor X_0 grew by (``bench.matched`` starts from the same base runs)."""
     base = base_config(root, seed, quick, overrides)
     if theta0 is not None:
         base = deep_merge(base, {"bootstrap": start_from(theta0)})
@@ -294,6 +290,20 @@ def run_seed(
         store = _offline(base, f"s{seed}-base", {"iterations": 0})
         if available_pairs(store, 0) >= PAIR_BUDGET:
             break
+    return base, store, factor
+
+
+def run_seed(
+    root: str,
+    seed: int,
+    quick: bool,
+    overrides: list[str],
+    only: list[str] | None,
+    theta0: str | None = None,
+) -> dict[str, Any]:
+    """Every arm of one seed; from ``theta0`` when given (the first seed's), else from the
+    world's SFT with this seed."""
+    base, store, factor = seed_base(root, seed, quick, overrides, theta0)
     result: dict[str, Any] = {
         "theta_0": {**_iteration_row(store, None), "model": _model(store, None)},
         "theta_1": {**_iteration_row(store, 0), "base": "theta_0", "topup": factor},
