@@ -108,8 +108,11 @@ def test_edge_tables() -> None:
             mix_prompt_sets(c, e, 0.8, seed=0, size=2)
     # An empty evolved set, and evolved prompts that all repeat X_t-1: originals only.
     _check(cur, evo.slice(0, 0), 0.8, seed=1)
+    # Short evolved ids against a set with long ones (and the reverse) still meet.
     mixed = _check(cur, _table(["a", "b"], "evolved", "e"), 0.8, seed=1)
     assert mixed.column("source").to_pylist() == ["seed"] * 6
+    _check(_table(["", "a"], "seed", "c"), _table(["", "", "x" * 30], "evolved", "e"), 0.5, 0)
+    _check(_table(["", "y" * 20], "seed", "c"), _table(["", ""], "evolved", "e"), 0.5, 0)
     with pytest.raises(ValueError, match="lower the mix size"):
         mix_prompt_sets(cur, evo, 0.8, seed=0, size=20)
 
@@ -125,8 +128,7 @@ def test_chunked_sliced_and_large_string_ids() -> None:
 
 def test_colliding_hashes_stay_exact(monkeypatch: pytest.MonkeyPatch) -> None:
     # Every id of a length hashes alike: membership must still compare the ids themselves.
-    if hasattr(mixing, "_id_hashes"):
-        monkeypatch.setattr(mixing, "_id_hashes", lambda ids: _lengths(ids))
+    monkeypatch.setattr(mixing, "_id_hashes", _lengths)
     cur = _table([f"k{i}" for i in range(10)], "seed", "c")
     evo = _table([f"k{i}" for i in range(5, 25)] + ["", "k1\x00"], "evolved", "e")
     _check(cur, evo, 0.8, seed=2)
