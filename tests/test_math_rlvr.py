@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -146,20 +145,19 @@ def test_recipe_records_what_the_creator_reads() -> None:
     assert got[:2].tolist() == [0.5, 0.0] and np.isnan(got[2:]).all()
 
 
-@needs_math_verify
-def test_recipe_runs_two_rounds_on_cpu(tmp_path: Path) -> None:
+def _tiny_policy(path: Path, texts: list[str]) -> None:
+    """A 2-layer Qwen2 whose every next-token distribution is the same: mostly "7" and " ",
+    some end-of-text, a little "8". Its embeddings are all one vector, so every position's
+    hidden state is the same, and its output head maps that state to these logits. Its
+    completions ("7 77  7") end in a number, right for the prompts whose answer is 7, and their
+    majority votes can label a child: a random policy would score 0 everywhere and leave the
+    creator, the votes and GRPO's update nothing to do."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from tests.support.tiny_models import build_tokenizer
 
-    rows = [
-        {"prompt": f"What is {a} + {b}? Put the answer in \\boxed{{}}.", "answer": str(a + b)}
-        for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (2, 9), (4, 4), (6, 1), (8, 3)]
-    ]
-    data = tmp_path / "math.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tok = build_tokenizer([r["prompt"] + " \\boxed{12} 0123456789" for r in rows], 300)
+    tok = build_tokenizer(texts, 300)
     config = Qwen2Config(
         vocab_size=len(tok),
         hidden_size=32,
@@ -169,42 +167,65 @@ def test_recipe_runs_two_rounds_on_cpu(tmp_path: Path) -> None:
         num_key_value_heads=2,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=True,
+        tie_word_embeddings=False,
     )
     torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(tmp_path / "policy")
-    tok.save_pretrained(tmp_path / "policy")
+    model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.zero_()
+        model.model.embed_tokens.weight[:, 0] = 1.0
+        hidden = model.model(input_ids=torch.tensor([[5, 9, 30, 7]])).last_hidden_state[0]
+        assert torch.allclose(hidden[0], hidden[-1], atol=1e-5)
+        h = hidden[-1]
+        model.lm_head.weight.zero_()  # every other token: logit 0
+        for token, logit in {"7": 8.4, "Ġ": 9.1, tok.eos_token: 7.1, "8": 5.7}.items():
+            model.lm_head.weight[tok.convert_tokens_to_ids(token)] = logit * h / h.dot(h)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+
+
+@needs_math_verify
+def test_recipe_runs_two_rounds_on_cpu(tmp_path: Path) -> None:
+    rows = [
+        {"prompt": f"What is {a} + {b}? Put the answer in \\boxed{{}}.", "answer": str(a + b)}
+        for a, b in [(1, 6), (3, 4), (5, 2), (7, 1), (2, 6), (4, 4), (6, 1), (8, 0)]
+    ]
+    data = tmp_path / "math.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _tiny_policy(tmp_path / "policy", [r["prompt"] + " 0123456789" for r in rows])
 
     out = tmp_path / "out"
     log = _recipe().main(
         [
             *("--model", str(tmp_path / "policy"), "--prompts", str(data), "--out", str(out)),
             *("--rounds", "2", "--steps-per-round", "2", "--num-generations", "4"),
-            *("--prompts-per-step", "2", "--max-completion-length", "8"),
+            *("--prompts-per-step", "4", "--max-completion-length", "8"),
             *("--learning-rate", "1e-3"),
         ]
     )
 
     assert [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()] == log
     first, second = log
-    # Round 1: the seeds, all answered; 2 steps x 2 prompts = 4 groups of 4 completions.
-    assert (first["prompts"], first["children"], first["groups"]) == (8, 0, 4)
-    assert 0.0 <= first["reward_mean"] <= 1.0 and 0.0 <= first["signal_share"] <= 1.0
-    # The creator drew 25% of the 4 prompts GRPO scored and wrote its 4 children; 80% of 8
-    # would be 6 children, so the 2 missing are seeds too.
-    assert first["parents"] == 1 and first["evolved"] == 4
-    assert (first["next_evolved"], first["next_original"]) == (4, 4)
+    # Round 1: the seeds, all answered; 2 steps x 4 prompts = 8 groups of 4 completions, some
+    # right and some wrong, so some groups teach and some prompts are informative.
+    assert (first["prompts"], first["children"], first["groups"]) == (8, 0, 8)
+    assert 0.0 < first["reward_mean"] < 1.0 and 0.0 < first["signal_share"] < 1.0
+    assert first["informativeness_mean"] > 0.0
+    # The creator drew 25% of the 8 prompts GRPO scored and wrote 4 children of each; 80% of 8
+    # is 6 children, and 2 seeds.
+    assert (first["parents"], first["evolved"]) == (2, 8)
+    assert (first["next_evolved"], first["next_original"]) == (6, 2)
     seeds = [json.loads(x) for x in (out / "round_1" / "prompts.jsonl").read_text().splitlines()]
     nxt = [json.loads(x) for x in (out / "round_2" / "prompts.jsonl").read_text().splitlines()]
     kids = [r for r in nxt if r["source"] == "evolved"]
-    assert len(kids) == 4 and all(r["answer"] is None for r in kids)
+    assert len(kids) == 6 and all(r["answer"] is None for r in kids)
     assert {r["parent_id"] for r in kids} <= {r["prompt_id"] for r in seeds}
-    # Round 2: the children had no answer; each drawn one was labelled or dropped.
-    assert second["children"] == 4 and second["groups"] == 4
+    # Round 2: the children came without answers; majority votes labelled some of them.
+    assert second["children"] == 6 and second["groups"] == 8
+    assert second["children_labelled"] >= 1
     assert (
-        second["children_labelled"] + second["children_dropped"] + second["children_not_drawn"] == 4
+        second["children_labelled"] + second["children_dropped"] + second["children_not_drawn"] == 6
     )
     assert "parents" not in second  # no creator after the last round
     assert (out / "model" / "config.json").exists()
     assert (out / "model" / "tokenizer.json").exists()
-    assert all(math.isfinite(v) for v in (first["reward_mean"], second["signal_share"]))
