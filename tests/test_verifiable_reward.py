@@ -25,6 +25,13 @@ def flaky(response: str, answer: str) -> float:
     return float(response == answer)
 
 
+def last_word(response: str) -> str:
+    """A final-answer extractor: the response's last word ("?" cannot be read)."""
+    if "?" in response:
+        raise ValueError("unreadable")
+    return response.split()[-1] if response.split() else ""
+
+
 def _jsonl(path: Path, rows: list[dict[str, Any]]) -> str:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
@@ -198,3 +205,18 @@ def test_through_the_annotate_stage(tmp_path: Path) -> None:
         "dropped_uncertain": 0, "dropped_tied": 1, "dropped_unanswered": 0,
         "verifier_failures": 0,
     }  # fmt: skip
+
+
+def test_the_vote_counts_extracted_answers() -> None:
+    verifier = "tests.test_verifiable_reward:flaky"  # exact match of the whole response
+    responses = [["so it is 7", "thus 7", "7", "8", "? 7", ""]]
+    # Whole responses: six different ones (one empty), no majority.
+    whole = VerifiableReward(function=verifier).load()
+    assert all(math.isnan(r) for r in whole.score(["3+4="], responses)[0])
+    # Last words: "7" three times of six (the unreadable "? 7" counts as no answer): label
+    # "7", and the verifier compares each whole response with it.
+    voted = VerifiableReward(function=verifier, extract="tests.test_verifiable_reward:last_word")
+    scorer = voted.load()
+    got = scorer.score(["3+4="], responses)[0]
+    assert got[:4] == [0.0, 0.0, 1.0, 0.0] and math.isnan(got[4]) and got[5] == 0.0
+    assert scorer.stats()["majority"] == 1 and scorer.stats()["verifier_failures"] == 1

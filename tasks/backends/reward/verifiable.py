@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from eva_core.answers import answer_rewards
+from eva_core.answers import answer_rewards, normalize_answer
 from eva_core.schema import prompt_id
 from eva_runtime.errors import EvaError, first_line
 from tasks.backends.protocols import Progress, no_progress
@@ -107,6 +107,13 @@ class VerifiableReward(BaseModel):
         description='The verifier, import path "package.module:function", called as '
         "f(response, answer) -> float (1 correct, 0 wrong, or anything between; None: NaN)."
     )
+    extract: str | None = Field(
+        default=None,
+        description='The final answer of a response, import path "package.module:function", '
+        "called as f(response) -> str; the majority vote counts these (normalized for spacing "
+        "and case) instead of whole responses, so long solutions that end in the same answer "
+        "agree. None: whole responses (short-answer tasks).",
+    )
     answers: str | None = Field(
         default=None,
         description="Known reference answers: a local JSONL/JSON/CSV/parquet file with a "
@@ -136,10 +143,11 @@ class VerifiableReward(BaseModel):
         "replaced.",
     )
 
-    @field_validator("function")
+    @field_validator("function", "extract")
     @classmethod
-    def _importable(cls, value: str) -> str:
-        resolve_function(value)
+    def _importable(cls, value: str | None) -> str | None:
+        if value is not None:
+            resolve_function(value)
         return value
 
     @model_validator(mode="after")
@@ -158,20 +166,36 @@ class VerifiableReward(BaseModel):
         known: dict[str, str] = {}
         if self.answers is not None:
             known = read_answers(self.answers, self.prompt_column, self.answer_column)
-        return VerifiableScorer(resolve_function(self.function), known, self)
+        extract = resolve_function(self.extract) if self.extract is not None else None
+        return VerifiableScorer(resolve_function(self.function), known, self, extract)
 
 
 class VerifiableScorer:
     """A loaded verifiable reward (``RewardModel``); ``stats()`` counts its last call."""
 
     def __init__(
-        self, verify: Callable[[str, str], Any], known: dict[str, str], config: VerifiableReward
+        self,
+        verify: Callable[[str, str], Any],
+        known: dict[str, str],
+        config: VerifiableReward,
+        extract: Callable[[str], Any] | None = None,
     ):
-        self.verify, self.known, self.config = verify, known, config
+        self.verify, self.known, self.config, self.extract = verify, known, config, extract
         self._last: dict[str, int] = {}
 
     def stats(self) -> dict[str, int]:
         return dict(self._last)
+
+    def _normalize(self, response: str) -> str:
+        """What the majority vote counts: the extracted final answer (empty when extraction
+        fails: it then counts against the agreement), spacing and case normalized."""
+        if self.extract is None:
+            return normalize_answer(response)
+        try:
+            answer = self.extract(response)
+        except Exception:  # an unreadable response gives no answer, as an empty one
+            return ""
+        return normalize_answer(str(answer)) if answer is not None else ""
 
     def score(
         self,
@@ -203,7 +227,9 @@ class VerifiableScorer:
             return math.nan if value is None else float(value)
 
         if self.config.unknown == "majority":
-            result = answer_rewards(responses, answers, verify, self.config.agreement)
+            result = answer_rewards(
+                responses, answers, verify, self.config.agreement, self._normalize
+            )
             rewards, counts, vote = result.rewards, result.counts(), result.stats.as_dict()
         else:
             rewards = [
