@@ -229,3 +229,33 @@ def test_recipe_runs_two_rounds_on_cpu(tmp_path: Path) -> None:
     assert "parents" not in second  # no creator after the last round
     assert (out / "model" / "config.json").exists()
     assert (out / "model" / "tokenizer.json").exists()
+
+
+def one_child(prompts: list[str]) -> list[str]:
+    """A user's rewriter as --evolver names it: one child (a string) per parent."""
+    return [p + " Then double it." for p in prompts]
+
+
+@needs_math_verify
+def test_recipe_takes_chat_prompts_and_a_users_evolver(tmp_path: Path) -> None:
+    rows = [{"prompt": f"What is {a} + 3?", "answer": str(a + 3)} for a in (1, 2, 3, 4)]
+    data = tmp_path / "math.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _tiny_policy(tmp_path / "policy", [r["prompt"] + " Then double it. 0123456789" for r in rows])
+
+    out = tmp_path / "out"
+    first, second = _recipe().main(
+        [
+            *("--model", str(tmp_path / "policy"), "--prompts", str(data), "--out", str(out)),
+            *("--rounds", "2", "--steps-per-round", "1", "--num-generations", "2"),
+            *("--prompts-per-step", "4", "--max-completion-length", "4", "--chat"),
+            *("--sample-fraction", "0.5", "--evolver", "tests.test_math_rlvr:one_child"),
+        ]
+    )
+    # 4 prompts scored, 2 drawn, one child each: 2 children and 2 seeds in round 2.
+    assert (first["groups"], first["parents"], first["evolved"]) == (4, 2, 2)
+    assert (first["next_evolved"], first["next_original"]) == (2, 2)
+    nxt = [json.loads(x) for x in (out / "round_2" / "prompts.jsonl").read_text().splitlines()]
+    kids = [r["prompt"] for r in nxt if r["source"] == "evolved"]
+    assert len(kids) == 2 and all(k.endswith("? Then double it.") for k in kids)
+    assert second["children"] == 2 and second["groups"] == 4
