@@ -8,9 +8,10 @@
 
 1. GRPO trains ``--steps-per-round`` steps on the current prompt set. The reward is
    ``tasks.backends.reward.math_verify.grpo_reward``: a completion scores 1.0 when its final
-   answer (its last ``\\boxed{}``, else its final number) equals the row's answer by
-   math-verify. A prompt with no answer (an evolved child) is labelled by the majority vote of
-   its own completions in the batch, or left unscored (None) when the vote is too weak.
+   answer (its last ``\\boxed{}``, else what follows "the answer is", else its last number)
+   equals the row's answer by math-verify. A prompt with no answer (an evolved child) is
+   labelled by the majority vote of its own completions in the batch, or left unscored (None)
+   when the vote is too weak.
 2. The creator reads GRPO's own rewards (recorded by the reward wrapper below): a prompt's
    informativeness is max - mean of its rewards (eva's online metric), a weighted subset of
    the informative prompts is drawn, and a rewriter (``--evolver``) writes children of them.

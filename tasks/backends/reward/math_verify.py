@@ -6,8 +6,8 @@ Three entry points:
   ``answer`` mathematically (``\\boxed{1/2}`` against ``0.5``, ``x = 3`` against ``3``), else 0.0.
   The response's answer is its last ``\\boxed{...}`` when it has one (math-verify alone would
   read every box of a response as a set), else what math-verify extracts from the whole text
-  (its final answer or number). It never raises: text math-verify cannot read, or one whose
-  parsing runs past ``TIMEOUT_S``, scores 0.0.
+  (what follows "the answer is" or "final answer:", else the last number). It never raises:
+  text math-verify cannot read, or one whose parsing runs past ``TIMEOUT_S``, scores 0.0.
 * ``extract(response)``: the same final answer as one canonical string (floats as exact
   rationals, then LaTeX), so that ``0.5``, ``1/2`` and ``\\boxed{\\frac{1}{2}}`` cast the same
   majority vote; "" when there is none.
