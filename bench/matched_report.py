@@ -45,7 +45,7 @@ def cumulative(results: Results, arm: str, t: int) -> list[int]:
 
 def matched_table(results: Results) -> list[str]:
     """arm x iteration: cumulative responses, |X_t|, pairs trained, score, paired Δ vs fresh."""
-    head = ["arm", "iteration", "cumulative generated", "solver prompts |X_t|", "pairs trained",
+    head = ["arm", "iteration", "cumulative generated", "solver prompts (X_t)", "pairs trained",
             "held-out score", "Δ vs fresh (paired)"]  # fmt: skip
     first = next(iter(results.values()))
     rows = [["theta_1", "0", "0", "-", "-", mean_std([r["theta_1"]["score"] for r in

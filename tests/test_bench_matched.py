@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+import bench.method as method
 from bench.matched import (
     budget,
     check_budget,
@@ -15,11 +16,13 @@ from bench.matched import (
     fresh_topup,
     pair_yield,
     parent_fraction,
+    run_seed,
     solver_size,
     within_budget,
 )
 from bench.matched_report import cumulative, matched_table, verdicts, write_matched_report
 from eva_runtime.errors import EvaError
+from tests.conftest import tiny_run_config
 
 
 def test_budget_arithmetic_at_the_benchmark_size() -> None:
@@ -125,3 +128,32 @@ def test_report_writes_tables_and_the_plot(tmp_path: Any) -> None:
     # The pair yield: 1,200 of 24,000 responses in pairs.
     assert "| fresh | 1 | 24,000 | 0 | 1,200 | 600 | 1,500 | 1,890 | 10 | 0 | 2,100 | 5.0% |" in md
     assert "Pair yield of `bench.method`'s arms" in md
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_arms_generate_the_budget_every_iteration_on_a_tiny_world(tmp_path, monkeypatch) -> None:
+    """Real runs: 24 seed prompts, N = 4, so G = 192 a iteration. fresh draws 48 new prompts;
+    eva-previous's and eva-predicted's creators sample X_0 at iteration 1 (96) beside 24 solver
+    prompts, and their solvers alone spend G at iteration 2 (48 prompts)."""
+
+    def tiny_base(root: str, seed: int, quick: bool, overrides: list[str]) -> dict:
+        cfg = tiny_run_config(root, seed=seed)
+        cfg.pop("run")
+        cfg["pairs"] = {"max_pairs": 4}  # the base run's cap (bench.method's K, shrunk)
+        return cfg
+
+    monkeypatch.setattr(method, "base_config", tiny_base)
+    monkeypatch.setattr(method, "PAIR_BUDGET", 4)
+    result = run_seed(str(tmp_path), 0, True, None, ["fresh", "eva-previous", "eva-predicted"])
+    assert result["budget"] == 192
+    fresh, previous = result["fresh"]["iterations"], result["eva-previous"]["iterations"]
+    predicted = result["eva-predicted"]["iterations"]
+    assert [r["responses"] for r in fresh] == [192, 192]
+    assert [r["prompts"] for r in fresh] == [48, 48]
+    assert [(r["creator_responses"], r["prompts"]) for r in previous] == [(96, 24), (0, 48)]
+    assert [r["responses"] for r in previous] == [192, 192]
+    # predicted: no creator pass once its run has a solver step's readings.
+    assert [(r["creator_responses"], r["prompts"]) for r in predicted] == [(96, 24), (0, 48)]
+    for r in fresh + previous + predicted:  # every pair trained: no cap in the matched arms
+        assert r["dropped_over_budget"] == 0
+        assert r["creator_responses"] + 4 * r["prompts"] == r["responses"]
