@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import tempfile
 import time
 import traceback
@@ -227,7 +228,9 @@ class Stage:
             uri, table_hash, nbytes = store.write_table(iteration, artifact, out.table)
             model_uri, model_hash = None, None
             if out.model_dir:
-                model_uri, model_hash = store.publish_model(iteration, out.model_dir)
+                model_uri, model_hash = store.publish_model(
+                    iteration, out.model_dir, move=_inside(out.model_dir, scratch)
+                )
             elif out.external_model:
                 model_uri, model_hash = out.external_model, checkpoint_hash(out.external_model)
         if bar.started:  # close the bar of a stage that reported progress
@@ -336,6 +339,13 @@ def stage(
         extra_key=extra_key,
         libraries=libraries,
     )
+
+
+def _inside(path: str, folder: str) -> bool:
+    """``path`` lies within ``folder`` (a checkpoint written in the stage's scratch, which is
+    removed after the stage: it can be moved into the run rather than copied)."""
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([path, folder]) == folder and path != folder
 
 
 def _ref(m: dict[str, Any], rerun: bool = False) -> Ref:

@@ -18,6 +18,7 @@ artifact, or one that is visibly incomplete and re-run.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -35,6 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eva_runtime.errors import StageError
+from tasks.table_memo import TABLES
 
 # What a stage's manifest must name for a stage to be reused from it (tasks/stage.py).
 MANIFEST_KEYS = ("artifact", "iteration", "key", "uri", "bytes", "rows", "content_hash")
@@ -134,7 +136,7 @@ class RunStore:
         the file) when it is there but not a manifest (a launch removes such a one first)."""
         path = self.path(iteration, f"{stage}.manifest.json")
         try:
-            with self.fs.open(path, "rb") as f:
+            with open(path, "rb") if self.is_local else self.fs.open(path, "rb") as f:
                 data = f.read()
         except FileNotFoundError:
             return None
@@ -208,7 +210,10 @@ class RunStore:
     def invalidate(self, iteration: int | None, stage: str) -> None:
         """Remove a stage's manifest before it is rewritten (the first step of any write)."""
         path = self.path(iteration, f"{stage}.manifest.json")
-        if self.fs.exists(path):
+        if self.is_local:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        elif self.fs.exists(path):
             self.fs.rm(path)
 
     def write_manifest(self, iteration: int | None, stage: str, manifest: dict[str, Any]) -> None:
@@ -226,6 +231,8 @@ class RunStore:
         data = buf.getvalue()
         path = self.path(iteration, f"{stage}.parquet")
         self._atomic_write(path, data)
+        if self.is_local:  # the next stage reads it from memory (tasks/table_memo.py)
+            TABLES.put(path, _as_read(table, data))
         return self.relative(path), hashlib.sha256(data).hexdigest(), len(data)
 
     def read_table(self, uri: str) -> pa.Table:
@@ -234,7 +241,11 @@ class RunStore:
         path = self.resolve(uri)
         try:
             if self.is_local:  # Arrow's own reader, not fsspec's Python file object
-                return pq.read_table(path)
+                if (kept := TABLES.get(path)) is not None:
+                    return kept
+                table = pq.read_table(path)
+                TABLES.put(path, table)
+                return table
             with self.fs.open(path, "rb") as f:
                 return pq.read_table(f)
         except (OSError, pa.ArrowException) as exc:  # a cut-short file is ArrowInvalid
@@ -248,24 +259,30 @@ class RunStore:
 
     def _atomic_write(self, path: str, data: bytes) -> None:
         parent = path.rsplit("/", 1)[0]
-        self.fs.makedirs(parent, exist_ok=True)
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        if self.is_local:
+            os.makedirs(parent, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)  # atomic on POSIX
+            return
+        self.fs.makedirs(parent, exist_ok=True)
         with self.fs.open(tmp, "wb") as f:
             f.write(data)
-        if self.is_local:
-            os.replace(tmp, path)  # atomic on POSIX
-        else:
-            self.fs.mv(tmp, path)
+        self.fs.mv(tmp, path)
 
     # -- checkpoints -------------------------------------------------------------------------
-    def publish_model(self, iteration: int | None, local_dir: str) -> tuple[str, str]:
-        """Copy a finished local checkpoint to ``{iter}/model``; return (its uri relative to
-        the run, content hash)."""
+    def publish_model(
+        self, iteration: int | None, local_dir: str, move: bool = False
+    ) -> tuple[str, str]:
+        """Copy a finished local checkpoint to ``{iter}/model`` (``move``: move it there, for a
+        checkpoint in the stage's own scratch, removed after the stage anyway); return (its uri
+        relative to the run, content hash)."""
         digest = hash_directory(local_dir)
         dest = self.path(iteration, "model")
         if self.is_local:
             staging = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"
-            shutil.copytree(local_dir, staging)
+            (shutil.move if move else shutil.copytree)(local_dir, staging)
             if os.path.exists(dest):
                 shutil.rmtree(dest)
             os.replace(staging, dest)
@@ -296,6 +313,19 @@ class RunStore:
                 shutil.rmtree(cache)
             os.replace(staging, cache)
         return cache
+
+
+def _as_read(table: pa.Table, data: bytes) -> pa.Table | None:
+    """``table`` as reading its parquet bytes ``data`` gives it (Parquet names a list's item
+    ``element``: a cast, no copy of the values), None when a lossless cast cannot give it."""
+    schema = pq.read_schema(pa.BufferReader(data))
+    if table.schema.equals(schema, check_metadata=True):
+        return table
+    try:
+        cast = table.cast(schema)  # safe: raises rather than change a value
+    except (pa.ArrowException, ValueError):
+        return None
+    return cast if cast.schema.equals(schema, check_metadata=True) else None
 
 
 def _parse_manifest(data: bytes) -> tuple[dict[str, Any] | None, str]:

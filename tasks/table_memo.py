@@ -1,0 +1,87 @@
+"""Stage tables this process wrote or read on a local run root, kept in memory for the next
+stage that reads them.
+
+Each stage hands its output to the next as a parquet file: without this, every stage would
+decode again a table the process wrote a moment before (the held-out set, every iteration).
+A kept table is served only while its file is the one it was kept for: same size and same
+modification time, checked with one ``stat`` on every read, so a file replaced, cut short or
+removed since is read (and its error raised) as before. A written table is kept only when the
+file's schema is the table's own (or a lossless cast gives it: Parquet names a list's item
+``element``), so what is served equals what reading the file gives.
+Memory is bounded: the least recently used tables go first.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+
+import pyarrow as pa
+
+# What the kept tables may hold in memory together (their buffers), in bytes.
+LIMIT_BYTES = 256 * 2**20
+
+
+class TableMemo:
+    """Tables by local path, each with the size and modification time of its file."""
+
+    def __init__(self, limit_bytes: int = LIMIT_BYTES):
+        self.limit_bytes = limit_bytes
+        self._tables: OrderedDict[str, tuple[pa.Table, int, int, int]] = OrderedDict()
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def put(self, path: str, table: pa.Table | None) -> None:
+        """Keep ``table`` as the content of the file at ``path`` as it is now (None: forget
+        what was kept for it)."""
+        if table is None:
+            with self._lock:
+                self._drop(path)
+            return
+        nbytes = table.get_total_buffer_size()
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        with self._lock:
+            self._drop(path)
+            if nbytes > self.limit_bytes:
+                return
+            self._tables[path] = (table, st.st_size, st.st_mtime_ns, nbytes)
+            self._held += nbytes
+            while self._held > self.limit_bytes:
+                self._drop(next(iter(self._tables)))
+
+    def get(self, path: str) -> pa.Table | None:
+        """The table kept for ``path`` if its file is unchanged since, else None."""
+        with self._lock:
+            entry = self._tables.get(path)
+            if entry is None:
+                return None
+            table, size, mtime_ns, _ = entry
+            try:
+                st = os.stat(path)
+            except OSError:
+                st = None
+            if st is None or (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
+                self._drop(path)
+                return None
+            self._tables.move_to_end(path)
+            return table
+
+    def clear(self) -> None:
+        with self._lock:
+            self._tables.clear()
+            self._held = 0
+
+    def __len__(self) -> int:
+        return len(self._tables)
+
+    def _drop(self, path: str) -> None:
+        entry = self._tables.pop(path, None)
+        if entry is not None:
+            self._held -= entry[3]
+
+
+TABLES = TableMemo()
