@@ -97,6 +97,8 @@ def informativeness(rewards: np.ndarray, metric: str) -> np.ndarray:
                 value = mean - shift
                 if metric == "inv_avg":
                     value = 1.0 / (value + INVERSE_EPS)
+    if all_finite and r.shape[1]:  # every prompt scored: the values as they are
+        return value
     return np.where(scored, value, np.nan)
 
 

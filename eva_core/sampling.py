@@ -66,7 +66,10 @@ def select_subset(weights: np.ndarray, k: int, method: str, seed: int) -> Subset
     else:
         u = rng.random(n)
         with np.errstate(divide="ignore", over="ignore"):  # log(0), tiny weights: -inf keys
-            keys = np.where(positive, np.log(u) / np.where(positive, w, 1.0), -np.inf)
+            if n_positive == n:  # the same keys, without two passes of np.where
+                keys = np.log(u) / w
+            else:
+                keys = np.where(positive, np.log(u) / np.where(positive, w, 1.0), -np.inf)
         m = min(k, n_positive)
         top = np.argpartition(-keys, m - 1)[:m] if m < n else np.arange(n)
         take = top[_descending(keys[top])]
