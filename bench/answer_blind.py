@@ -36,7 +36,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -81,14 +81,16 @@ def label_check(
     stored: Sequence[Sequence[float]],
     known: Mapping[str, str],
     agreement: float,
-    solve: Callable[[str], str] = world.solve,
 ) -> dict[str, Any]:
     """The labels an annotate stage used, recomputed, and how right they were.
 
     ``reproduced``: the recomputed rewards equal the stored ones (NaN equal to NaN);
     ``label_accuracy``: the share of majority-labelled prompts whose label is the true answer;
-    ``dropped_share``: the share of unknown prompts left unscored; ``reward_error``: the mean
-    absolute difference from the exact reward over the majority-labelled responses.
+    ``dropped_share``: the share of unknown prompts left unscored; ``wrong_careless``: the
+    share of wrong labels that are exactly the careless demonstrator's answer
+    (``world.careless_answer``, the slip theta_0 imitates); ``reward_error``: the mean absolute
+    difference from the exact reward over the majority-labelled responses; ``by_category``:
+    unknown prompts, dropped share and label accuracy per category.
     """
     answers = [known.get(prompt_id(p)) for p in prompts]
     got = answer_rewards(responses, answers, match, agreement)
@@ -97,22 +99,36 @@ def label_check(
     reproduced = flat_got.shape == flat_stored.shape and bool(
         np.array_equal(flat_got, flat_stored, equal_nan=True)
     )
-    labelled = [i for i, s in enumerate(got.sources) if s == "majority"]
-    right = [normalize_answer(solve(prompts[i])) == got.labels[i] for i in labelled]
+    truth = {
+        i: normalize_answer(world.solve(p)) for i, p in enumerate(prompts) if answers[i] is None
+    }
+    right = {i: got.labels[i] == truth[i] for i in truth if got.sources[i] == "majority"}
+    wrong = [i for i, ok in right.items() if not ok]
+    careless = sum(
+        got.labels[i] == normalize_answer(world.careless_answer(prompts[i])) for i in wrong
+    )
     errors = [
-        abs(match(r, str(got.labels[i])) - match(r, solve(prompts[i])))
-        for i in labelled
-        for r in responses[i]
+        abs(match(r, str(got.labels[i])) - match(r, truth[i])) for i in right for r in responses[i]
     ]
     counts = got.counts()
-    unknown = counts["majority"] + counts["dropped"]
+    by_category: dict[str, dict[str, Any]] = {}
+    for c in sorted({str(world.category_of(prompts[i])) for i in truth}):
+        idx = [i for i in truth if world.category_of(prompts[i]) == c]
+        ok = [right[i] for i in idx if i in right]
+        by_category[c] = {
+            "unknown": len(idx),
+            "dropped_share": _share(len(idx) - len(ok), len(idx)),
+            "label_accuracy": _share(sum(ok), len(ok)),
+        }
     return {
         "prompts": len(prompts),
         **counts,
         "reproduced": reproduced,
-        "label_accuracy": _share(sum(right), len(right)),
-        "dropped_share": _share(counts["dropped"], unknown),
+        "label_accuracy": _share(sum(right.values()), len(right)),
+        "dropped_share": _share(counts["dropped"], len(truth)),
+        "wrong_careless": _share(careless, len(wrong)),
         "reward_error": round(float(np.mean(errors)), 4) if errors else None,
+        "by_category": by_category,
     }
 
 
@@ -138,14 +154,16 @@ def _table(store: Any, t: int | None, artifact: str) -> Any:
 
 
 def blind_stats(store: Any, t: int, known: Mapping[str, str], agreement: float) -> dict[str, Any]:
-    """Label checks of iteration ``t``'s annotate stages, pair correctness, inheritance."""
+    """Label checks of iteration ``t``'s annotate stages, and the share of its pairs whose
+    prompt had no known answer (trained on a majority label)."""
     out: dict[str, Any] = {}
     for artifact in ("creator_annotate", "annotate"):
         table = _table(store, t, artifact)
         if table is not None:
             cols = [table.column(c).to_pylist() for c in ("prompt", "responses", "rewards")]
             out[artifact] = label_check(cols[0], cols[1], cols[2], known, agreement)
-    out.update(solver_stats(store, t))
+    pairs = _table(store, t, "pairs").column("prompt").to_pylist()
+    out["pairs_voted"] = _share(sum(prompt_id(p) not in known for p in pairs), len(pairs))
     return out
 
 
@@ -201,8 +219,7 @@ def run_seed(root: str, seed: int, theta0: str | None, agreement: float) -> dict
         its = []
         for t in range(1, ITERATIONS + 1):
             row = {**_iteration_row(s, t), **solver_stats(s, t)}
-            if arm == "blind":
-                row.update(blind_stats(s, t, known, agreement))
+            row.update(blind_stats(s, t, known, agreement) if arm == "blind" else {})
             its.append(row)
         result[arm] = {
             "topup": grown,
@@ -210,6 +227,12 @@ def run_seed(root: str, seed: int, theta0: str | None, agreement: float) -> dict
             "iterations": its,
         }
     return result
+
+
+def _cell(values: list[float]) -> str:
+    """mean ± sd over seeds, "-" where no seed has a value."""
+    finite = [v for v in values if not math.isnan(v)]
+    return mean_std(finite) if finite else "-"
 
 
 def report(results: Mapping[str, Any], seconds: float, command: str, agreement: float) -> str:
@@ -221,10 +244,11 @@ def report(results: Mapping[str, Any], seconds: float, command: str, agreement: 
         for s in seeds:
             v: Any = results[s][arm]["iterations"][t - 1]
             for k in keys:
-                v = v[k]
+                v = v.get(k) if isinstance(v, dict) else None
             vals.append(math.nan if v is None else float(v))
         return vals
 
+    its = range(1, ITERATIONS + 1)
     lines = [
         f"`{command}`",
         "",
@@ -235,50 +259,60 @@ def report(results: Mapping[str, Any], seconds: float, command: str, agreement: 
         "",
     ]
     head = ["seed", "theta_1"]
-    for t in range(1, ITERATIONS + 1):
+    for t in its:
         head += [f"exact it{t}", f"blind it{t}", f"Δ it{t}"]
-    head += ["grown (exact/blind)"]
     rows = []
     for s in seeds:
         r = results[s]
         row = [s, f"{r['theta_1']['score']:.3f}"]
-        for t in range(1, ITERATIONS + 1):
-            e, b = (
-                r["exact"]["iterations"][t - 1]["score"],
-                r["blind"]["iterations"][t - 1]["score"],
-            )
+        for t in its:
+            e, b = (r[arm]["iterations"][t - 1]["score"] for arm in ARMS)
             row += [f"{e:.3f}", f"{b:.3f}", f"{b - e:+.3f}"]
         rows.append([*row, f"x{r['exact']['topup']}/x{r['blind']['topup']}"])
     mean = ["mean", mean_std([results[s]["theta_1"]["score"] for s in seeds])]
-    for t in range(1, ITERATIONS + 1):
+    for t in its:
         e, b = np.array(col("exact", t, "score")), np.array(col("blind", t, "score"))
         mean += [mean_std(list(e)), mean_std(list(b)), mean_std(list(b - e))]
     rows.append([*mean, "-"])
+    lines += [*md_table([*head, "grown (exact/blind)"], rows), ""]
+    cats = sorted(k[4:] for k in results[seeds[0]]["theta_1"] if k.startswith("cat_"))
+    head = ["model", *(f"score {c}" for c in cats)]
+    rows = [["theta_1", *(_cell([results[s]["theta_1"][f"cat_{c}"] for s in seeds]) for c in cats)]]
+    rows += [
+        [f"{arm} it{t}", *(_cell(col(arm, t, f"cat_{c}")) for c in cats)]
+        for t in its
+        for arm in ARMS
+    ]
     lines += [*md_table(head, rows), ""]
     head = ["iteration", "stage", "labelled by majority", "label accuracy", "unknown dropped",
-            "reward error", "stored rewards reproduced"]  # fmt: skip
+            "wrong label = careless", "reward error", "stored rewards reproduced"]  # fmt: skip
     rows = []
-    for t in range(1, ITERATIONS + 1):
+    for t in its:
         for artifact in ("creator_annotate", "annotate"):
-            if any(artifact not in results[s]["blind"]["iterations"][t - 1] for s in seeds):
-                continue
-            its = [results[s]["blind"]["iterations"][t - 1][artifact] for s in seeds]
-            if not any(i["majority"] + i["dropped"] for i in its):
-                continue  # every prompt known (X_0): nothing voted
+            checks = [results[s]["blind"]["iterations"][t - 1].get(artifact) for s in seeds]
+            if any(c is None for c in checks) or not any(
+                c["majority"] + c["dropped"] for c in checks
+            ):
+                continue  # not run, or every prompt known (X_0): nothing voted
             rows.append([
-                str(t), artifact, mean_std(col("blind", t, artifact, "majority")),
-                mean_std(col("blind", t, artifact, "label_accuracy")),
-                mean_std(col("blind", t, artifact, "dropped_share")),
-                mean_std(col("blind", t, artifact, "reward_error")),
-                "yes" if all(i["reproduced"] for i in its) else "NO",
+                str(t), artifact, *(_cell(col("blind", t, artifact, k)) for k in (
+                    "majority", "label_accuracy", "dropped_share", "wrong_careless", "reward_error"
+                )), "yes" if all(c["reproduced"] for c in checks) else "NO",
             ])  # fmt: skip
     lines += [*md_table(head, rows), ""]
-    head = ["iteration", "arm", "pairs", "chosen answer truly correct", "children",
-            "child's answer = parent's (inherited accuracy)"]  # fmt: skip
+    head = ["iteration", "category", "unknown prompts", "dropped", "label accuracy"]
     rows = [
-        [str(t), arm, mean_std(col(arm, t, "pairs")), mean_std(col(arm, t, "chosen_correct")),
-         mean_std(col(arm, t, "children")), mean_std(col(arm, t, "inherited_accuracy"))]
-        for t in range(1, ITERATIONS + 1) for arm in ARMS
+        [str(t), c, *(_cell(col("blind", t, "annotate", "by_category", c, k))
+                      for k in ("unknown", "dropped_share", "label_accuracy"))]
+        for t in its for c in cats
+    ]  # fmt: skip
+    lines += [*md_table(head, rows), ""]
+    head = ["iteration", "arm", "pairs", "on majority labels", "chosen answer truly correct",
+            "children", "child's answer = parent's (inherited accuracy)"]  # fmt: skip
+    rows = [
+        [str(t), arm, *(_cell(col(arm, t, k)) for k in (
+            "pairs", "pairs_voted", "chosen_correct", "children", "inherited_accuracy"))]
+        for t in its for arm in ARMS
     ]  # fmt: skip
     return "\n".join(lines + md_table(head, rows))
 

@@ -10,35 +10,48 @@ from bench.answer_blind import chosen_correct, inherited_accuracy, label_check, 
 from eva_core.schema import prompt_id
 
 NAN = math.nan
-PROMPTS = ["1+2=", "5+5=", "9+9=", "r:ab="]
+PROMPTS = ["1+2=", "5+5=", "9+9=", "r:ab=", "r:abc="]
 RESPONSES = [
     ["3", "4"],  # known answer "3"
     ["01", "01", "01", "1", "", ""],  # majority "01" (3 of 6): the true answer
     ["18", "18", "18", "81", "", ""],  # majority "18" (3 of 6): wrong, the truth is "81"
     ["ab", "ba"],  # a tie: dropped
+    ["abc", "abc", "abc", "cba", "", ""],  # majority "abc": wrong, the careless copy
 ]
-# The rewards the stage stored, by hand: against "3", "01", "18", nothing.
-STORED = [[1.0, 0.0], [1.0, 1.0, 1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0, 0.0, 0.0], [NAN, NAN]]
+# The rewards the stage stored, by hand: against "3", "01", "18", nothing, "abc".
+STORED = [
+    [1.0, 0.0],
+    [1.0, 1.0, 1.0, 0.0, 0.0, 0.0],
+    [1.0, 1.0, 1.0, 0.0, 0.0, 0.0],
+    [NAN, NAN],
+    [1.0, 1.0, 1.0, 1 / 3, 0.0, 0.0],  # "cba" vs "abc": the middle letter only
+]
+KNOWN = {prompt_id("1+2="): "3"}
 
 
 def test_label_check_recomputes_the_labels_and_scores_them_against_the_truth() -> None:
-    got = label_check(PROMPTS, RESPONSES, STORED, {prompt_id("1+2="): "3"}, 0.5)
+    got = label_check(PROMPTS, RESPONSES, STORED, KNOWN, 0.5)
     assert got == {
-        "prompts": 4, "known": 1, "majority": 2, "dropped": 1, "reproduced": True,
-        "label_accuracy": 0.5,  # "01" right, "18" wrong
-        "dropped_share": round(1 / 3, 4),  # 1 of the 3 unknown prompts
+        "prompts": 5, "known": 1, "majority": 3, "dropped": 1, "reproduced": True,
+        "label_accuracy": round(1 / 3, 4),  # "01" right; "18" and "abc" wrong
+        "dropped_share": 0.25,  # 1 of the 4 unknown prompts
+        # "abc" is the careless answer of "r:abc=" (a copy); "18" is not 9+9's ("8": no carry).
+        "wrong_careless": 0.5,
         # Per labelled response |label reward - true reward|: 0 for every "5+5=" response;
-        # for "9+9=": "18" x3 (1 vs 0), "81" (0 vs 1), "" x2 (0 vs 0): 4 of 12 responses.
-        "reward_error": round(4 / 12, 4),
+        # "9+9=": "18" x3 (1 vs 0), "81" (0 vs 1), "" x2: 4; "r:abc=": "abc" x3 (1 vs 1/3),
+        # "cba" (1/3 vs 1), "" x2: 8/3. Over 18 responses.
+        "reward_error": round((4 + 8 / 3) / 18, 4),
+        "by_category": {
+            "add": {"unknown": 2, "dropped_share": 0.0, "label_accuracy": 0.5},
+            "rev": {"unknown": 2, "dropped_share": 0.5, "label_accuracy": 0.0},
+        },
     }  # fmt: skip
     # Stored rewards the labels do not give are caught.
     tampered = [row[:] for row in STORED]
     tampered[2][3] = 1.0
-    assert not label_check(PROMPTS, RESPONSES, tampered, {prompt_id("1+2="): "3"}, 0.5)[
-        "reproduced"
-    ]
+    assert not label_check(PROMPTS, RESPONSES, tampered, KNOWN, 0.5)["reproduced"]
     # At 4/6 no child is labelled: accuracy undefined, every unknown prompt dropped.
-    strict = label_check(PROMPTS, RESPONSES, STORED, {prompt_id("1+2="): "3"}, 4 / 6)
+    strict = label_check(PROMPTS, RESPONSES, STORED, KNOWN, 4 / 6)
     assert strict["label_accuracy"] is None and strict["dropped_share"] == 1.0
 
 
@@ -53,15 +66,17 @@ def test_pair_and_inheritance_shares() -> None:
 
 def _it(score: float, **more: object) -> dict[str, object]:
     return {"score": score, "pairs": 320, "chosen_correct": 1.0, "children": 10,
-            "inherited_accuracy": 0.0, **more}  # fmt: skip
+            "inherited_accuracy": 0.0, "cat_add": score, **more}  # fmt: skip
 
 
 def test_report_pairs_the_arms_by_seed() -> None:
     check = {"prompts": 4, "known": 1, "majority": 2, "dropped": 1, "reproduced": True,
-             "label_accuracy": 0.5, "dropped_share": 0.25, "reward_error": 0.1}  # fmt: skip
+             "label_accuracy": 0.5, "dropped_share": 0.25, "wrong_careless": 1.0,
+             "reward_error": 0.1, "by_category": {"add": {"unknown": 3, "dropped_share": 0.25,
+             "label_accuracy": 0.5}}}  # fmt: skip
     results = {
         s: {
-            "theta_1": {"score": 0.5},
+            "theta_1": {"score": 0.5, "cat_add": 0.5},
             "exact": {"topup": 1.0, "iterations": [_it(e1), _it(e2)]},
             "blind": {
                 "topup": 1.5,
@@ -77,6 +92,10 @@ def test_report_pairs_the_arms_by_seed() -> None:
     assert "| mean | 0.500 ± 0.000 | 0.600 ± 0.000 | 0.550 ± 0.071 | -0.050 ± 0.071 |" in md
     assert "-0.150 ± 0.071 | - |" in md
     assert (
-        "| 1 | annotate | 2.000 ± 0.000 | 0.500 ± 0.000 | 0.250 ± 0.000 | 0.100 ± 0.000 | yes |"
-        in md
-    )
+        "| 1 | annotate | 2.000 ± 0.000 | 0.500 ± 0.000 | 0.250 ± 0.000 | 1.000 ± 0.000 | "
+        "0.100 ± 0.000 | yes |"
+    ) in md
+    assert "| 2 | add | 3.000 ± 0.000 | 0.250 ± 0.000 | 0.500 ± 0.000 |" in md
+    # Per-category held-out scores; pairs on majority labels only exist in the blind arm.
+    assert "| blind it2 | 0.600 ± 0.000 |" in md
+    assert "| 1 | exact | 320.000 ± 0.000 | - | 1.000 ± 0.000 |" in md
