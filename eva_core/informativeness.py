@@ -65,6 +65,14 @@ def informativeness(rewards: np.ndarray, metric: str) -> np.ndarray:
     n_prompts = r.shape[0]
     if metric == "uniform":
         return np.ones(n_prompts)
+    if metric in ("a_min", "inv_a_min") and r.shape[1]:
+        # The paper's default in one pass over the matrix: max and min propagate NaN and keep
+        # +-inf, so finite extremes in every row mean every reward is finite, and the general
+        # path below would compute exactly these values.
+        top, low = _row_extremes(r)
+        if np.isfinite(top).all() and np.isfinite(low).all():
+            value = top - low
+            return 1.0 / (value + INVERSE_EPS) if metric == "inv_a_min" else value
     finite = np.isfinite(r)
     all_finite = bool(finite.all())
     n_valid = np.full(n_prompts, r.shape[1]) if all_finite else finite.sum(axis=1)
@@ -119,6 +127,21 @@ def _row_extreme(r: np.ndarray, pick: np.ufunc) -> np.ndarray:
         for j in range(1, r.shape[1]):
             pick(part, block[:, j], out=part)
     return out
+
+
+def _row_extremes(r: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(_row_extreme(r, np.maximum), _row_extreme(r, np.minimum))`` reading each block once."""
+    top, low = np.empty(r.shape[0], dtype=r.dtype), np.empty(r.shape[0], dtype=r.dtype)
+    rows = max(1, _BLOCK_VALUES // r.shape[1])
+    for start in range(0, r.shape[0], rows):
+        block = r[start : start + rows]
+        high_part, low_part = top[start : start + rows], low[start : start + rows]
+        np.copyto(high_part, block[:, 0])
+        np.copyto(low_part, block[:, 0])
+        for j in range(1, r.shape[1]):
+            np.maximum(high_part, block[:, j], out=high_part)
+            np.minimum(low_part, block[:, j], out=low_part)
+    return top, low
 
 
 def _row_mean(

@@ -66,7 +66,9 @@ def mix_prompt_sets(
     # One shuffled take over both tables: gathering string columns dominates at scale.
     both = pa.concat_tables([prompt_records(evolved), prompt_records(current)])
     rows = np.concatenate([evolved_pick, evolved.num_rows + original_pick])
-    mixed = _take(both, rows[rng.permutation(len(rows))]).cast(PROMPT_SCHEMA)
+    # rng.permutation(rows) is rows[rng.permutation(len(rows))] (one shuffle, the same swaps)
+    # without a gather.
+    mixed = _take(both, rng.permutation(rows)).cast(PROMPT_SCHEMA)
     stats = MixStats(
         size=mixed.num_rows,
         evolved=n_evolved,
