@@ -11,7 +11,8 @@ and on the same run with 10x the prompts:
   part inside the stage function, and the part inside the backend (``backend_seconds``: load,
   call and close of the generator, reward model, evolver or solver);
 * orchestration and I/O overhead: the iteration subflow's wall time minus its backends' time,
-  as a share of the iteration;
+  as a share of the iteration, split into Prefect's floor (the same subflow of task runs that
+  do nothing, in the same process) and eva's share above it;
 * a cached rerun of the finished run, as a share of the original, and proof that no stage ran
   (every manifest is byte-identical afterwards);
 * rollout efficiency: the generate stage's tokens per second against the same backend, loaded
@@ -314,6 +315,15 @@ def prefect_floor(tasks: int, repeats: int = 5) -> dict[str, Any]:
     return {"tasks": tasks, "seconds": sorted(times)[len(times) // 2], "runs": times}
 
 
+def above_floor(run: dict[str, Any], floor_seconds: float) -> None:
+    """Split each iteration's overhead into Prefect's floor and what eva adds above it, as
+    shares of the iteration's wall time (``floor_share``, ``eva_share``: the overhead's two
+    parts, side by side)."""
+    for it in run["iterations"]:
+        it["floor_share"] = round(floor_seconds / it["wall"], 4)
+        it["eva_share"] = round(it["overhead_share"] - floor_seconds / it["wall"], 4)
+
+
 def _prefect_startup() -> float:
     """Run an empty flow first (Prefect's client, its event workers), so later timings
     exclude what the first flow run of a process pays once."""
@@ -340,6 +350,7 @@ def run_costs(root: str, quick: bool, base: dict[str, Any] | None = None) -> dic
     results["demo"] = timed_run(demo)
     results["cached_rerun"] = cached_rerun(demo, results["demo"]["total"])
     results["prefect_floor"] = prefect_floor(len(results["demo"]["iterations"][0]["stages"]))
+    above_floor(results["demo"], results["prefect_floor"]["seconds"])
     gen = results["demo"]["iterations"][0]["stages"]["generate"]
     results["rollout_demo"] = rollout_efficiency(demo, 1, gen["task"])
 
@@ -352,6 +363,7 @@ def run_costs(root: str, quick: bool, base: dict[str, Any] | None = None) -> dic
         size = demo.prompts.source.options["size"] * SCALE
         big = validate_config(deep_merge(shared, {"run": "demo-10x", **world_sizes(size)}))
         results["demo_10x"] = timed_run(big)
+        above_floor(results["demo_10x"], results["prefect_floor"]["seconds"])
         gen = results["demo_10x"]["iterations"][0]["stages"]["generate"]
         results["rollout_10x"] = rollout_efficiency(big, 1, gen["task"])
 

@@ -124,7 +124,10 @@ class Stage:
         **refs: Ref,
     ) -> Ref:
         state = self.task(run, iteration, config, artifact or self.name, refs, return_state=True)
-        return state.result()
+        # A finished stage's Ref is in hand: Prefect's state.result() would fetch it through its
+        # event loop thread (a thread round trip per stage). Anything else goes through it.
+        kept = getattr(state.data, "result", None) if state.is_completed() else None
+        return kept if isinstance(kept, Ref) else state.result()
 
     def cache_key(
         self,

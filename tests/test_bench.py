@@ -8,7 +8,7 @@ import pytest
 
 import bench.costs as costs
 import bench.method as method
-from bench.report import write_costs_report, write_method_report
+from bench.report import _floor_lines, write_costs_report, write_method_report
 from tests.conftest import tiny_run_config
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
@@ -98,6 +98,9 @@ def test_costs_quick_measures_a_run_its_cached_rerun_and_rollouts(tmp_path) -> N
     floor = results["prefect_floor"]  # an iteration's shape in no-op task runs
     assert floor["tasks"] == len(its[0]["stages"]) and len(floor["runs"]) == 5
     assert floor["seconds"] > 0  # how it compares with an iteration is a figure, not a test
+    for it in its:  # the overhead, split into the floor and eva's share above it
+        assert it["floor_share"] == round(floor["seconds"] / it["wall"], 4)
+        assert abs(it["floor_share"] + it["eva_share"] - it["overhead_share"]) < 2e-4
     cached = results["cached_rerun"]
     assert cached["reexecuted"] == [] and cached["stages"] > 20
     assert cached["cached_tasks"] == cached["stages"]  # every stage task came back Cached
@@ -120,3 +123,25 @@ def test_costs_quick_measures_a_run_its_cached_rerun_and_rollouts(tmp_path) -> N
     ):
         assert title in md
     assert "re-executed: none" in md
+    assert "eva's overhead above Prefect's floor, target at most 1%" in md
+
+
+def test_costs_report_splits_the_overhead_at_prefects_floor() -> None:
+    # Iteration 1: 5.0 s, backends 4.7 s, overhead 6.0% = floor 0.25 s (5.0%) + eva 1.0%;
+    # iteration 2: 4.0 s, backends 3.7 s, overhead 7.5% = floor 6.25% + eva 1.25%.
+    run = {"iterations": [
+        {"t": 1, "wall": 5.0, "backend": 4.7, "overhead_share": 0.06},
+        {"t": 2, "wall": 4.0, "backend": 3.7, "overhead_share": 0.075},
+    ]}  # fmt: skip
+    costs.above_floor(run, 0.25)
+    assert [(it["floor_share"], it["eva_share"]) for it in run["iterations"]] == [
+        (0.05, 0.01),
+        (0.0625, 0.0125),
+    ]
+    results = {"demo": run, "prefect_floor": {"tasks": 12, "seconds": 0.25, "runs": [0.25]}}
+    (line,) = [x for x in _floor_lines(results) if x.startswith("eva's overhead")]
+    assert "**missed** (largest 1.2%" in line  # 1.25% rounds to 1.2% (banker's rounding)
+    assert "iteration 1: overhead 6.0% = floor 5.0% + eva 1.0%" in line
+    run["iterations"].pop()
+    (line,) = [x for x in _floor_lines(results) if x.startswith("eva's overhead")]
+    assert "**held** (largest 1.0%" in line
