@@ -37,6 +37,7 @@ import platform
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -45,7 +46,7 @@ import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
 from bench.arms import start_from
 from bench.method import Arm, _iteration_row, _model, run_arm, seed_base
 from bench.report import md_table, mean_std
-from eva_core.answers import answer_rewards, normalize_answer
+from eva_core.answers import answer_rewards, majority_answers, normalize_answer
 from eva_core.schema import prompt_id
 from eva_world import world
 from eva_world.components import match
@@ -132,6 +133,26 @@ def label_check(
     }
 
 
+def threshold_sweep(
+    prompts: Sequence[str], responses: Sequence[Sequence[str]], known: Mapping[str, str], n: int
+) -> list[dict[str, Any]]:
+    """Offline, on one stage's stored rollouts: for every threshold k/n, the share of the
+    unknown prompts the majority vote labels and the accuracy of those labels."""
+    unknown = [i for i, p in enumerate(prompts) if prompt_id(p) not in known]
+    out = []
+    for k in range(1, n + 1):
+        vote = majority_answers([responses[i] for i in unknown], k / n)
+        kept = [j for j, keep in enumerate(vote.keep) if keep]
+        right = sum(
+            vote.answers[j] == normalize_answer(world.solve(prompts[unknown[j]])) for j in kept
+        )
+        out.append({
+            "threshold": f"{k}/{n}", "labelled": _share(len(kept), len(unknown)),
+            "label_accuracy": _share(right, len(kept)),
+        })  # fmt: skip
+    return out
+
+
 def chosen_correct(prompts: Sequence[str], chosen: Sequence[str]) -> float | None:
     """The share of pairs whose chosen answer is exactly right by the world's solver."""
     right = sum(world.reward(p, c) == 1.0 for p, c in zip(prompts, chosen, strict=True))
@@ -192,6 +213,11 @@ def solver_stats(store: Any, t: int) -> dict[str, Any]:
     }
 
 
+def blind_name(agreement: float) -> str:
+    """The blind arm's run name: the default threshold's, or one per other threshold."""
+    return "eva-answer-blind" if agreement == 0.5 else f"eva-answer-blind-{agreement:.4g}"
+
+
 def run_seed(root: str, seed: int, theta0: str | None, agreement: float) -> dict[str, Any]:
     """Both arms of one seed from the seed's base run (``bench.method.seed_base``)."""
     base, store, factor = seed_base(root, seed, True, [], theta0)
@@ -213,7 +239,7 @@ def run_seed(root: str, seed: int, theta0: str | None, agreement: float) -> dict
         ("exact", base, start),
         ("blind", blind_base, {**start, **blind_overrides(answers, agreement)}),
     ):
-        name = "eva" if arm == "exact" else "eva-answer-blind"
+        name = "eva" if arm == "exact" else blind_name(agreement)
         started = time.perf_counter()
         s, grown = run_arm(arm_base, f"s{seed}-{name}", Arm(name, "issue22", ITERATIONS), overrides)
         its = []
@@ -221,6 +247,11 @@ def run_seed(root: str, seed: int, theta0: str | None, agreement: float) -> dict
             row = {**_iteration_row(s, t), **solver_stats(s, t)}
             row.update(blind_stats(s, t, known, agreement) if arm == "blind" else {})
             its.append(row)
+        if arm == "blind":  # the threshold's trade-off on the first children, offline
+            table = _table(s, 1, "annotate")
+            cols = [table.column(c).to_pylist() for c in ("prompt", "responses")]
+            n = len(cols[1][0])
+            result["sweep"] = threshold_sweep(cols[0], cols[1], known, n)
         result[arm] = {
             "topup": grown,
             "seconds": round(time.perf_counter() - started, 1),
@@ -253,7 +284,7 @@ def report(results: Mapping[str, Any], seconds: float, command: str, agreement: 
         f"`{command}`",
         "",
         f"{len(seeds)} seed(s): {', '.join(seeds)}; {seconds / 60:.1f} min; "
-        f"{platform.machine()}, {os.cpu_count()} cores. Agreement threshold {agreement} of "
+        f"{platform.machine()}, {os.cpu_count()} cores. Agreement threshold {agreement:.4g} of "
         "N = 6 samples. Score = mean dense reward of greedy answers on the held-out set, by the "
         "world's verifier in both arms; ± is the sd over seeds; Δ = blind - exact, paired by seed.",
         "",
@@ -314,6 +345,23 @@ def report(results: Mapping[str, Any], seconds: float, command: str, agreement: 
             "pairs", "pairs_voted", "chosen_correct", "children", "inherited_accuracy"))]
         for t in its for arm in ARMS
     ]  # fmt: skip
+    lines += [*md_table(head, rows), ""]
+    lines += [
+        "The majority vote's trade-off at every threshold, recomputed offline on the blind "
+        "arm's iteration-1 rollouts (the unknown prompts of X_1; only the threshold above "
+        "trained):",
+        "",
+    ]
+    head = ["threshold (of N)", "children labelled", "label accuracy"]
+    sweeps = [results[s]["sweep"] for s in seeds if "sweep" in results[s]]
+
+    def swept(k: int, key: str) -> str:
+        return _cell([math.nan if sw[k][key] is None else sw[k][key] for sw in sweeps])
+
+    rows = [
+        [row["threshold"], swept(k, "labelled"), swept(k, "label_accuracy")]
+        for k, row in enumerate(sweeps[0] if sweeps else [])
+    ]
     return "\n".join(lines + md_table(head, rows))
 
 
@@ -322,7 +370,12 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    ap.add_argument("--agreement", type=float, default=0.5)
+    ap.add_argument(
+        "--agreement",
+        type=lambda v: float(Fraction(v)),
+        default=0.5,
+        help="the majority label's share of the N samples, e.g. 0.5 or 5/6 (default 0.5)",
+    )
     ap.add_argument("--root", default="runs-bench")
     ap.add_argument("--out", default=os.path.join("docs", "bench"))
     args = ap.parse_args(argv)
@@ -337,9 +390,10 @@ def main(argv: list[str] | None = None) -> None:
     command = "python -m bench.answer_blind " + " ".join(sys.argv[1:] if argv is None else argv)
     md = report(results, time.perf_counter() - started, command, args.agreement)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "answer-blind.json"), "w") as f:
+    name = blind_name(args.agreement).removeprefix("eva-")
+    with open(os.path.join(args.out, f"{name}.json"), "w") as f:
         json.dump(results, f, indent=1)
-    with open(os.path.join(args.out, "answer-blind.md"), "w") as f:
+    with open(os.path.join(args.out, f"{name}.md"), "w") as f:
         f.write("## Answer-blind evolution (issue 22)\n\n" + md + "\n")
     print(md)
 

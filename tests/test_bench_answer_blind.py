@@ -6,7 +6,13 @@ import math
 
 import pytest
 
-from bench.answer_blind import chosen_correct, inherited_accuracy, label_check, report
+from bench.answer_blind import (
+    chosen_correct,
+    inherited_accuracy,
+    label_check,
+    report,
+    threshold_sweep,
+)
 from eva_core.schema import prompt_id
 
 NAN = math.nan
@@ -53,6 +59,15 @@ def test_label_check_recomputes_the_labels_and_scores_them_against_the_truth() -
     # At 4/6 no child is labelled: accuracy undefined, every unknown prompt dropped.
     strict = label_check(PROMPTS, RESPONSES, STORED, KNOWN, 4 / 6)
     assert strict["label_accuracy"] is None and strict["dropped_share"] == 1.0
+
+
+def test_threshold_sweep_over_the_unknown_prompts() -> None:
+    sweep = threshold_sweep(PROMPTS, RESPONSES, KNOWN, 6)
+    assert [r["threshold"] for r in sweep] == ["1/6", "2/6", "3/6", "4/6", "5/6", "6/6"]
+    # At 3/6: "01", "18" and "abc" are labelled (3 of the 4 unknown prompts), one right; the
+    # "r:ab=" tie never is. From 4/6 on nothing is labelled.
+    assert sweep[2] == {"threshold": "3/6", "labelled": 0.75, "label_accuracy": round(1 / 3, 4)}
+    assert sweep[3] == {"threshold": "4/6", "labelled": 0.0, "label_accuracy": None}
 
 
 def test_pair_and_inheritance_shares() -> None:
