@@ -126,6 +126,33 @@ def test_chunked_sliced_and_large_string_ids() -> None:
     _check(pa.concat_tables([cur.slice(0, 2), cur.slice(2)]), evo.slice(4, 20), 0.6, seed=9)
 
 
+def test_columns_with_one_value_per_table() -> None:
+    # source and iteration hold one value per table here; chunks may hold different ones.
+    seeds = _table([f"s{i}" for i in range(100)], "seed", "c")
+    olds = _table([f"o{i}" for i in range(100)], "evolved", "o").set_column(
+        6, "iteration", pa.array([0] * 100, pa.int32())
+    )
+    current = pa.concat_tables([seeds, olds])  # two chunks, each constant, different values
+    evolved = _table([f"e{i}" for i in range(150)], "evolved", "e")
+    for ratio in (0.0, 0.3, 0.8, 1.0):
+        _check(current, evolved, ratio, seed=4)
+    originals = _check(current, evolved, 0.0, seed=4)  # both chunks of X_t-1 in one column
+    assert set(originals.column("source").to_pylist()) == {"seed", "evolved"}
+    assert set(originals.column("iteration").to_pylist()) == {0, 1}
+    _check(seeds, evolved, 0.5, seed=1)  # one value per table, different tables
+    _check(seeds, _table([f"e{i}" for i in range(150)], "seed", "e"), 0.5, seed=1)  # same one
+    _check(seeds, evolved.slice(0, 0), 0.5, seed=1)  # an empty part
+    # One value in the first rows, another (of the same length) further down.
+    late = seeds.set_column(8, "category", pa.array(["k1"] * 99 + ["k2"]))
+    late = late.set_column(5, "depth", pa.array([0] * 99 + [1], pa.int32()))
+    same = evolved.set_column(8, "category", pa.array(["k1"] * 150))
+    same = same.set_column(5, "depth", pa.array([0] * 150, pa.int32()))
+    mixed = _check(late, same, 0.0, seed=3)
+    assert set(mixed.column("category").to_pylist()) == {"k1", "k2"}
+    blank = _table(["x", "y", "z"], "", "b")  # a constant empty string
+    _check(blank, _table(["u", "v"], "", "e", pa.large_string()), 0.5, seed=2)
+
+
 def test_colliding_hashes_stay_exact(monkeypatch: pytest.MonkeyPatch) -> None:
     # Every id of a length hashes alike: membership must still compare the ids themselves.
     degenerate = idset._MULTIPLIERS.copy()
