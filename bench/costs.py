@@ -284,12 +284,13 @@ def generation_per_pair(store: RunStore, iterations: int) -> dict[str, Any]:
     }
 
 
-def prefect_floor(tasks: int, repeats: int = 5) -> dict[str, Any]:
+def prefect_floor(tasks: int, repeats: int = 9) -> dict[str, Any]:
     """What Prefect itself costs an iteration of this shape here: a subflow of ``tasks`` task
     runs that do nothing, called from a flow as ``eva_run`` calls an iteration (each call timed
-    by the caller; the median is reported). No iteration's orchestration costs less on this
-    machine: it is the API round trips of the subflow and the server's work on the task runs'
-    events, against the same server."""
+    by the caller; the median of nine is reported: single calls vary widely on a shared
+    machine). No iteration's orchestration costs less on this machine: it is the API round
+    trips of the subflow and the server's work on the task runs' events, against the same
+    server."""
     from prefect import flow, task
     from prefect.cache_policies import NONE
 

@@ -96,7 +96,7 @@ def test_costs_quick_measures_a_run_its_cached_rerun_and_rollouts(tmp_path) -> N
         assert all(it["stages"][s]["backend"] > 0 for s in ("generate", "train", "evaluate"))
         assert 0 < it["overhead_share"] < 1
     floor = results["prefect_floor"]  # an iteration's shape in no-op task runs
-    assert floor["tasks"] == len(its[0]["stages"]) and len(floor["runs"]) == 5
+    assert floor["tasks"] == len(its[0]["stages"]) and len(floor["runs"]) == 9
     assert floor["seconds"] > 0  # how it compares with an iteration is a figure, not a test
     for it in its:  # the overhead, split into the floor and eva's share above it
         assert it["floor_share"] == round(floor["seconds"] / it["wall"], 4)
