@@ -3,12 +3,12 @@ stage that reads them.
 
 Each stage hands its output to the next as a parquet file: without this, every stage would
 decode again a table the process wrote a moment before (the held-out set, every iteration).
-A kept table is served only while its file is the one it was kept for: same size and same
-modification time, checked with one ``stat`` on every read, so a file replaced, cut short or
-removed since is read (and its error raised) as before. A written table is kept only when the
-file's schema is the table's own (or a lossless cast gives it: Parquet names a list's item
-``element``), so what is served equals what reading the file gives.
-Memory is bounded: the least recently used tables go first.
+A kept table is served only while its file is the one it was kept for: same inode, size and
+modification time, checked with one ``stat`` on every read (an atomic rewrite is a new inode),
+so a file replaced, cut short or removed since is read (and its error raised) as before. A
+written table is kept only when the file's schema is the table's own (or a lossless cast gives
+it: Parquet names a list's item ``element``), so what is served equals what reading the file
+gives. Memory is bounded: the least recently used tables go first.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ LIMIT_BYTES = 256 * 2**20
 
 
 class TableMemo:
-    """Tables by local path, each with the size and modification time of its file."""
+    """Tables by local path, each with its file's identity (device, inode, size, mtime)."""
 
     def __init__(self, limit_bytes: int = LIMIT_BYTES):
         self.limit_bytes = limit_bytes
-        self._tables: OrderedDict[str, tuple[pa.Table, int, int, int]] = OrderedDict()
+        self._tables: OrderedDict[str, tuple[pa.Table, tuple[int, ...], int]] = OrderedDict()
         self._held = 0
         self._lock = threading.Lock()
 
@@ -48,7 +48,7 @@ class TableMemo:
             self._drop(path)
             if nbytes > self.limit_bytes:
                 return
-            self._tables[path] = (table, st.st_size, st.st_mtime_ns, nbytes)
+            self._tables[path] = (table, _identity(st), nbytes)
             self._held += nbytes
             while self._held > self.limit_bytes:
                 self._drop(next(iter(self._tables)))
@@ -59,12 +59,12 @@ class TableMemo:
             entry = self._tables.get(path)
             if entry is None:
                 return None
-            table, size, mtime_ns, _ = entry
+            table, identity, _ = entry
             try:
                 st = os.stat(path)
             except OSError:
                 st = None
-            if st is None or (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
+            if st is None or _identity(st) != identity:
                 self._drop(path)
                 return None
             self._tables.move_to_end(path)
@@ -81,7 +81,11 @@ class TableMemo:
     def _drop(self, path: str) -> None:
         entry = self._tables.pop(path, None)
         if entry is not None:
-            self._held -= entry[3]
+            self._held -= entry[2]
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 TABLES = TableMemo()

@@ -97,3 +97,14 @@ def test_a_scratch_checkpoint_is_moved_and_any_other_copied(tmp_path):
     uri, copied_hash = store.publish_model(2, kept)
     assert os.path.exists(kept) and copied_hash == digest
     assert hash_directory(store.resolve(uri)) == digest
+
+
+def test_a_same_size_rewrite_is_read_again(tmp_path):
+    # Same size, and possibly the same coarse mtime: the atomic rewrite is a new inode.
+    store = RunStore(str(tmp_path), "r")
+    uri, _, nbytes = store.write_table(1, "generate", pa.table({"x": [1, 2, 3]}))
+    path = store.resolve(uri)
+    pq.write_table(pa.table({"x": [7, 8, 9]}), path + ".new", compression="zstd")
+    assert os.path.getsize(path + ".new") == nbytes
+    os.replace(path + ".new", path)
+    assert store.read_table(uri).column("x").to_pylist() == [7, 8, 9]
