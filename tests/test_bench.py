@@ -139,6 +139,7 @@ def test_costs_report_splits_the_overhead_at_prefects_floor() -> None:
         (0.0625, 0.0125),
     ]
     results = {"demo": run, "prefect_floor": {"tasks": 12, "seconds": 0.25, "runs": [0.25]}}
+    assert "5.0% of demo iteration 1's wall time" in _floor_lines(results)[0]
     (line,) = [x for x in _floor_lines(results) if x.startswith("eva's overhead")]
     assert "**missed** (largest 1.2%" in line  # 1.25% rounds to 1.2% (banker's rounding)
     assert "iteration 1: overhead 6.0% = floor 5.0% + eva 1.0%" in line
