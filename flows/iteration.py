@@ -44,7 +44,9 @@ def solver_step(
     return Step(prompts, new_policy, rewarded)
 
 
-@flow(name="eva-iteration", flow_run_name="{run.run}-iter-{t}")
+# The parameters are the run's own objects, its config validated once at the edge
+# (flows.inputs): Prefect's per-call validation would rebuild them through pydantic again.
+@flow(name="eva-iteration", flow_run_name="{run.run}-iter-{t}", validate_parameters=False)
 def eva_iteration(
     run: RunContext,
     t: int,
@@ -90,7 +92,7 @@ def eva_iteration(
     return solver_step(run, t, cfg, next_prompts, policy, heldout)
 
 
-@flow(name="eva-dpo-iteration", flow_run_name="{run.run}-iter-{t}")
+@flow(name="eva-dpo-iteration", flow_run_name="{run.run}-iter-{t}", validate_parameters=False)
 def dpo_iteration(
     run: RunContext, t: int, cfg: RunConfig, prompts: Ref, policy: Ref, heldout: Ref
 ) -> Step:
