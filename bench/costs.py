@@ -369,7 +369,11 @@ def run_costs(root: str, quick: bool, base: dict[str, Any] | None = None) -> dic
         results["rollout_10x"] = rollout_efficiency(big, 1, gen["task"])
 
     per_pair = {"eva": generation_per_pair(RunStore(root, "demo"), demo.iterations)}
-    for name, extra in (("dpo", {}), ("eva-previous", {"creator_rollouts": "previous"})):
+    for name, extra in (
+        ("dpo", {}),
+        ("eva-previous", {"creator_rollouts": "previous"}),
+        ("eva-predicted", {"creator_rollouts": "predicted"}),
+    ):
         cfg = validate_config(deep_merge(shared, {"run": name, **extra}))
         if name == "dpo":  # iterative DPO on fresh seed prompts
             baseline_run(cfg, "fresh")

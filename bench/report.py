@@ -329,19 +329,26 @@ def write_costs_report(results: dict[str, Any], out_dir: str, name: str, command
         for label, key in (("demo", "rollout_demo"), ("10x", "rollout_10x"))
         if (r := results.get(key)) is not None
     ]  # fmt: skip
-    per_pair = []
+    per_pair: list[list[str]] = []
     for arm, label in (
         ("dpo", "iterative DPO (fresh seed prompts)"),
         ("eva", "eva (fresh creator rollouts)"),
         ("eva-previous", "eva, creator_rollouts=previous"),
+        ("eva-predicted", "eva, creator_rollouts=predicted"),
     ):
-        g = results["generation_per_pair"][arm]
-        per_pair.append([label, str(g["responses"]), str(g["pairs"]), str(g["responses_per_pair"])])
+        if (g := results["generation_per_pair"].get(arm)) is None:
+            continue  # a report from before the arm existed
+        dpo = results["generation_per_pair"]["dpo"]["responses_per_pair"]
+        vs_dpo = f"{g['responses_per_pair'] / dpo:.2f}x" if dpo else "-"
+        per_pair.append(
+            [label, str(g["responses"]), str(g["pairs"]), str(g["responses_per_pair"]), vs_dpo]
+        )
     over_head = ["run", "iteration", "wall s", "subflow s", "backends s", "stage I/O s",
                  "orchestration s", "overhead", "Prefect's floor", "eva above floor"]  # fmt: skip
     roll_head = ["run", "prompts", "tokens", "direct tok/s", "stage tok/s", "stage / direct",
                  "same output"]  # fmt: skip
-    pair_head = ["arm", "responses generated", "pairs trained", "responses per pair"]
+    pair_head = ["arm", "responses generated", "pairs trained", "responses per pair",
+                 "vs iterative DPO"]  # fmt: skip
     md = "\n".join(
         [
             "## Pipeline costs",

@@ -108,10 +108,11 @@ def test_costs_quick_measures_a_run_its_cached_rerun_and_rollouts(tmp_path) -> N
     assert 0 < cached["share"] < 1
     roll = results["rollout_demo"]
     assert roll["same_outputs"] and roll["tokens"] > 24 * 4  # at least one token per response
-    # Generation per pair: eva samples X_{t-1} and X_t; iterative DPO and the
-    # previous-rollouts variant sample only X_t (24 prompts x 4 responses x 2 iterations).
+    # Generation per pair: eva samples X_{t-1} and X_t; iterative DPO and the previous and
+    # predicted creators sample only X_t (24 prompts x 4 responses x 2 iterations).
     per_pair = results["generation_per_pair"]
     assert per_pair["dpo"]["responses"] == per_pair["eva-previous"]["responses"] == 192
+    assert per_pair["eva-predicted"]["responses"] == 192
     assert per_pair["eva"]["responses"] == 2 * 192
     md = write_costs_report(results, str(tmp_path), "c", command="c")
     for title in (
