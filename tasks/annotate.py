@@ -28,7 +28,8 @@ class AnnotateConfig(BaseModel):
         description="The reward model, by kind: sequence_classifier (Skywork/ArmoRM-style RM; "
         "the paper's is RLHFlow/ArmoRM-Llama3-8B-v0.1 with trust_remote_code and output: "
         "score), vllm_pooling, callable (package.module:function), pairwise (LLM judge win "
-        "rate), python (an object of yours). Required: a run without one is refused.",
+        "rate), verifiable (a verifier against known answers, majority-vote labels for the "
+        "rest), python (an object of yours). Required: a run without one is refused.",
     )
     max_unscored_share: float = Field(
         default=0.5,
