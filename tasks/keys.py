@@ -108,8 +108,9 @@ def recorded_versions() -> dict[str, str]:
 
 
 def _named_code(model: BaseModel) -> list[str]:
-    """The import paths a component config names (``factory``, ``function``)."""
-    fields = ("factory", "function")
+    """The import paths a component config names (``factory``, ``function``, and the
+    verifiable reward's ``extract``, which decides what its majority vote counts)."""
+    fields = ("factory", "function", "extract")
     return [getattr(model, f) for f in fields if isinstance(getattr(model, f, None), str)]
 
 

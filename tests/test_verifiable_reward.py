@@ -220,3 +220,16 @@ def test_the_vote_counts_extracted_answers() -> None:
     got = scorer.score(["3+4="], responses)[0]
     assert got[:4] == [0.0, 0.0, 1.0, 0.0] and math.isnan(got[4]) and got[5] == 0.0
     assert scorer.stats()["majority"] == 1 and scorer.stats()["verifier_failures"] == 1
+
+
+def test_the_extractor_keys_the_stages_that_use_the_reward() -> None:
+    """The extractor decides what the vote counts: editing it must rerun annotate, as editing
+    the verifier does (both are named code in the cache key)."""
+    from tasks.keys import components
+
+    extracting = VerifiableReward(function=MATCH, extract="tests.test_verifiable_reward:last_word")
+    named = dict(components(extracting))
+    assert MATCH in named and "tests.test_verifiable_reward:last_word" in named
+    assert "tests.test_verifiable_reward:last_word" not in dict(
+        components(VerifiableReward(function=MATCH))
+    )
