@@ -126,6 +126,39 @@ def test_default_evolver_changes_one_number() -> None:
 
 
 @needs_math_verify
+def test_recipe_refuses_a_bad_prompt_file_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = _recipe()
+    cases = {
+        "missing.jsonl": None,  # not written
+        "field.jsonl": '{"question": "1+1?", "answer": "2"}\n',
+        "json.jsonl": '{"prompt": "1+1?"}\n{"prompt": \n',
+        "twice.jsonl": '{"prompt": "1+1?"}\n{"prompt": " 1+1? "}\n',
+        "empty.jsonl": "\n",
+    }
+    expected = {
+        "missing.jsonl": "cannot read",
+        "field.jsonl": "line 1: no text 'prompt' field (it has ['answer', 'question'])",
+        "json.jsonl": "line 2: not JSON",
+        "twice.jsonl": "row 1: prompt duplicates row 0 after normalization",
+        "empty.jsonl": "holds no prompts",
+    }
+    for name, text in cases.items():
+        path = tmp_path / name
+        if text is not None:
+            path.write_text(text)
+        argv = ["--model", "unused", "--prompts", str(path), "--out", str(tmp_path / "o")]
+        with pytest.raises(SystemExit) as exit_:
+            recipe.main(argv)
+        assert exit_.value.code == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()[-1:]
+        assert "error: --prompts: " in line, line  # argparse: "<prog>: error: ..."
+        assert expected[name] in line, line
+    assert not (tmp_path / "o").exists()  # refused before anything was written
+
+
+@needs_math_verify
 def test_recipe_records_what_the_creator_reads() -> None:
     import numpy as np
 

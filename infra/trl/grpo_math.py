@@ -118,10 +118,27 @@ def reward_rows(recorded: dict[str, list[float]], prompts: Sequence[str]) -> np.
 
 
 def read_prompts(path: str) -> tuple[list[str], list[str | None]]:
-    with open(path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    answers = [None if r.get("answer") is None else str(r["answer"]) for r in rows]
-    return [r["prompt"] for r in rows], answers
+    """Prompts and their answers (None where a row has none); ValueError naming the line."""
+    try:
+        with open(path) as f:
+            lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror or exc}") from None
+    prompts: list[str] = []
+    answers: list[str | None] = []
+    for n, line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}, line {n}: not JSON ({exc.msg})") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+            raise ValueError(f"{path}, line {n}: no text 'prompt' field (it has {keys})")
+        prompts.append(row["prompt"])
+        answers.append(None if row.get("answer") is None else str(row["answer"]))
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts")
+    return prompts, answers
 
 
 def write_prompts(path: str, table: pa.Table, answers: dict[str, str | None]) -> None:
@@ -156,14 +173,20 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     evolve: Callable[[list[str]], Sequence[Any]] = (
         resolve(args.evolver, "function") if args.evolver else change_a_number
     )
-    texts, given = read_prompts(args.prompts)
-    current = seed_records(texts)  # ids, lineage: eva's prompt records
+    try:
+        texts, given = read_prompts(args.prompts)
+        current = seed_records(texts)  # ids, lineage: eva's prompt records
+    except ValueError as exc:  # one line, naming the file and the row
+        ap.error(f"--prompts: {exc}")
     answers: dict[str, str | None] = dict(zip(current["prompt_id"].to_pylist(), given, strict=True))
     gpu = torch.cuda.is_available()
-    model = AutoModelForCausalLM.from_pretrained(
-        args.model, dtype=torch.bfloat16 if gpu else torch.float32
-    )
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            args.model, dtype=torch.bfloat16 if gpu else torch.float32
+        )
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+    except (OSError, ValueError) as exc:  # not found, offline, not a causal LM
+        ap.error(f"--model {args.model}: {str(exc).splitlines()[0]}")
     os.makedirs(args.out, exist_ok=True)
     open(os.path.join(args.out, "rounds.jsonl"), "w").close()  # this run's rounds only
     log: list[dict[str, Any]] = []
