@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tasks.backends.generate import GenerationBackend
 from tasks.backends.generate.transformers import TransformersGeneration
 from tasks.backends.protocols import close_after, engine_stats, stats_of
-from tasks.backends.reward import PointwiseRewardBackend
+from tasks.backends.reward import PointwiseRewardBackend, pointwise
 from tasks.context import StageContext, StageOutput
 from tasks.stage import MODEL, StageError, stage
 
@@ -30,9 +31,16 @@ class EvaluateConfig(BaseModel):
     )
     reward: PointwiseRewardBackend | None = Field(
         default=None,
-        description="Scores one answer per prompt (pairwise judges do not apply here). None: "
-        "the run's own reward model.",
+        description="Scores one answer per prompt: a reward model, a function, an object of "
+        "yours, or a verifiable reward against the held-out set's known answers (unknown: "
+        "drop; a held-out prompt without one is unscored and counted). Pairwise judges do not "
+        "apply. None: the run's own reward model.",
     )
+
+    @field_validator("reward")
+    @classmethod
+    def _pointwise(cls, value: Any) -> Any:
+        return pointwise(value)
 
 
 @stage(
@@ -73,6 +81,7 @@ def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> St
     stats = {
         "score": _finite_mean(rewards),
         "solved": round(float(np.mean(rewards == 1.0)), 4),
+        "unscored": int(np.count_nonzero(~np.isfinite(rewards))),
         # A category no answer of which was scored is left out (charts plot numbers only).
         "per_category": {
             c: m for c, v in sorted(by_cat.items()) if (m := _finite_mean(v)) is not None

@@ -233,3 +233,23 @@ def test_the_extractor_keys_the_stages_that_use_the_reward() -> None:
     assert "tests.test_verifiable_reward:last_word" not in dict(
         components(VerifiableReward(function=MATCH))
     )
+
+
+def test_evaluation_takes_a_verifiable_reward_on_known_answers_only(tmp_path: Path) -> None:
+    from flows.config import validate_config
+    from tasks.evaluate import EvaluateConfig
+    from tests.conftest import tiny_run_config
+
+    answers = _jsonl(tmp_path / "h.jsonl", [{"prompt": "1+2=", "answer": "3"}])
+    known = {"kind": "verifiable", "function": MATCH, "answers": answers, "unknown": "drop"}
+    scorer = EvaluateConfig.model_validate({"reward": known}).reward
+    assert scorer is not None
+    # One greedy answer per prompt: scored against its known answer; no answer, unscored.
+    _same(scorer.load().score(["1+2=", "4+4="], [["3"], ["8"]]), [[1.0], [math.nan]])
+    cfg = tiny_run_config(str(tmp_path))
+    cfg["evaluate"] = {**cfg["evaluate"], "reward": {**known, "unknown": "majority"}}
+    with pytest.raises(ConfigError) as refused:
+        validate_config(cfg)
+    line = str(refused.value)
+    assert "\n" not in line and "evaluate.reward" in line
+    assert "set unknown: drop" in line

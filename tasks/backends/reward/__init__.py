@@ -17,13 +17,13 @@ python               an object of yours, ``factory(**options)`` (the built-in wo
                      verifier: ``eva_world.components:WorldVerifier``)
 verifiable           a verifier ``f(response, answer)`` against known answers from a file,
                      and a majority vote of the N responses where none is known (needs
-                     the N together: not pointwise)
+                     the N together: pointwise only with ``unknown: drop``)
 ==================== ================================================================
 """
 
 from __future__ import annotations
 
-from typing import Annotated, TypeAlias
+from typing import Annotated, Any, TypeAlias
 
 from pydantic import Field
 
@@ -34,11 +34,29 @@ from tasks.backends.reward.sequence_classifier import SequenceClassifierReward
 from tasks.backends.reward.verifiable import VerifiableReward
 from tasks.backends.reward.vllm_pooling import VLLMPoolingReward
 
-# Scores one response on its own: what a stage with a single response per prompt can use.
+# Scores one response on its own: what a stage with a single response per prompt can use. A
+# verifiable reward is one only when it scores known answers alone (``unknown: drop``): a
+# majority vote of one response always agrees with itself. ``pointwise`` refuses the rest.
 PointwiseRewardBackend: TypeAlias = Annotated[
-    SequenceClassifierReward | VLLMPoolingReward | CallableReward | PythonComponent,
+    SequenceClassifierReward
+    | VLLMPoolingReward
+    | CallableReward
+    | PythonComponent
+    | VerifiableReward,
     Field(discriminator="kind"),
 ]
+
+
+def pointwise(reward: Any) -> Any:
+    """``reward``, refused when it labels unknown prompts by a majority vote (a field
+    validator for the configs that score one response per prompt)."""
+    if isinstance(reward, VerifiableReward) and reward.unknown != "drop":
+        raise ValueError(
+            "a verifiable reward scores one response per prompt only against known answers: "
+            "set unknown: drop (a majority vote of one response always agrees with itself)"
+        )
+    return reward
+
 
 RewardBackend: TypeAlias = Annotated[
     SequenceClassifierReward
