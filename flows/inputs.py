@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from eva_runtime.errors import ConfigError, first_line
+from eva_runtime.hub import unreachable
 from flows.config import OnlineRunConfig, RunConfig
 from flows.roots import check_root, check_storage_options
 from tasks.backends.python import PythonComponent
@@ -144,6 +145,12 @@ def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: lis
     backend = backend or config.evaluate.generation
     if checkpoint is None or backend.kind != "transformers":
         return
+    if is_hub_id(checkpoint) and (why := unreachable(checkpoint)) is not None:
+        raise ConfigError(
+            f"bootstrap.init_checkpoint: {checkpoint}: {why}",
+            hint="download it where the Hub is reachable (huggingface-cli download), or name "
+            "a local checkpoint",
+        )
     from transformers import AutoConfig, AutoTokenizer
 
     from tasks.backends.generate.transformers import check_fits
