@@ -91,6 +91,20 @@ def hash_ids(ids: pa.ChunkedArray, out: np.ndarray, tag: int) -> bool:
     return True
 
 
+def string_buffers(strings: pa.Array) -> tuple[np.ndarray, pa.Buffer | None]:
+    """A string or large_string array's value offsets (``len + 1`` of them, the array's own
+    slice of the buffer) and its data buffer, both without a copy."""
+    offsets_buf, data_buf = strings.buffers()[1:3]
+    width = 8 if pa.types.is_large_string(strings.type) else 4
+    offsets = np.frombuffer(
+        offsets_buf,
+        dtype=np.int64 if width == 8 else np.int32,
+        count=len(strings) + 1,
+        offset=strings.offset * width,
+    )
+    return offsets, data_buf
+
+
 def _hash_chunk(ids: pa.Array, out: np.ndarray, tag: np.uint64) -> bool:
     """Each string is read as little-endian 8-byte words through an unaligned view of the data
     buffer, the bytes past its end masked off; each word is mixed (xorshift, then an odd
@@ -99,14 +113,7 @@ def _hash_chunk(ids: pa.Array, out: np.ndarray, tag: np.uint64) -> bool:
     n = len(ids)
     if n == 0:
         return True
-    offsets_buf, data_buf = ids.buffers()[1:3]
-    width = 8 if pa.types.is_large_string(ids.type) else 4
-    offsets = np.frombuffer(
-        offsets_buf,
-        dtype=np.int64 if width == 8 else np.int32,
-        count=n + 1,
-        offset=ids.offset * width,
-    )
+    offsets, data_buf = string_buffers(ids)
     lengths = np.diff(offsets)
     if int(lengths.max()) > MAX_HASHED_BYTES:
         return False

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pyarrow as pa
 
-from eva_core.idset import ids_in
+from eva_core.idset import ids_in, string_buffers
 from eva_core.schema import PROMPT_SCHEMA, prompt_records
 
 
@@ -137,18 +137,12 @@ def _all_equal(chunk: pa.Array) -> bool:
         return bool((values == values[0]).all())
     if not (pa.types.is_string(chunk.type) or pa.types.is_large_string(chunk.type)):
         return False
-    offsets_buf, data_buf = chunk.buffers()[1:3]
-    width = 8 if pa.types.is_large_string(chunk.type) else 4
-    offsets = np.frombuffer(
-        offsets_buf,
-        dtype=np.int64 if width == 8 else np.int32,
-        count=len(chunk) + 1,
-        offset=chunk.offset * width,
-    )
+    offsets, data_buf = string_buffers(chunk)
     size = int(offsets[1] - offsets[0])
     if not (np.diff(offsets) == size).all():
         return False
     if size == 0:
         return True
+    assert data_buf is not None  # values of size > 0 have bytes
     data = np.frombuffer(data_buf, dtype=np.uint8, count=size * len(chunk), offset=int(offsets[0]))
     return np.array_equal(data[size:], data[:-size])  # each byte equals the one a value before
