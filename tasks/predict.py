@@ -42,12 +42,9 @@ class PredictConfig(BaseModel):
     )
 
 
-def _readings(table: pa.Table, metric: str, ids: pa.Array, column: str = "prompt_id") -> np.ndarray:
-    """The informativeness of each id's reading in ``table`` (NaN where it has none)."""
-    if table.num_rows == 0:
-        return np.full(len(ids), np.nan)
-    values = informativeness(reward_matrix(table.column("rewards")), metric)
-    at = pc.index_in(ids, value_set=table.column(column).combine_chunks())
+def _readings(values: np.ndarray, read_ids: pa.Array, ids: pa.Array) -> np.ndarray:
+    """``values`` (one per ``read_ids``) looked up for each of ``ids`` (NaN where absent)."""
+    at = pc.index_in(ids, value_set=read_ids)
     index = pc.fill_null(at, -1).to_numpy(zero_copy_only=False)
     found = index >= 0
     out = np.full(len(ids), np.nan)
@@ -70,15 +67,22 @@ def predict(
     # At iteration 1 there is no older step: the flow passes the same rollouts twice.
     same = ctx.refs["older"].content_hash == ctx.refs["recent"].content_hash
     history = older.slice(0, 0) if same else older
-    reading_recent = informativeness(reward_matrix(recent.column("rewards")), metric)
-    reading_older = _readings(history, metric, ids)
+    rewards = reward_matrix(recent.column("rewards"))
+    reading_recent = informativeness(rewards, metric)
+    # One reading per prompt of X_{t-2}, looked up for each prompt and for its parent.
+    if history.num_rows:
+        older_values = informativeness(reward_matrix(history.column("rewards")), metric)
+    else:
+        older_values = np.zeros(0)
+    older_ids = history.column("prompt_id").combine_chunks()
+    reading_older = _readings(older_values, older_ids, ids)
     parents = recent.column("parent_id").combine_chunks().fill_null("")
-    parent_older = _readings(history, metric, parents)
+    parent_older = _readings(older_values, older_ids, parents)
     methods = recent.column("evolve_method").to_pylist()
     pred = predict_informativeness(
         reading_recent, reading_older, parent_older, methods, config.rho_prior, config.min_pairs
     )
-    out = reward_summary(recent, pred.mean)
+    out = reward_summary(recent, pred.mean, rewards)
     for name, values in (
         ("estimate", pa.array(pred.source, pa.string())),
         ("uncertainty", pa.array(pred.sd)),

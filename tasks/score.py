@@ -73,13 +73,10 @@ def score(ctx: StageContext, config: ScoreConfig, annotated: pa.Table) -> StageO
     )
 
 
-def reward_summary(
-    annotated: pa.Table, info: np.ndarray, rewards: np.ndarray | None = None
-) -> pa.Table:
-    """``annotated``'s prompt records with each prompt's informativeness and its rewards' max,
-    min and mean (NaN where it has no finite reward): the columns ``sample`` draws from."""
-    if rewards is None:
-        rewards = reward_matrix(annotated.column("rewards"))
+def reward_summary(annotated: pa.Table, info: np.ndarray, rewards: np.ndarray) -> pa.Table:
+    """``annotated``'s prompt records with each prompt's informativeness and the max, min and
+    mean of its ``rewards`` (its reward matrix; NaN where it has no finite reward): the columns
+    ``sample`` draws from."""
     with np.errstate(all="ignore"):
         finite = np.isfinite(rewards)
         r_max = np.where(finite, rewards, -np.inf).max(axis=1, initial=-np.inf)
