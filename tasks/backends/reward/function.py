@@ -46,17 +46,59 @@ class RewardFunctionError(EvaError, RuntimeError, ValueError):
     """The reward function failed the whole call (see the module docstring)."""
 
 
-def _exited(function: str, exc: SystemExit) -> RewardFunctionError:
+EXIT_HINT = "a reward returns a number (None or NaN: cannot score); it must not exit"
+
+
+def _exited(function: str, exc: SystemExit, what: str = "reward function") -> RewardFunctionError:
     return RewardFunctionError(
-        f"reward function {function} called sys.exit({exc.code!r})",
-        field="annotate.reward",
-        hint="a reward returns a number (None or NaN: cannot score); it must not exit",
+        f"{what} {function} called sys.exit({exc.code!r})", field="annotate.reward", hint=EXIT_HINT
     )
 
 
 def _as_reward(value: Any) -> float:
     # bool is an int: True/False become 1.0/0.0, which is what a pass/fail verifier means.
     return math.nan if value is None else float(value)
+
+
+class GuardedCalls:
+    """A user's function called once per response. A raise is that response's NaN, counted
+    (one bad response must not sink the stage); ``sys.exit`` is an error at once. ``check``
+    then fails the call if every response raised and warns if some did."""
+
+    def __init__(self, fn: Callable[..., Any], name: str, what: str = "reward function"):
+        self.fn, self.name, self.what = fn, name, what
+        self.calls, self.failures = 0, 0
+        self.first_error: Exception | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> float:
+        self.calls += 1
+        try:
+            return _as_reward(self.fn(*args, **kwargs))
+        except SystemExit as exc:  # not a bad response: the code asked the process to end
+            raise _exited(self.name, exc, self.what) from None
+        except Exception as exc:
+            self.failures += 1
+            self.first_error = self.first_error or exc
+            return math.nan
+
+    def check(self) -> None:
+        error = self.first_error
+        if error is None:
+            return
+        if self.failures == self.calls:
+            raise RewardFunctionError(
+                f"{self.what} {self.name} raised on all {self.calls} responses; first error: "
+                f"{type(error).__name__}: {first_line(error, with_type=False)}",
+                field="annotate.reward",
+            ) from error
+        log.warning(
+            "%s %s raised on %d of %d responses (scored NaN); first error: %r",
+            self.what,
+            self.name,
+            self.failures,
+            self.calls,
+            error,
+        )
 
 
 class CallableReward(BaseModel):
@@ -108,44 +150,18 @@ class CallableScorer:
     ) -> list[list[float]]:
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} response lists")
-        failures = 0
         if self.config.batched:
             batched = self._batched(prompts, responses)
             self._last = {"failures": 0}
             progress(1.0)
             return batched
+        call = GuardedCalls(self.fn, self.config.function)
         out: list[list[float]] = []
-        total = sum(len(rs) for rs in responses)
-        first_error: Exception | None = None
         for i, (prompt, rs) in enumerate(zip(prompts, responses, strict=True)):
-            row = []
-            for response in rs:
-                try:
-                    row.append(_as_reward(self.fn(prompt, response, **self.config.kwargs)))
-                except SystemExit as e:  # not a bad response: the code asked the process to end
-                    raise _exited(self.config.function, e) from None
-                except Exception as e:  # one response's failure must not sink the stage
-                    failures += 1
-                    first_error = first_error or e
-                    row.append(math.nan)
-            out.append(row)
+            out.append([call(prompt, response, **self.config.kwargs) for response in rs])
             progress((i + 1) / len(prompts))
-        self._last = {"failures": failures}
-        if first_error is not None:
-            if failures == total:
-                raise RewardFunctionError(
-                    f"reward function {self.config.function} raised on all {total} responses; "
-                    f"first error: {type(first_error).__name__}: "
-                    f"{first_line(first_error, with_type=False)}",
-                    field="annotate.reward",
-                ) from first_error
-            log.warning(
-                "reward function %s raised on %d of %d responses (scored NaN); first error: %r",
-                self.config.function,
-                failures,
-                total,
-                first_error,
-            )
+        self._last = {"failures": call.failures}
+        call.check()
         return out
 
     def _batched(

@@ -22,7 +22,6 @@ Verifier failures: one that raises on a response gives that response NaN and is 
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -34,11 +33,9 @@ from eva_core.answers import answer_rewards, normalize_answer
 from eva_core.schema import prompt_id
 from eva_runtime.errors import EvaError, first_line
 from tasks.backends.protocols import Progress, no_progress
-from tasks.backends.reward.function import resolve_function
+from tasks.backends.reward.function import GuardedCalls, resolve_function
 from tasks.prompt_files import _read_table
 from tasks.store import hash_file
-
-log = logging.getLogger(__name__)
 
 FIELD = "annotate.reward"
 FORMATS = (".jsonl", ".json", ".csv", ".parquet")
@@ -206,26 +203,7 @@ class VerifiableScorer:
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} response lists")
         answers = [self.known.get(prompt_id(p)) for p in prompts]
-        calls, failures = 0, 0
-        first_error: Exception | None = None
-
-        def verify(response: str, answer: str) -> float:
-            nonlocal calls, failures, first_error
-            calls += 1
-            try:
-                value = self.verify(response, answer)
-            except SystemExit as exc:
-                raise EvaError(
-                    f"verifier {self.config.function} called sys.exit({exc.code!r})",
-                    field=FIELD,
-                    hint="a verifier returns a number; it must not exit",
-                ) from None
-            except Exception as exc:  # one response's failure must not sink the stage
-                failures += 1
-                first_error = first_error or exc
-                return math.nan
-            return math.nan if value is None else float(value)
-
+        verify = GuardedCalls(self.verify, self.config.function, what="verifier")
         if self.config.unknown == "majority":
             result = answer_rewards(
                 responses, answers, verify, self.config.agreement, self._normalize
@@ -241,21 +219,8 @@ class VerifiableScorer:
         self._last = {
             **counts,
             **{k: v for k, v in vote.items() if k.startswith("dropped_")},
-            "verifier_failures": failures,
+            "verifier_failures": verify.failures,
         }
-        if first_error is not None and failures == calls:
-            raise EvaError(
-                f"verifier {self.config.function} raised on all {failures} responses it was "
-                f"given; first error: {first_line(first_error)}",
-                field=FIELD,
-            ) from first_error
-        if first_error is not None:
-            log.warning(
-                "verifier %s raised on %d of %d responses (scored NaN); first error: %r",
-                self.config.function,
-                failures,
-                calls,
-                first_error,
-            )
+        verify.check()
         progress(1.0)
         return rewards
