@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.backends.generate import GenerationBackend
 from tasks.backends.generate.transformers import TransformersGeneration
 from tasks.backends.protocols import close_after, engine_stats, stats_of
-from tasks.backends.reward import PointwiseRewardBackend, pointwise
+from tasks.backends.reward import PointwiseRewardBackend
 from tasks.context import StageContext, StageOutput
 from tasks.stage import MODEL, StageError, stage
 
@@ -36,11 +35,6 @@ class EvaluateConfig(BaseModel):
         "drop; a held-out prompt without one is unscored and counted). Pairwise judges do not "
         "apply. None: the run's own reward model.",
     )
-
-    @field_validator("reward")
-    @classmethod
-    def _pointwise(cls, value: Any) -> Any:
-        return pointwise(value)
 
 
 @stage(

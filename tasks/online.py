@@ -20,13 +20,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.buffer import PromptBuffer
 from eva_core.schema import PROMPT_COLUMNS
 from eva_runtime.errors import ConfigError
 from tasks.backends.evolve import EvolverBackend
-from tasks.backends.reward import PointwiseRewardBackend, pointwise
+from tasks.backends.reward import PointwiseRewardBackend
 from tasks.backends.train.online import OnlineSolverConfig
 from tasks.context import StageContext, StageOutput, check_failures
 from tasks.online_loop import BufferConfig, OnlineLoop, pending_batches
@@ -53,11 +53,6 @@ class OnlineConfig(BaseModel):
         description="Scores samples: a reward model, a function or an object of yours "
         "(required; see annotate.reward of an offline run).",
     )
-
-    @field_validator("reward")
-    @classmethod
-    def _pointwise(cls, value: Any) -> Any:
-        return pointwise(value)
 
     evolver: EvolverBackend | None = Field(
         default=None, description="The rewriter (required unless buffer.evolve is false)."

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, TypeAlias
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from tasks.backends.python import PythonComponent
 from tasks.backends.reward.function import CallableReward
@@ -34,22 +34,10 @@ from tasks.backends.reward.sequence_classifier import SequenceClassifierReward
 from tasks.backends.reward.verifiable import VerifiableReward
 from tasks.backends.reward.vllm_pooling import VLLMPoolingReward
 
-# Scores one response on its own: what a stage with a single response per prompt can use. A
-# verifiable reward is one only when it scores known answers alone (``unknown: drop``): a
-# majority vote of one response always agrees with itself. ``pointwise`` refuses the rest.
-PointwiseRewardBackend: TypeAlias = Annotated[
-    SequenceClassifierReward
-    | VLLMPoolingReward
-    | CallableReward
-    | PythonComponent
-    | VerifiableReward,
-    Field(discriminator="kind"),
-]
 
-
-def pointwise(reward: Any) -> Any:
-    """``reward``, refused when it labels unknown prompts by a majority vote (a field
-    validator for the configs that score one response per prompt)."""
+def _pointwise(reward: Any) -> Any:
+    """Refuses a reward that labels unknown prompts by a majority vote where one response per
+    prompt is scored: a vote of one response always agrees with itself."""
     if isinstance(reward, VerifiableReward) and reward.unknown != "drop":
         raise ValueError(
             "a verifiable reward scores one response per prompt only against known answers: "
@@ -57,6 +45,18 @@ def pointwise(reward: Any) -> Any:
         )
     return reward
 
+
+# Scores one response on its own: what a stage with a single response per prompt can use. A
+# verifiable reward is one only when it scores known answers alone (``unknown: drop``).
+PointwiseRewardBackend: TypeAlias = Annotated[
+    SequenceClassifierReward
+    | VLLMPoolingReward
+    | CallableReward
+    | PythonComponent
+    | VerifiableReward,
+    Field(discriminator="kind"),
+    AfterValidator(_pointwise),
+]
 
 RewardBackend: TypeAlias = Annotated[
     SequenceClassifierReward
