@@ -330,6 +330,7 @@ def write_costs_report(results: dict[str, Any], out_dir: str, name: str, command
         if (r := results.get(key)) is not None
     ]  # fmt: skip
     per_pair: list[list[str]] = []
+    dpo = results["generation_per_pair"]["dpo"]["responses_per_pair"]
     for arm, label in (
         ("dpo", "iterative DPO (fresh seed prompts)"),
         ("eva", "eva (fresh creator rollouts)"),
@@ -338,7 +339,6 @@ def write_costs_report(results: dict[str, Any], out_dir: str, name: str, command
     ):
         if (g := results["generation_per_pair"].get(arm)) is None:
             continue  # a report from before the arm existed
-        dpo = results["generation_per_pair"]["dpo"]["responses_per_pair"]
         vs_dpo = f"{g['responses_per_pair'] / dpo:.2f}x" if dpo else "-"
         per_pair.append(
             [label, str(g["responses"]), str(g["pairs"]), str(g["responses_per_pair"]), vs_dpo]
