@@ -22,13 +22,11 @@ from prefect import flow
 from eva_core.schema import PROMPT_COLUMNS, seed_records
 from eva_world.components import WorldPrompts
 from flows.config import RunConfig
-from flows.iteration import dpo_iteration
+from flows.iteration import dpo_iteration, setup
 from flows.launch import opened_run, publish_summary, run_name
 from flows.summary import iteration_summary
-from tasks.bootstrap import bootstrap
 from tasks.context import StageContext, StageOutput, stage_seed
-from tasks.evaluate import evaluate
-from tasks.prompts import PromptsConfig, load_heldout, load_prompts
+from tasks.prompts import PromptsConfig
 from tasks.stage import stage
 
 Baseline = Literal["fresh", "target"]
@@ -136,10 +134,7 @@ def baseline_run(config: RunConfig, arm: Baseline, topup: float = 1.0) -> list[d
     """T iterations of iterative DPO, each on a new split of the arm's prompt source."""
     source = split_source(config, arm, topup)
     with opened_run(config, None) as run:
-        prompts = load_prompts(run, None, config.prompts)
-        heldout = load_heldout(run, None, config.heldout, seed_set=prompts)
-        policy = bootstrap(run, None, config.bootstrap, heldout=heldout)
-        evaluate(run, None, config.evaluation, heldout=heldout, policy=policy)
+        prompts, heldout, policy = setup(run, config)
         if config.iteration0_dpo:
             policy = dpo_iteration(run, 0, config, prompts, policy, heldout).policy
         x0 = prompts

@@ -39,11 +39,8 @@ from bench.arms import WINDOW, Baseline
 from bench.method import _model, _offline, arm_config, generated, seed_base
 from eva_runtime.errors import EvaError
 from flows.config import RunConfig, deep_merge
-from flows.iteration import eva_iteration
+from flows.iteration import eva_iteration, setup
 from flows.launch import opened_run, run_name
-from tasks.bootstrap import bootstrap
-from tasks.evaluate import evaluate
-from tasks.prompts import load_heldout, load_prompts
 
 TOLERANCE = 0.01  # each arm's generated responses per iteration lie within 1% of G
 
@@ -115,10 +112,7 @@ def matched_eva_run(config: RunConfig, g: int) -> list[int]:
     n = config.generate.n
     sizes: list[int] = []
     with opened_run(config, None) as run:
-        prompts = load_prompts(run, None, config.prompts)
-        heldout = load_heldout(run, None, config.heldout, seed_set=prompts)
-        policy = bootstrap(run, None, config.bootstrap, heldout=heldout)
-        evaluate(run, None, config.evaluation, heldout=heldout, policy=policy)
+        prompts, heldout, policy = setup(run, config)
         step, older = None, None
         for t in range(1, config.iterations + 1):
             last = step.rollouts if step else None

@@ -10,8 +10,9 @@ from typing import NamedTuple
 
 from prefect import flow
 
-from flows.config import RunConfig
+from flows.config import OnlineRunConfig, RunConfig
 from tasks.annotate import annotate
+from tasks.bootstrap import bootstrap
 from tasks.complexity import complexity
 from tasks.context import RunContext
 from tasks.evaluate import evaluate
@@ -20,10 +21,27 @@ from tasks.generate import generate
 from tasks.mix import mix
 from tasks.pairs import pairs
 from tasks.predict import predict
+from tasks.prompts import load_heldout, load_prompts
 from tasks.sample import sample
 from tasks.score import score
 from tasks.store import Ref
 from tasks.train import train
+
+
+class Setup(NamedTuple):
+    prompts: Ref  # X_0 (online: the seed set D)
+    heldout: Ref
+    policy: Ref  # theta_0
+
+
+def setup(run: RunContext, cfg: RunConfig | OnlineRunConfig) -> Setup:
+    """X_0, the held-out set (disjoint from it), theta_0, and theta_0's held-out score: what
+    every run starts from."""
+    prompts = load_prompts(run, None, cfg.prompts)
+    heldout = load_heldout(run, None, cfg.heldout, seed_set=prompts)
+    policy = bootstrap(run, None, cfg.bootstrap, heldout=heldout)
+    evaluate(run, None, cfg.evaluation, heldout=heldout, policy=policy)
+    return Setup(prompts, heldout, policy)
 
 
 class Step(NamedTuple):

@@ -12,23 +12,19 @@ from prefect import flow
 
 from eva_runtime.prefect_ui import publish_markdown
 from flows.config import OnlineRunConfig
+from flows.iteration import setup
 from flows.launch import opened_run, publish_summary, run_name
 from flows.run_charts import online_run_charts
 from flows.summary import online_summary
-from tasks.bootstrap import bootstrap
 from tasks.evaluate import evaluate
 from tasks.online import online
 from tasks.plan import Plan
-from tasks.prompts import load_heldout, load_prompts
 
 
 @flow(name="eva-online", flow_run_name=run_name)
 def eva_online(config: OnlineRunConfig, plan: Plan | None = None) -> list[dict[str, Any]]:
     with opened_run(config, plan) as run:
-        seeds = load_prompts(run, None, config.prompts)  # D
-        heldout = load_heldout(run, None, config.heldout, seed_set=seeds)
-        policy = bootstrap(run, None, config.bootstrap, heldout=heldout)  # theta_0
-        evaluate(run, None, config.evaluation, heldout=heldout, policy=policy)
+        seeds, heldout, policy = setup(run, config)  # D, held-out, theta_0
         for segment in range(1, config.online.segments(seeds.rows) + 1):
             # S steps of RLOO; the buffer's state travels inside the checkpoint.
             policy = online(

@@ -9,14 +9,11 @@ from typing import Any
 from prefect import flow
 
 from flows.config import RunConfig
-from flows.iteration import dpo_iteration, eva_iteration
+from flows.iteration import dpo_iteration, eva_iteration, setup
 from flows.launch import opened_run, publish_charts, publish_summary, run_name
 from flows.run_charts import run_charts
 from flows.summary import iteration_summary
-from tasks.bootstrap import bootstrap
-from tasks.evaluate import evaluate
 from tasks.plan import Plan
-from tasks.prompts import load_heldout, load_prompts
 from tasks.store import RunStore
 
 
@@ -28,10 +25,7 @@ def eva_run(config: RunConfig, plan: Plan | None = None, advance: int = 0) -> li
         reached = finished_iterations(RunStore(config.root, config.run, config.storage_options))
         config = config.model_copy(update={"iterations": reached + advance})
     with opened_run(config, plan) as run:
-        prompts = load_prompts(run, None, config.prompts)  # X_0
-        heldout = load_heldout(run, None, config.heldout, seed_set=prompts)
-        policy = bootstrap(run, None, config.bootstrap, heldout=heldout)  # theta_0
-        evaluate(run, None, config.evaluation, heldout=heldout, policy=policy)
+        prompts, heldout, policy = setup(run, config)  # X_0, held-out, theta_0
 
         step, older = None, None
         if config.iteration0_dpo:
