@@ -293,11 +293,18 @@ def resolve_extends(
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """``override`` on top of ``base``: mappings merge key by key, anything else replaces."""
+    """``override`` on top of ``base``: mappings merge key by key, anything else replaces.
+
+    A mapping whose ``kind`` differs from the base's replaces it whole, as ``--set`` does: the
+    old kind's fields would not validate against the new one (``extends`` a config, then swap
+    a backend).
+    """
     out = dict(base)
     for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
+        old = out.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            swapped = "kind" in value and "kind" in old and value["kind"] != old["kind"]
+            out[key] = value if swapped else deep_merge(old, value)
         else:
             out[key] = value
     return out

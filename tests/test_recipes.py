@@ -105,6 +105,22 @@ def test_extends_cycle_and_missing_file_are_one_line_errors(tmp_path: Path) -> N
     assert (cfg.sample.fraction, cfg.sample.method, cfg.seed) == (0.5, "greedy", 3)
 
 
+def test_extends_with_another_backend_kind_starts_that_section_afresh(tmp_path: Path) -> None:
+    # Regression: a file extending the world that swapped the transformers backend for `served`
+    # was merged key by key and refused (`max_new_tokens: not a field`); --set already did this.
+    served = load_config(str(CONFIGS / "world-served.yaml"))
+    backend = served.generate.backend
+    assert backend.kind == "served" and backend.client.endpoint == "completions"
+    assert backend.client.max_tokens == 10 and served.evaluate.generation.client.temperature == 0.0
+    assert served.train.solver == load_config(None).train.solver  # the rest is the world's
+    (tmp_path / "same.yaml").write_text(
+        f"extends: {CONFIGS / 'world.yaml'}\ngenerate: {{backend: {{kind: transformers, "
+        "batch_size: 64}}\n"
+    )
+    same = load_config(str(tmp_path / "same.yaml")).generate.backend
+    assert (same.batch_size, same.max_new_tokens) == (64, 10)  # same kind: still merged
+
+
 def test_set_changes_one_field_of_the_config_that_would_run(tmp_path: Path) -> None:
     # Regression: `--set train.solver.learning_rate=...` used to rebuild the solver from the
     # paper's defaults (lr 5e-7, batch 8, beta 0.05), silently dropping the demo's settings.
