@@ -8,6 +8,7 @@
 #                                             one ZeRO-3 step through accelerate)
 #   bash bench/gpu_check.sh vllm [SECONDS]    the vLLM tests, bench.gpu, and (time left) the
 #                                             demo with rollouts from `vllm serve`
+#   bash bench/gpu_check.sh pytest ARGS       any tests, in the same environment
 #
 # What travels (docs/benchmarks.md, section 3, says how it is made): eva's packages that the
 # machine lacks, unpacked for Python 3.12 manylinux x86_64 into one folder (transformers 5.24,
@@ -20,6 +21,9 @@ OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT" /tmp/site /tmp/parts
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PATH=/tmp/site/bin:$PATH
 export PREFECT_HOME=/tmp/prefect HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+# FlashInfer stays behind (its kernels are JIT-built with nvcc at the first sample, minutes):
+# vLLM's PyTorch sampler instead. A normal `pip install vllm` has it; eva does not need it.
+export VLLM_USE_FLASHINFER_SAMPLER=0
 
 unpack() {  # DIR NAME: parts NAME.00, NAME.01, ... and, with the last, an empty NAME.last
     cp "$1"/* /tmp/parts/
@@ -64,7 +68,7 @@ print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), torch.versi
 for p in ['transformers','trl','accelerate','deepspeed','prefect','datasets','pyarrow','numpy','pydantic','fastapi','vllm']:
     try: print(p, m.version(p))
     except m.PackageNotFoundError: print(p, 'absent')" 2>&1 | tee -a "$OUT/env.txt"
-    timeout 420 python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_backend_solvers.py \
+    timeout 420 python3 -m pytest -m gpu -v -p no:cacheprovider --timeout 300 tests/test_backend_solvers.py \
         tests/test_gpu_paths.py -k "not vllm" 2>&1 | tee "$OUT/gpu_tests_base.txt" | tail -25
 }
 
@@ -72,8 +76,9 @@ vllm_checks() {  # [SECONDS for the whole of it]
     wrappers
     local end=$(( $(date +%s) + ${1:-480} ))
     python3 -c "import importlib.metadata as m; print('vllm', m.version('vllm'))" | tee -a "$OUT/env.txt"
-    timeout 240 python3 -m pytest -m gpu -v -p no:cacheprovider tests/test_backend_vllm_generate.py \
-        tests/test_backend_rewards.py tests/test_gpu_paths.py -k "vllm" 2>&1 \
+    timeout 300 python3 -m pytest -m gpu -v -p no:cacheprovider --timeout 150 \
+        tests/test_backend_vllm_generate.py tests/test_backend_rewards.py tests/test_gpu_paths.py \
+        -k "vllm" 2>&1 \
         | tee "$OUT/gpu_tests_vllm.txt" | tail -25
     left=$(( end - $(date +%s) ))
     timeout $(( left > 20 ? left - 10 : 10 )) python3 -m bench.gpu --out /tmp/gpu-bench \
@@ -95,5 +100,7 @@ case "${1:-}" in
     unpack) unpack "$2" "$3" ;;
     base) base ;;
     vllm) vllm_checks "${2:-480}" ;;
-    *) echo "usage: bash bench/gpu_check.sh unpack DIR NAME | base | vllm [SECONDS]"; exit 2 ;;
+    pytest) shift; python3 -m pytest -p no:cacheprovider "$@" ;;  # any tests, with this env
+    *) echo "usage: bash bench/gpu_check.sh unpack DIR NAME | base | vllm [SECONDS] | pytest ARGS"
+       exit 2 ;;
 esac

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -36,6 +37,34 @@ def test_load_without_vllm_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch):
         VLLMGeneration().load("/nowhere")
     message = str(info.value)
     assert "vllm serve" in message and "'openai'" in message and "eva[vllm]" in message
+
+
+def test_in_process_engines_start_their_core_by_spawn(monkeypatch: pytest.MonkeyPatch):
+    # On an H100, vLLM 0.22.1's default fork of its engine core died with "Cannot re-initialize
+    # CUDA in forked subprocess" once the stage process had used CUDA; both in-process vLLM
+    # backends now ask for spawn (vLLM's remedy), and leave a user's own choice alone.
+    import types
+
+    from tasks.backends.reward.vllm_pooling import VLLMPoolingReward
+
+    seen: list[str | None] = []
+
+    class FakeLLM:
+        def __init__(self, **kwargs: object):
+            seen.append(os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"))
+
+        def get_tokenizer(self) -> object:
+            return build_char_tokenizer("0123456789")
+
+    fake = types.SimpleNamespace(LLM=FakeLLM, SamplingParams=dict, PoolingParams=dict)
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    VLLMGeneration().load("/nowhere")
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    VLLMPoolingReward(model="m").load()
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    VLLMGeneration().load("/nowhere")
+    assert seen == ["spawn", "spawn", "fork"]
 
 
 @pytest.fixture(scope="module")

@@ -118,5 +118,9 @@ def test_one_zero3_dpo_step_through_accelerate_saves_a_whole_model(policy_dir: s
     after = AutoModelForCausalLM.from_pretrained(out.model_dir).state_dict()
     # zero3_save_16bit_model gathered the shards: every tensor whole, and trained.
     assert {k: v.shape for k, v in after.items()} == {k: v.shape for k, v in before.items()}
-    # Compared at the saved precision (bf16 under ZeRO-3): rounding alone would not count.
-    assert all(not torch.equal(before[k].to(after[k].dtype), after[k]) for k in before)
+    # Compared at the saved precision (bf16 under ZeRO-3), so rounding alone does not count; a
+    # norm's gain near 1.0 moves less than bf16's step there in two steps: matrices only.
+    matrices = [k for k in before if before[k].dim() == 2]
+    assert matrices and all(
+        not torch.equal(before[k].to(after[k].dtype), after[k]) for k in matrices
+    )

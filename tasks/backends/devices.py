@@ -28,3 +28,15 @@ def _model_ref(value: str) -> str:
 
 Device = Annotated[str, AfterValidator(_device)]
 ModelRef = Annotated[str, AfterValidator(_model_ref)]
+
+
+def spawn_vllm_engines() -> None:
+    """Have an in-process vLLM engine start its engine core by spawn, unless the user chose.
+
+    vLLM forks its engine-core process by default. In an eva stage process CUDA may already be
+    in use (theta_t's evaluation or a transformers reward model in the same process), and a
+    forked child then dies with "Cannot re-initialize CUDA in forked subprocess": seen on an
+    H100 with vLLM 0.22.1, for ``vllm`` generation and ``vllm_pooling`` rewards alike. vLLM's
+    own remedy is ``VLLM_WORKER_MULTIPROC_METHOD=spawn``; it costs a second of start-up.
+    """
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.backends.devices import spawn_vllm_engines
 from tasks.backends.generate.openai import derive_seed
 from tasks.backends.protocols import Progress, no_progress
 
@@ -80,6 +81,7 @@ class VLLMGeneration(BaseModel):
             import vllm
         except ImportError as exc:
             raise ImportError(MISSING_VLLM) from exc
+        spawn_vllm_engines()
         llm = vllm.LLM(
             model=model_dir,
             tensor_parallel_size=self.tensor_parallel_size,

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.backends.devices import spawn_vllm_engines
 from tasks.backends.protocols import Progress, no_progress
 from tasks.backends.reward.sequence_classifier import encode_all, use_chat_template
 
@@ -69,6 +70,7 @@ class VLLMPoolingReward(BaseModel):
                 "in a GPU environment (its transformers/torch pins differ from eva's) or use "
                 "kind=sequence_classifier"
             ) from e
+        spawn_vllm_engines()
         llm = LLM(
             model=self.model,
             runner="pooling",
