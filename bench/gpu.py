@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +60,13 @@ def build(work: Path, n_prompts: int) -> None:
         hidden_size=1024, intermediate_size=2816, num_hidden_layers=16, num_attention_heads=16,
         num_key_value_heads=4, **special,
     )  # fmt: skip
-    LlamaForCausalLM(policy).to(torch.bfloat16).save_pretrained(work / "policy")
+    LlamaForCausalLM(policy).bfloat16().save_pretrained(work / "policy")
     tok.save_pretrained(work / "policy")
     reward = LlamaConfig(
         hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=4, num_labels=1, initializer_range=0.5, **special,
+        num_key_value_heads=4, initializer_range=0.5, **special,
     )  # fmt: skip
+    reward.num_labels = 1  # one reward logit
     LlamaForSequenceClassification(reward).save_pretrained(work / "reward")
     tok.chat_template = TEMPLATE
     tok.save_pretrained(work / "reward")
@@ -110,9 +112,9 @@ def arm_vllm(work: Path, n: int, max_tokens: int) -> dict[str, Any]:
     from tasks.backends.generate.vllm import VLLMGeneration
 
     prompts = json.loads((work / "prompts.json").read_text())
-    cfg = VLLMGeneration(
-        max_tokens=max_tokens, dtype="bfloat16", gpu_memory_utilization=GPU_MEMORY,
-        max_model_len=MAX_LEN, **SAMPLING,
+    cfg = VLLMGeneration.model_validate(
+        {"max_tokens": max_tokens, "dtype": "bfloat16", "gpu_memory_utilization": GPU_MEMORY,
+         "max_model_len": MAX_LEN, **SAMPLING}
     )  # fmt: skip
     t0 = time.perf_counter()
     gen = cfg.load(str(work / "policy"))
@@ -192,7 +194,9 @@ def arm_rewards(work: Path, n: int, max_tokens: int) -> dict[str, Any]:
     return out
 
 
-ARMS = {"plain": arm_plain, "vllm": arm_vllm, "served": arm_served, "rewards": arm_rewards}
+ARMS: dict[str, Callable[..., dict[str, Any]]] = {
+    "plain": arm_plain, "vllm": arm_vllm, "served": arm_served, "rewards": arm_rewards,
+}  # fmt: skip
 
 
 def run_arm(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -257,10 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.arm:  # inside one arm's process
         work = Path(args.work)
-        fn = ARMS[args.arm]
-        extra = (args.vllm_bin,) if args.arm == "served" else ()
         try:
-            result = fn(work, args.n, args.max_tokens, *extra)
+            if args.arm == "served":
+                result = arm_served(work, args.n, args.max_tokens, args.vllm_bin)
+            else:
+                result = ARMS[args.arm](work, args.n, args.max_tokens)
         except Exception:
             traceback.print_exc()
             return 1

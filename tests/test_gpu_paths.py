@@ -26,7 +26,7 @@ from tasks.backends.train.dpo import DPOSolverConfig
 from tasks.train import TrainConfig, train
 
 HAS_CUDA = torch.cuda.is_available()
-VLLM_BIN = os.environ.get("EVA_VLLM_BIN") or shutil.which("vllm")
+VLLM_BIN = os.environ.get("EVA_VLLM_BIN") or shutil.which("vllm") or ""
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 PROMPTS = ["1+2=", "34+5=", "r:abc=", "7-3="]
 
