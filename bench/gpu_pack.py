@@ -1,6 +1,6 @@
 """Pack what a lent GPU machine lacks, for ``bench/gpu_check.sh``, on a machine with a registry.
 
-    python -m bench.gpu_pack [--out .gpu] [--vllm 0.22.1] [--part-mb 58]
+    python -m bench.gpu_pack [--out .gpu] [--vllm 0.22.1] [--part-mb 60]
 
 The device machine (docs/benchmarks.md, section 3) has CUDA, PyTorch 2.11 + CUDA 13 and a long
 list of packages, reaches no registry, and takes at most 64 MiB per call. This resolves eva's
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.gpu_pack", description=__doc__)
     p.add_argument("--out", default=".gpu", help="folder for the call folders c1, c2, ...")
     p.add_argument("--vllm", default="0.22.1", help="the last vLLM built on torch 2.11")
-    p.add_argument("--part-mb", type=int, default=58, help="MB per part (64 MiB per call)")
+    p.add_argument("--part-mb", type=int, default=60, help="MB per part (64 MiB per call)")
     args = p.parse_args(argv)
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
