@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from eva_core.winrate import paired_by_id, win_rate
@@ -17,6 +18,7 @@ COLUMNS = (
     "pairs",
     "heldout_score",
     "heldout_solved",
+    "answers_changed",
     "win_vs_theta_0",
 )
 
@@ -32,6 +34,25 @@ def evaluated_rewards(store: RunStore, iteration: int | None) -> Rewards | None:
         return None
     table = store.read_table(manifest["uri"])
     return table.column("prompt_id").to_pylist(), table.column("reward").to_pylist()
+
+
+def answers_changed(store: RunStore, iteration: int, previous: int | None) -> float | None:
+    """Share of held-out prompts whose greedy answer at ``iteration`` differs from the previous
+    checkpoint's (``previous``; None: theta_0). 0.0 means training left every answer as it
+    was: at a small learning rate a run can report a result of a policy that did not move."""
+    answers = []
+    for it in (iteration, previous):
+        manifest = store.read_manifest(it, "evaluate")
+        if manifest is None:
+            return None
+        table = store.read_table(manifest["uri"])
+        ids, responses = table.column("prompt_id").to_pylist(), table.column("response").to_pylist()
+        answers.append(dict(zip(ids, responses, strict=True)))
+    now, before = answers
+    shared = [i for i in now if i in before]
+    if not shared:
+        return None
+    return round(sum(now[i] != before[i] for i in shared) / len(shared), 4)
 
 
 def win_vs_theta0(store: RunStore, iteration: int, reference: Rewards | None) -> float | None:
@@ -70,6 +91,7 @@ def iteration_summary(store: RunStore, config: RunConfig) -> list[dict[str, Any]
             "pairs": stat(t, "pairs", "pairs"),
             "heldout_score": stat(t, "evaluate", "score"),
             "heldout_solved": stat(t, "evaluate", "solved"),
+            "answers_changed": answers_changed(store, t, t - 1 if t > first else None),
             "win_vs_theta_0": win_vs_theta0(store, t, reference),
         })  # fmt: skip
     return rows
@@ -86,6 +108,7 @@ ONLINE_COLUMNS = (
     "children",
     "heldout_score",
     "heldout_solved",
+    "answers_changed",
     "win_vs_theta_0",
 )
 
@@ -116,6 +139,7 @@ def online_summary(store: RunStore, segments: int) -> list[dict[str, Any]]:
             "children": seg.get("children_added"),
             "heldout_score": ev.get("score"),
             "heldout_solved": ev.get("solved"),
+            "answers_changed": answers_changed(store, s, s - 1 if s > 1 else None),
             "win_vs_theta_0": win_vs_theta0(store, s, reference),
         })  # fmt: skip
     return rows
@@ -132,16 +156,34 @@ def _columns(rows: list[dict[str, Any]]) -> tuple[str, ...]:
 
 
 def summary_table(rows: list[dict[str, Any]]) -> str:
-    """A plain-text table for the terminal (an offline or an online run's rows)."""
+    """A plain-text table for the terminal (an offline or an online run's rows), followed by a
+    line for each checkpoint that did not move (``unmoved``)."""
     columns = _columns(rows)
     cells = [list(columns)] + [[_fmt(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    return "\n".join(
+    table = "\n".join(
         "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells
     )
+    return "\n".join([table, *unmoved(rows)])
 
 
-HELDOUT_COLUMNS = ("heldout_score", "heldout_solved", "win_vs_theta_0")
+def unmoved(rows: list[dict[str, Any]]) -> list[str]:
+    """A warning per trained checkpoint that answers every held-out prompt exactly as the one
+    before it did: its scores are the previous checkpoint's, not a result of training."""
+    key = _columns(rows)[0]
+    lr = "online.solver.learning_rate" if key == "segment" else "train.solver.learning_rate"
+    lines = []
+    for previous, row in itertools.pairwise(rows):
+        if row.get("answers_changed") == 0.0:
+            lines.append(
+                f"warning: {key} {row[key]} gives every held-out prompt the same greedy answer "
+                f"as {previous[key]}: training did not move the policy (raise {lr} or train "
+                "longer; the training loss says how far it got)"
+            )
+    return lines
+
+
+HELDOUT_COLUMNS = ("heldout_score", "heldout_solved", "answers_changed", "win_vs_theta_0")
 
 
 def summary_markdown(run: str, rows: list[dict[str, Any]], title: str = "eva run") -> str:

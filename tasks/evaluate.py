@@ -2,7 +2,9 @@
 
 The score is the mean reward of one greedy response per held-out prompt, under the same reward
 backend the run trains with (the world's verifier here; a reward model in a real deployment);
-``solved`` is the share of responses with reward 1, and every category gets its own mean.
+``solved`` is the share of responses with reward 1 where rewards are a verifier's (every
+scored one in [0, 1]); a reward model's unbounded scores have no "solved", nor has an
+evaluation that scored nothing. Every category gets its own mean.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class EvaluateConfig(BaseModel):
 
 @stage(
     "evaluate",
-    version=1,
+    version=2,
     inputs={"heldout": ("prompt_id", "prompt", "category"), "policy": MODEL},
     outputs=("prompt_id", "prompt", "category", "response", "reward"),
 )
@@ -74,7 +76,7 @@ def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> St
     )
     stats = {
         "score": _finite_mean(rewards),
-        "solved": round(float(np.mean(rewards == 1.0)), 4),
+        "solved": _solved(rewards),
         "unscored": int(np.count_nonzero(~np.isfinite(rewards))),
         # A category no answer of which was scored is left out (charts plot numbers only).
         "per_category": {
@@ -93,3 +95,13 @@ def _finite_mean(values: object) -> float | None:
     x = np.asarray(values, dtype=np.float64)
     x = x[np.isfinite(x)]
     return round(float(x.mean()), 4) if x.size else None
+
+
+def _solved(rewards: np.ndarray) -> float | None:
+    """Share of scored answers with reward exactly 1, when the scores are a verifier's (all in
+    [0, 1]); None otherwise: a reward model's logit of 1.0 means nothing, and a share of 0.000
+    over no scored answer would read as a result."""
+    scored = rewards[np.isfinite(rewards)]
+    if not scored.size or scored.min() < 0.0 or scored.max() > 1.0:
+        return None
+    return round(float(np.mean(scored == 1.0)), 4)

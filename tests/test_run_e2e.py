@@ -66,6 +66,12 @@ def test_run_produces_every_artifact_and_summary(finished_run) -> None:
     wins = [(r["reward"] > theirs[r["prompt_id"]]) + 0.5 * (r["reward"] == theirs[r["prompt_id"]])
             for r in cur]  # fmt: skip
     assert rows[2]["win_vs_theta_0"] == round(sum(wins) / len(wins), 4)
+    # Answers changed against the checkpoint before (iteration 0's for 1, theta_0's for 0).
+    prev = store.read_table(store.read_manifest(0, "evaluate")["uri"]).to_pylist()
+    before = {r["prompt_id"]: r["response"] for r in prev}
+    changed = sum(r["response"] != before[r["prompt_id"]] for r in cur) / len(cur)
+    assert rows[2]["answers_changed"] == round(changed, 4)
+    assert rows[0].get("answers_changed") is None and rows[1]["answers_changed"] is not None
     # Every chart of the run is drawn from its artifacts.
     from flows.run_charts import run_charts
 
