@@ -48,6 +48,18 @@ _LEAD_LABEL = re.compile(
     re.I,
 )
 _FENCE = re.compile(r"^```[\w+-]*[ \t]*\n(.*?)\n?```$", re.S)
+# Words that say what a prompt is about: letters only, 3 or more, less the commonest function
+# words (a generic answer such as "What is the answer?" would otherwise share "the" with most).
+_WORD = re.compile(r"[^\W\d_]{3,}")
+_FUNCTION_WORD_LIST = """
+    the and for are but not you your with that this from have has had was were will can could
+    would should what how why who which when where there their they them then than into about
+    also its our out all any some one each more most such only other these those use using make
+    give
+"""
+_FUNCTION_WORDS = frozenset(_FUNCTION_WORD_LIST.split())
+# Fewer words than this and a prompt cannot be judged by words (the world's "12+34=").
+MIN_PARENT_WORDS = 3
 _QUOTES = (('"', '"'), ("'", "'"), ("\u201c", "\u201d"), ("\u2018", "\u2019"))
 _OPENERS = frozenset("`\"'\u201c\u2018")
 
@@ -60,7 +72,8 @@ class EvolveStats:
     cleaned: int = 0  # candidates whose template labels, fences or quotes were stripped
     dropped: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(
-            ("empty", "refusal", "too_long", "same_as_parent", "duplicate", "heldout"), 0
+            ("empty", "refusal", "too_long", "same_as_parent", "unrelated", "duplicate", "heldout"),
+            0,
         )
     )
 
@@ -75,6 +88,8 @@ def evolved_records(
     max_chars: int | None = None,
     categorize: Callable[[str], str | None] | None = None,
     exclude_ids: Collection[str] = (),
+    keeps_topic: Callable[[str], bool] | None = None,
+    min_shared_words: int = 0,
 ) -> tuple[pa.Table, EvolveStats]:
     """Prompt records for the rewrites of each parent row.
 
@@ -82,14 +97,16 @@ def evolved_records(
     inherit the parent's root, one level deeper. ``categorize`` labels a rewrite (in-breadth
     rewrites may change category); without it the parent's category is inherited. Rewrites
     whose id is in ``exclude_ids`` (the held-out set: decontamination) are dropped as
-    ``heldout``.
+    ``heldout``. A rewrite by a method that ``keeps_topic`` (an in-depth one: the same task,
+    harder) that shares fewer than ``min_shared_words`` words with its parent is dropped as
+    ``unrelated``: a rewriter answering "Explain step by step." to a story prompt.
     """
     if len(candidates) != parents.num_rows:
         raise ValueError(f"{len(candidates)} candidate lists for {parents.num_rows} parents")
     stats = EvolveStats(parents=parents.num_rows)
     cols = {
         name: parents.column(name).to_pylist()
-        for name in ("prompt_id", "root_id", "depth", "category")
+        for name in ("prompt_id", "prompt", "root_id", "depth", "category")
     }
     rows: dict[str, list] = {name: [] for name in PROMPT_SCHEMA.names}
     seen: set[str] = set()
@@ -102,6 +119,13 @@ def evolved_records(
             pid = prompt_id(text) if reason is None else ""
             if reason is None and pid == cols["prompt_id"][i]:
                 reason = "same_as_parent"
+            elif (
+                reason is None
+                and keeps_topic is not None
+                and keeps_topic(method)
+                and unrelated(cols["prompt"][i], text, min_shared_words)
+            ):
+                reason = "unrelated"
             elif reason is None and pid in exclude_ids:
                 reason = "heldout"
             elif reason is None and pid in seen:
@@ -150,6 +174,21 @@ def clean_rewrite(text: str | None) -> str:
         if out == before:
             break
     return out
+
+
+def content_words(text: str) -> set[str]:
+    """The lower-cased words of three or more letters that are not function words."""
+    return {w for w in _WORD.findall(text.lower()) if w not in _FUNCTION_WORDS}
+
+
+def unrelated(parent: str, child: str, min_shared: int) -> bool:
+    """Whether ``child`` keeps fewer than ``min_shared`` of ``parent``'s content words. A parent
+    of fewer than ``MIN_PARENT_WORDS`` such words is never judged (symbols and numbers say
+    nothing here), nor is anything when ``min_shared`` is 0."""
+    words = content_words(parent)
+    if min_shared <= 0 or len(words) < MIN_PARENT_WORDS:
+        return False
+    return len(words & content_words(child)) < min_shared
 
 
 def is_refusal(text: str) -> bool:

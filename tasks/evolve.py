@@ -34,6 +34,14 @@ class EvolveConfig(BaseModel):
     max_chars: int | None = Field(
         default=8192, ge=1, description="Drop rewrites longer than this many characters."
     )
+    min_shared_words: int = Field(
+        default=1,
+        ge=0,
+        description="An in-depth rewrite (the same task made harder; the evolver says which "
+        "methods are) must share at least this many words of 3+ letters with its parent, "
+        "else it is dropped as unrelated; parents of fewer than 3 such words and in-breadth "
+        "rewrites are not judged. 0: off.",
+    )
     evolver: EvolverBackend | None = Field(
         default=None,
         description="The rewriter, by kind: distilabel (EvolInstruct over an OpenAI-compatible "
@@ -44,7 +52,7 @@ class EvolveConfig(BaseModel):
 
 @stage(
     "evolve",
-    version=1,
+    version=2,
     inputs={"subset": PROMPT_COLUMNS, "heldout": ("prompt_id",)},
     outputs=PROMPT_COLUMNS,
 )
@@ -76,6 +84,8 @@ def evolve(
         categorize=getattr(evolver, "category_of", None),
         # Decontamination: an evolved prompt that is a held-out prompt never reaches training.
         exclude_ids=set(heldout.column("prompt_id").to_pylist()),
+        keeps_topic=getattr(evolver, "keeps_topic", None),
+        min_shared_words=config.min_shared_words,
     )
     parent_ids = subset.column("prompt_id").to_pylist()
     parent_text = dict(zip(parent_ids, parents, strict=True))

@@ -148,8 +148,8 @@ def test_failures_are_counted_not_raised():
     assert stats.kept == 8  # fine me and flaky me: four links each
     # empty: 4 (empty me) + 3 (links after the refusal) + 4 (slow me); nothing rewrites junk.
     assert stats.dropped == {
-        "empty": 11, "refusal": 1, "too_long": 0, "same_as_parent": 0, "duplicate": 0,
-        "heldout": 0,
+        "empty": 11, "refusal": 1, "too_long": 0, "same_as_parent": 0, "unrelated": 0,
+        "duplicate": 0, "heldout": 0,
     }  # fmt: skip
     # Each link of flaky me answers 503 once, then 200 on the client's retry. Requests: fine 4,
     # flaky 4 x 2, empty 1, refuse 1, slow 1 + 1 retry; the links after a failure are not sent.
@@ -299,3 +299,13 @@ def test_concurrency_null_content_and_client_errors():
     assert all(r[0][0].startswith(p + " +") for p, r in zip(PROMPTS, out[2:], strict=True))
     assert ev.stats() == {"requests": 8, "no_content": 1, "error_400": 1}
     assert len(server.requests) == 8  # a 400 is not retried
+
+
+def test_only_a_chains_first_in_depth_link_is_held_to_its_parents_topic():
+    from tasks.backends.evolve.distilabel import DistilabelRewriter
+
+    keeps = DistilabelRewriter.keeps_topic
+    assert keeps("evol_instruct:constraints:chain-1") and keeps("evol_complexity:deepening:chain-1")
+    assert not keeps("evol_instruct:breadth:chain-1")  # a new prompt by design
+    assert not keeps("evol_instruct:constraints:chain-2")  # rewrites link 1, not the parent
+    assert not keeps("self_instruct:1") and not keeps("self_instruct:failed")

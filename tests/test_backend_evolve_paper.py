@@ -177,3 +177,34 @@ def test_evolve_stage_runs_an_llm_evolver_and_reports_its_requests(tmp_path: Pat
         "generated": 8, "scored": 0,
     }  # fmt: skip
     assert all(m.startswith("paper:") for m in out.table.column("evolve_method").to_pylist())
+
+
+STORY = "Write a short story about a dragon who guards a library of forgotten books."
+
+
+def test_an_in_depth_rewrite_that_drops_the_parents_topic_is_not_kept():
+    # A rewriter that answers every request with the same generic line (seen with a local
+    # model): in-depth rewrites of a story prompt that share none of its words are dropped as
+    # unrelated; in-breadth ones may leave the topic; a prompt of too few words is not judged.
+    def generic(prompt: str, index: int, request: dict[str, Any]) -> str:
+        return "Explain step by step."
+
+    parents = [STORY, "Sort numbers."]
+    with OpenAICompatibleServer(generic) as server:
+        ev = load(server, strategies=("constraints", "deepening", "shift-out"))
+        out = ev.evolve(parents, [None] * 2, 3, seed=0)
+    assert [sorted(m for _, m in r) for r in out] == [
+        ["paper:constraints", "paper:deepening", "paper:shift-out"]
+    ] * 2
+    table, stats = evolved_records(
+        seed_records(parents), out, iteration=1, keeps_topic=ev.keeps_topic, min_shared_words=1
+    )
+    # Story: 2 in-depth children unrelated, the shift-out one kept; "Sort numbers." (2 words)
+    # is not judged, and its children repeat the kept text (duplicates).
+    assert stats.dropped["unrelated"] == 2 and stats.dropped["duplicate"] == 3
+    assert table.column("evolve_method").to_pylist() == ["paper:shift-out"]
+    _, off = evolved_records(seed_records(parents), out, iteration=1, keeps_topic=ev.keeps_topic)
+    assert off.dropped["unrelated"] == 0  # min_shared_words 0: off
+    assert ev.keeps_topic("paper:constraints>deepening") and not ev.keeps_topic(
+        "paper:constraints>persona"
+    )

@@ -70,7 +70,7 @@ def test_cleaning_runs_before_the_drop_rules():
         "Explain spring tides.", "Name a dwarf planet.", "Name a gas giant.",
     ]  # fmt: skip
     assert stats.dropped == {
-        "empty": 1, "refusal": 1, "too_long": 0, "same_as_parent": 1, "duplicate": 1,
-        "heldout": 0,
+        "empty": 1, "refusal": 1, "too_long": 0, "same_as_parent": 1, "unrelated": 0,
+        "duplicate": 1, "heldout": 0,
     }  # fmt: skip
     assert stats.cleaned == 6 and stats.candidates == 7 and stats.kept == 3

@@ -175,6 +175,7 @@ def test_evolved_lineage_and_drop_counts() -> None:
         "refusal": 1,
         "too_long": 1,
         "same_as_parent": 1,
+        "unrelated": 0,
         "duplicate": 1,
         "heldout": 0,
     }
@@ -256,3 +257,21 @@ def test_win_rate_counts_ties_half_and_skips_missing_rewards():
         [1.0, 0.0],
         [0.2, 0.5],
     )
+
+
+def test_unrelated_rewrites_judged_by_shared_content_words() -> None:
+    from eva_core.evolution import content_words, unrelated
+
+    story = "Write a short story about a dragon who guards a library of forgotten books."
+    assert content_words("What is the answer?") == {"answer"}  # function words do not count
+    assert unrelated(story, "Explain step by step.", 1)
+    assert not unrelated(story, "Write a story about a dragon in exactly 100 words.", 1)
+    assert unrelated(story, "Write a story about a dragon in exactly 100 words.", 4)
+    assert not unrelated(story, "Explain step by step.", 0)  # off
+    assert not unrelated("12+34=", "9-4=", 1) and not unrelated("r:abcd=", "r:xy=", 1)
+    parents = seed_records([story])
+    cands = [[("Explain step by step.", "deep"), ("Explain step by step!", "wide")]]
+    table, stats = evolved_records(
+        parents, cands, 1, keeps_topic=lambda m: m == "deep", min_shared_words=1
+    )
+    assert table.column("evolve_method").to_pylist() == ["wide"] and stats.dropped["unrelated"] == 1

@@ -118,6 +118,14 @@ class DistilabelRewriter:
         """Request outcomes of the last evolve call (see the module docstring)."""
         return dict(self.counts)
 
+    @staticmethod
+    def keeps_topic(method: str) -> bool:
+        """The first link of an evol chain by an in-depth mutation rewrites the parent itself;
+        later links rewrite the link before (which may have left the topic), breadth and
+        self-instruct make new prompts."""
+        parts = method.split(":")
+        return len(parts) == 3 and parts[1] != "breadth" and parts[2] == "chain-1"
+
     def evolve(
         self,
         prompts: Sequence[str],

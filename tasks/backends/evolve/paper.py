@@ -166,6 +166,12 @@ class PaperRewriter:
     def stats(self) -> dict[str, int]:
         return dict(self.counts)
 
+    @staticmethod
+    def keeps_topic(method: str) -> bool:
+        """In-depth strategies all the way down a path: the parent's task, made harder."""
+        path = method.removeprefix("paper:").split(">")
+        return all(s in IN_DEPTH for s in path)
+
     def evolve(
         self,
         prompts: Sequence[str],
