@@ -19,6 +19,11 @@ finds its own token (unless one took more than ``SETTLE_S`` between its look and
 The processes a launch starts (accelerate's trainers, servers) never open the run, so they
 never wait on it; a process that does and inherits the holder's token in ``EVA_RUN_LOCK`` (a
 child of the holder) shares the hold.
+
+A holder that was paused (SIGSTOP, a suspended laptop, a stalled VM) longer than ``STALE_S`` is
+taken over like a dead one. When it resumes it must not write into the run the new holder now
+owns: every stage calls ``ensure_held`` before it writes (its table, its checkpoint, its
+manifest), which reads the lock back and raises ``RunLockLost`` if another launch holds it.
 """
 
 from __future__ import annotations
@@ -51,6 +56,11 @@ class RunLocked(EvaError, RuntimeError):
     """Another launch holds the run."""
 
 
+class RunLockLost(EvaError, RuntimeError):
+    """This launch held the run, and another launch took the lock over (this one was paused
+    or cut off longer than ``STALE_S``): it stops before writing anything more."""
+
+
 @dataclass
 class _Hold:
     store: RunStore
@@ -59,6 +69,7 @@ class _Hold:
     count: int = 1
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
+    lost: bool = False  # another launch took the lock over: never write again
 
 
 _HELD: dict[str, _Hold] = {}  # lock uri -> this process's hold (a nested open shares it)
@@ -96,14 +107,39 @@ def lock_path(store: RunStore) -> str:
 
 def read_owner(store: RunStore) -> dict[str, Any] | None:
     """The lock's record, None when there is none (an unreadable one reads as gone)."""
+    path = lock_path(store)
     try:
-        with store.fs.open(lock_path(store), "rb") as f:
+        with store.fs.open(path, "rb") as f:
             owner = json.loads(f.read())
     except FileNotFoundError:
         return None
+    except IsADirectoryError:
+        raise RunLocked(
+            f"{path} is a directory, where eva keeps the run's lock file",
+            hint=f"remove it (rm -r {path}) if nothing of yours is in it, then launch again",
+        ) from None
     except ValueError:
         return {}
     return owner if isinstance(owner, dict) else {}
+
+
+def ensure_held(store: RunStore, writing: str) -> None:
+    """``RunLockLost`` when this process held ``store``'s run and another launch has taken
+    the lock over since; nothing when it holds it, or holds no lock of that run (a test or a
+    tool writing outside a launch). Called before every write of a stage: one small read."""
+    hold = _HELD.get(store.uri(store.base))
+    if hold is None:
+        return
+    found = read_owner(store) or {}
+    if found.get("token") == hold.owner["token"]:
+        return
+    hold.lost = True
+    who = f"pid {found.get('pid')} on {found.get('host')}" if found else "nobody (removed)"
+    raise RunLockLost(
+        f"{hold.path}: this launch lost the run's lock to {who} (it was paused or cut off for "
+        f"more than {STALE_S:.0f} s); stopped before writing {writing}",
+        hint="the other launch owns the run now; launch again once it has finished",
+    )
 
 
 def stale_reason(owner: dict[str, Any], now: float | None = None) -> str | None:
@@ -235,6 +271,7 @@ def _beat(hold: _Hold) -> None:
         try:
             found = read_owner(hold.store)
             if (found or {}).get("token") != hold.owner["token"]:
+                hold.lost = True  # the next write raises RunLockLost (ensure_held)
                 log.error("%s: the run's lock was taken over by %s", hold.path, found)
                 return
             hold.owner["heartbeat"] = time.time()

@@ -51,6 +51,7 @@ from tasks.context import (
     stage_seed,
 )
 from tasks.keys import cache_key, recorded_versions, sha
+from tasks.run_lock import ensure_held
 from tasks.store import Ref, RunStore, checkpoint_hash, iteration_dir
 
 MODEL = None  # an input that is consumed as a checkpoint, not read as a table
@@ -228,6 +229,8 @@ class Stage:
                 raise StageError(
                     f"{artifact}: output lacks declared column(s) {', '.join(missing)}"
                 )
+            # A launch that lost the run's lock while this stage ran writes nothing.
+            ensure_held(store, f"{artifact} {iteration_dir(iteration)}")
             uri, table_hash, nbytes = store.write_table(iteration, artifact, out.table)
             model_uri, model_hash = None, None
             if out.model_dir:
@@ -250,6 +253,7 @@ class Stage:
             "seconds": round(seconds, 3), "stats": out.stats, "versions": recorded_versions(),
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }  # fmt: skip
+        ensure_held(store, f"{artifact} {where}'s manifest")
         store.write_manifest(iteration, artifact, manifest)
         ctx.log.info(
             "%s %s: %s (%d rows, %.1f s)", artifact, where, headline(self.name, out.stats),

@@ -166,3 +166,73 @@ def test_eva_run_and_eva_stage_refuse_a_held_run_in_one_line(tmp_path, capsys) -
         assert read_owner(store)["token"] == token
     finally:
         _kill_9(proc)
+
+
+def test_a_paused_holder_taken_over_stops_before_its_next_write(tmp_path) -> None:
+    # A real `eva run` is stopped (SIGSTOP) mid-run and its lock taken over, as a second launch
+    # does once the heartbeat is STALE_S old; resumed, it writes nothing more and fails.
+    root = str(tmp_path / "runs")
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(tiny_run_config(root, run="paused")))
+    store = RunStore(root, "paused")
+    eva = subprocess.Popen(
+        [sys.executable, "-m", "flows.cli", "run", "--config", str(path)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        first = os.path.join(store.base, "setup", "prompts.manifest.json")
+        deadline = time.time() + 240
+        while not os.path.exists(first):  # the run is under way: it holds the lock
+            assert eva.poll() is None and time.time() < deadline, "the run never started"
+            time.sleep(0.2)
+        os.kill(eva.pid, signal.SIGSTOP)
+        ours = read_owner(store)
+        assert ours is not None and ours["pid"] == eva.pid
+        written = {p: os.path.getmtime(p) for p in _manifest_files(store)}
+        theirs = {**ours, "pid": 1, "host": "elsewhere", "token": "taken-over"}
+        with open(lock_path(store), "w") as f:
+            json.dump(theirs, f)
+        os.kill(eva.pid, signal.SIGCONT)
+        out, _ = eva.communicate(timeout=240)
+    finally:
+        if eva.poll() is None:
+            eva.kill()
+            eva.wait()
+    assert eva.returncode != 0, out
+    assert "lost the run's lock to pid 1 on elsewhere" in out and "stopped before writing" in out
+    # Not one manifest was written or rewritten after the takeover, and the new holder's lock
+    # was left in place.
+    assert {p: os.path.getmtime(p) for p in _manifest_files(store)} == written
+    assert read_owner(store)["token"] == "taken-over"
+
+
+def _manifest_files(store: RunStore) -> list[str]:
+    return [
+        os.path.join(d, f)
+        for d, _, files in os.walk(store.base)
+        for f in files
+        if f.endswith(".manifest.json")
+    ]
+
+
+def test_a_lock_path_that_is_a_directory_is_one_line(tmp_path) -> None:
+    store = RunStore(str(tmp_path), "r")
+    os.makedirs(lock_path(store))
+    with pytest.raises(RunLocked) as refused, run_lock(store):
+        pass
+    line = refused.value.line()
+    assert "is a directory, where eva keeps the run's lock file" in line and "rm -r" in line
+
+
+def test_ensure_held_raises_once_the_lock_is_another_launchs(tmp_path) -> None:
+    from tasks.run_lock import RunLockLost, ensure_held
+
+    store = RunStore(str(tmp_path), "r")
+    ensure_held(store, "x")  # no hold in this process: nothing to check
+    with run_lock(store) as owner:
+        ensure_held(store, "x")
+        with open(lock_path(store), "w") as f:
+            json.dump({**owner, "token": "other", "pid": 7}, f)
+        with pytest.raises(RunLockLost, match=r"lost the run's lock to pid 7 .* writing x"):
+            ensure_held(store, "x")
+    assert read_owner(store)["token"] == "other"  # the release left the new holder's lock
