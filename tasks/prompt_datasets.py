@@ -4,9 +4,11 @@ written by ``save_to_disk`` (local or at an fsspec URL).
 ``dataset`` names it and ``split`` picks the split (``dataset_config`` the Hub dataset's
 configuration, if it has several). A Hub dataset is read through ``datasets.load_dataset``, so
 it comes from the Hugging Face cache when it is there (``HF_DATASETS_OFFLINE=1`` reads only the
-cache). The dataset's fingerprint keys the stage: a new revision on the Hub lands in another
-cache folder, and a dataset saved again with other rows has another fingerprint, so either
-reruns the stage; the same dataset read again does not.
+cache). What keys the stage: for a Hub id, the dataset's fingerprint (a new revision lands in
+another cache folder); for a folder (local or at a URL), the bytes of its files. A folder's
+fingerprint cannot be trusted: ``save_to_disk``'s ``state.json`` keeps it when the data files
+are rewritten in place, and a folder of data files is fingerprinted by modification times. So
+any change to a folder's files reruns the stage, and reading it again unchanged does not.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pyarrow as pa
 
 from eva_runtime.errors import first_line
 from tasks.prompt_rows import PromptRows, RowRules, select_prompts
+from tasks.store import hash_directory
 
 # "org/name" or a canonical "name": what the Hub accepts as a dataset id.
 _HUB_DATASET = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
@@ -67,14 +70,16 @@ def load_dataset_split(
         raise ValueError(f"{name}: cannot be loaded ({first_line(exc)})") from None
 
 
-def dataset_fingerprint(
+def dataset_key(
     name: str, *, config_name: str | None, split: str, storage_options: dict[str, Any]
-) -> str:
+) -> dict[str, str]:
     """What keys a stage on the dataset it reads (see the module's docstring)."""
+    if "://" in name or os.path.isdir(name):
+        return {"dataset_sha256": hash_directory(name, storage_options)}
     dataset = load_dataset_split(
         name, config_name=config_name, split=split, storage_options=storage_options
     )
-    return str(dataset._fingerprint)
+    return {"dataset_fingerprint": str(dataset._fingerprint)}
 
 
 def read_prompt_dataset(

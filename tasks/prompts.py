@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from eva_core.schema import PROMPT_COLUMNS, seed_records
 from tasks.backends.python import PythonComponent
 from tasks.context import StageContext, StageOutput
-from tasks.prompt_datasets import check_dataset_name, dataset_fingerprint, read_prompt_dataset
+from tasks.prompt_datasets import check_dataset_name, dataset_key, read_prompt_dataset
 from tasks.prompt_files import read_prompt_file
 from tasks.prompt_rows import DROP_REASONS, MultiTurn, PromptRows, RowRules, dropped_line
 from tasks.stage import StageError, stage
@@ -146,15 +146,15 @@ def read_prompts(config: PromptsConfig) -> pa.Table:
 
 
 def _file_key(config: PromptsConfig) -> dict[str, str]:
-    """What the config points at: a file's bytes, a dataset's fingerprint."""
+    """What the config points at: a file's bytes, a dataset folder's bytes, a Hub dataset's
+    fingerprint."""
     if config.dataset is not None:
-        fingerprint = dataset_fingerprint(
+        return dataset_key(
             config.dataset,
             config_name=config.dataset_config,
             split=config.split,
             storage_options=config.storage_options,
         )
-        return {"dataset_fingerprint": fingerprint}
     return {"file_sha256": hash_file(config.path, config.storage_options)} if config.path else {}
 
 

@@ -374,15 +374,23 @@ def checkpoint_hash(ref: str) -> str:
     return hash_directory(ref)
 
 
-def hash_directory(path: str) -> str:
-    """sha256 over a directory's files (names and bytes), in sorted order."""
+def hash_directory(path: str, storage_options: dict[str, Any] | None = None) -> str:
+    """sha256 over a directory's files (names and bytes), in sorted order; a local folder or
+    one at any fsspec URL."""
     h = hashlib.sha256()
-    for dirpath, _, files in sorted(os.walk(path)):
-        for name in sorted(files):
-            full = os.path.join(dirpath, name)
-            h.update(os.path.relpath(full, path).encode())
-            with open(full, "rb") as f:
-                _update(h, f)
+    if "://" not in path:
+        for dirpath, _, files in sorted(os.walk(path)):
+            for name in sorted(files):
+                full = os.path.join(dirpath, name)
+                h.update(os.path.relpath(full, path).encode())
+                with open(full, "rb") as f:
+                    _update(h, f)
+        return h.hexdigest()
+    fs, root = fsspec.core.url_to_fs(path, **(storage_options or {}))
+    for full in sorted(fs.find(root)):
+        h.update(full[len(root) :].lstrip("/").encode())
+        with fs.open(full, "rb") as f:
+            _update(h, f)
     return h.hexdigest()
 
 

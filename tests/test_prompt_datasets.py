@@ -124,6 +124,45 @@ def test_a_dataset_keys_the_stage_by_its_fingerprint(tmp_path) -> None:
     assert _file_key(PromptsConfig(path=str(path))) == {"file_sha256": expected}
 
 
+def test_a_folder_changed_in_place_is_seen_whatever_its_fingerprint_says(
+    tmp_path, monkeypatch
+) -> None:
+    # datasets' own fingerprint misses both of these: save_to_disk's state.json is kept when
+    # its data file is rewritten in place, and a folder of data files is fingerprinted by
+    # modification times. The stage is keyed by the folder's bytes instead.
+    import os
+    import shutil
+
+    import datasets.config
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    run = RunContext(root=str(tmp_path / "runs"), run="t", seed=0)
+    saved, other = tmp_path / "saved", tmp_path / "other"
+    _save(saved, {"prompt": ["a?", "b?"]})
+    _save(other, {"prompt": ["a?", "c?"]})
+    config = PromptsConfig(dataset=str(saved))
+    before = load_prompts.cache_key(run, None, config, "prompts", {})
+    (arrow,) = [f for f in os.listdir(saved) if f.endswith(".arrow")]
+    state = (saved / "state.json").read_text()
+    shutil.copy(other / arrow, saved / arrow)  # the rows change, state.json does not
+    assert (saved / "state.json").read_text() == state
+    assert load_prompts.cache_key(run, None, config, "prompts", {}) != before
+    assert _prompts(config) == ["a?", "c?"]
+    files = tmp_path / "files"
+    files.mkdir()
+    data = files / "train.jsonl"
+    data.write_text('{"prompt": "a?"}\n')
+    config = PromptsConfig(dataset=str(files))
+    before = load_prompts.cache_key(run, None, config, "prompts", {})
+    stamp = os.stat(data)
+    data.write_text('{"prompt": "z?"}\n')  # same size, and its times put back
+    os.utime(data, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert load_prompts.cache_key(run, None, config, "prompts", {}) != before
+    assert load_prompts.cache_key(run, None, config, "prompts", {}) == (
+        load_prompts.cache_key(run, None, config, "prompts", {})
+    )  # read again unchanged: the same key
+
+
 def _hub_cache(
     cache: Path, repo_id: str, revision: str, rows: list[dict], split: str = "train"
 ) -> None:
@@ -336,3 +375,21 @@ def test_hf_urls_are_routed_to_the_hub_filesystem(monkeypatch) -> None:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ValueError, match=rf"^{url}: cannot be read \(OfflineModeIsEnabled: "):
         read_prompt_set(PromptsConfig(path=url, prompt_column="turns"))
+
+
+def test_a_folder_at_a_url_is_keyed_by_its_bytes(local_s3) -> None:
+    import fsspec
+
+    from tasks.prompt_datasets import dataset_key
+
+    fs = fsspec.filesystem("s3", **local_s3)
+    fs.pipe({"eva-bucket/ds/state.json": b"{}", "eva-bucket/ds/data-00000.arrow": b"rows-1"})
+
+    def key() -> dict[str, str]:
+        return dataset_key("s3://eva-bucket/ds", config_name=None, split="train",
+                           storage_options=local_s3)  # fmt: skip
+
+    first = key()
+    assert list(first) == ["dataset_sha256"] and key() == first
+    fs.pipe({"eva-bucket/ds/data-00000.arrow": b"rows-2"})
+    assert key() != first
