@@ -2,20 +2,22 @@
 
 Offline (a cluster node without egress, a laptop on a plane), ``from_pretrained`` on a Hub id
 that is not in the local cache retries each file it looks for before it gives up: about 50 s
-for a tokenizer and a config, and the run's first stage pays it again. One cached-file lookup
-and one TCP connection to the Hub's endpoint tell the same thing at once.
+for a tokenizer and a config, and the run's first stage pays it again; an endpoint that takes
+the connection and never answers (``HF_ENDPOINT`` at a dead mirror) holds it for good. One
+cached-file lookup and one HTTP request to the Hub's endpoint, through the same proxies the
+libraries use, tell the same thing at once: any answer, even an error status, is a Hub that
+answers (the libraries then say what is wrong); no answer in ``TIMEOUT_S`` is none.
 """
 
 from __future__ import annotations
 
-import socket
-from urllib.parse import urlparse
+import httpx
 
-CONNECT_TIMEOUT_S = 3.0
+TIMEOUT_S = 3.0
 
 
 def unreachable(model_id: str) -> str | None:
-    """Why ``model_id`` cannot be loaded (not cached, and the Hub cannot be reached), or None
+    """Why ``model_id`` cannot be loaded (not cached, and the Hub does not answer), or None
     when it is cached or the Hub answers (or in offline mode, where the libraries fail fast)."""
     from huggingface_hub import constants, try_to_load_from_cache
 
@@ -23,14 +25,12 @@ def unreachable(model_id: str) -> str | None:
         return None
     if isinstance(try_to_load_from_cache(model_id, "config.json"), str):
         return None
-    endpoint = urlparse(constants.ENDPOINT)
-    host = endpoint.hostname or ""
-    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    endpoint = constants.ENDPOINT.rstrip("/")
+    missing = "not in the local Hugging Face cache, and"
     try:
-        socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S).close()
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        return (
-            f"not in the local Hugging Face cache, and {host}:{port} cannot be reached ({reason})"
-        )
+        httpx.get(f"{endpoint}/api/models/{model_id}", timeout=TIMEOUT_S)
+    except httpx.TimeoutException:
+        return f"{missing} {endpoint} did not answer in {TIMEOUT_S:.0f} s"
+    except httpx.HTTPError as exc:
+        return f"{missing} {endpoint} cannot be reached ({str(exc).strip() or type(exc).__name__})"
     return None

@@ -31,6 +31,7 @@ OWN_MODEL = "start from configs/own-model.yaml"
 
 def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
     _check_required(config)
+    _check_hub_models(config)
     _check_checkpoint(config.bootstrap.init_checkpoint)
     _check_api_keys(config)
     _check_devices(config)
@@ -145,12 +146,6 @@ def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: lis
     backend = backend or config.evaluate.generation
     if checkpoint is None or backend.kind != "transformers":
         return
-    if is_hub_id(checkpoint) and (why := unreachable(checkpoint)) is not None:
-        raise ConfigError(
-            f"bootstrap.init_checkpoint: {checkpoint}: {why}",
-            hint="download it where the Hub is reachable (huggingface-cli download), or name "
-            "a local checkpoint",
-        )
     from transformers import AutoConfig, AutoTokenizer
 
     from tasks.backends.generate.transformers import check_fits
@@ -169,6 +164,29 @@ def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: lis
     except ValueError as exc:
         named, shown = getattr(config, field).origin
         raise ConfigError(f"{field}.{named}: {shown}: {exc}") from None
+
+
+def _check_hub_models(config: RunConfig | OnlineRunConfig) -> None:
+    """Every Hub model the run names (the policy, the reward models) is cached or the Hub
+    answers: checked in seconds, before anything is written, not by a stage's retries."""
+    if isinstance(config, RunConfig):
+        reward = ("annotate.reward", config.annotate.reward)
+    else:
+        reward = ("online.reward", config.online.reward)
+    named = [("bootstrap.init_checkpoint", config.bootstrap.init_checkpoint)]
+    for field, backend in (reward, ("evaluate.reward", config.evaluation.reward)):
+        named.append((f"{field}.model", getattr(backend, "model", None)))
+    checked: set[str] = set()
+    for field, ref in named:
+        if not isinstance(ref, str) or not is_hub_id(ref) or ref in checked:
+            continue
+        checked.add(ref)
+        if (why := unreachable(ref)) is not None:
+            raise ConfigError(
+                f"{field}: {ref}: {why}",
+                hint="download it where the Hub is reachable (hf download), or name a local "
+                "checkpoint",
+            )
 
 
 _WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",

@@ -292,3 +292,38 @@ def test_a_heldout_file_of_the_prompts_a_source_drew_is_refused_by_its_stage(tmp
     assert status != 0
     line = err.splitlines()[-1]
     assert "heldout: all 4 held-out prompts are training prompts too" in line
+
+
+# --- 11. a Hub reward model that is neither cached nor reachable ------------------------------
+
+
+def test_a_hub_reward_model_not_cached_and_unreachable_is_refused_before_writing(
+    tmp_path, capsys, monkeypatch, policy_dir
+):
+    import socket
+
+    from huggingface_hub import constants
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{closed}")
+    prompts = write_prompts(str(tmp_path / "p.jsonl"), ["Write a poem.", "Explain tides."])
+    heldout = write_prompts(str(tmp_path / "h.jsonl"), ["Name a planet."])
+    root = tmp_path / "runs"
+    status, err = eva(
+        capsys, "run", "--config", "configs/own-model.yaml", "--root", str(root),
+        "--set", f"bootstrap.init_checkpoint={policy_dir}",
+        "--set", "annotate.reward.model=eva-test/not-a-cached-rm",
+        "--set", f"prompts.path={prompts}", "--set", f"heldout.path={heldout}",
+        "--set", "evolve.evolver.llm.base_url=http://127.0.0.1:9/v1",
+        "--set", "evolve.evolver.llm.model=m",
+    )  # fmt: skip
+    assert status == 2 and "\n" not in err, err
+    assert err.startswith(
+        "eva: error: annotate.reward.model: eva-test/not-a-cached-rm: not in the local Hugging "
+        f"Face cache, and http://127.0.0.1:{closed} cannot be reached"
+    )
+    assert not root.exists()

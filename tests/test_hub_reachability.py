@@ -37,16 +37,33 @@ def test_not_cached_and_unreachable_is_refused_at_once(
     why = unreachable(MODEL)
     assert time.perf_counter() - started < 2.0
     assert why is not None and why.startswith("not in the local Hugging Face cache")
-    assert f"127.0.0.1:{port} cannot be reached" in why
+    assert f"http://127.0.0.1:{port} cannot be reached" in why
 
 
-def test_a_reachable_hub_or_a_cached_model_passes(
+def test_an_endpoint_that_takes_the_connection_and_never_answers_is_refused(
     empty_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with socket.socket() as server:  # something listens: loading may work, let it try
+    # HF_ENDPOINT at a dead mirror: from_pretrained would wait on it for good.
+    with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
-        monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+        endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
+        monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+        started = time.perf_counter()
+        why = unreachable(MODEL)
+    assert time.perf_counter() - started < 3.0 + 2.0
+    assert why == f"not in the local Hugging Face cache, and {endpoint} did not answer in 3 s"
+
+
+def test_a_hub_that_answers_or_a_cached_model_passes(
+    empty_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.support.openai_server import OpenAICompatibleServer
+
+    # Any answer, an error status included (here a 404 for an unknown path): the Hub answers,
+    # and the libraries say what is wrong themselves.
+    with OpenAICompatibleServer(lambda *a: "") as server:
+        monkeypatch.setattr(constants, "ENDPOINT", server.base_url.removesuffix("/v1"))
         assert unreachable(MODEL) is None
     monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
     # The Hub's cache layout: models--org--name/{refs/main, snapshots/<revision>/config.json}.
