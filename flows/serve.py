@@ -71,9 +71,10 @@ def read_deployment(path: str) -> dict[str, Any]:
 
 def check(path: str) -> None:
     """Everything ``serve`` reads, checked before a Prefect API is opened: the file, its
-    deployment, the run config the deployment gives and its schedules."""
+    deployment, the run config the deployment gives, its ``advance`` and its schedules."""
     d = read_deployment(path)
     _config(path, d)
+    _advance(path, d)
     _schedules(path, d)
 
 
@@ -84,19 +85,51 @@ def _config(path: str, d: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"{os.path.abspath(path)}: parameters.config.{exc.line()}") from None
 
 
+def _advance(path: str, d: dict[str, Any]) -> None:
+    """``parameters.advance``: how many iterations each scheduled run adds, a whole number >= 0."""
+    advance = (d.get("parameters") or {}).get("advance", 0)
+    if isinstance(advance, bool) or not isinstance(advance, int) or advance < 0:
+        raise ConfigError(
+            f"{path}: parameters.advance: {advance!r} is not a whole number >= 0",
+            hint="the iterations each scheduled run adds past the last one finished (0: none)",
+        )
+
+
+_SCHEDULE_KEYS = {"cron": {"cron", "timezone", "active"}, "interval": {"interval", "active"}}
+
+
 def _schedules(path: str, d: dict[str, Any]) -> list[Any]:
+    """Prefect schedules from the deployment's ``schedules:``; each entry a mapping with one of
+    ``cron`` or ``interval`` (seconds > 0), anything else refused in one line: Prefect would
+    drop a bare string without a word, and fail on a negative interval with a traceback."""
     from prefect.schedules import Cron, Interval
 
+    found = d.get("schedules") or []
+    if not isinstance(found, list):
+        raise ConfigError(f"{path}: schedules: expected a list, got {found!r}")
     schedules: list[Any] = []
-    for s in d.get("schedules") or []:
+    for i, s in enumerate(found):
+        where = f"{path}: schedules[{i}]: {s!r}"
+        if not isinstance(s, dict):
+            raise ConfigError(
+                f"{where}: expected a mapping", hint=f"write it as {{cron: {str(s)!r}}}"
+            )
+        kinds = [k for k in _SCHEDULE_KEYS if k in s]
+        if len(kinds) != 1:
+            raise ConfigError(f"{where}: give exactly one of cron or interval")
+        if unknown := sorted(set(s) - _SCHEDULE_KEYS[kinds[0]]):
+            raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)}")
+        active = s.get("active", True)
         try:
-            if "cron" in s:
-                active = s.get("active", True)
+            if kinds[0] == "cron":
                 schedules.append(Cron(s["cron"], timezone=s.get("timezone"), active=active))
-            elif "interval" in s:
-                schedules.append(Interval(s["interval"], active=s.get("active", True)))
+                continue
+            seconds = s["interval"]
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
+                raise ValueError("interval is a number of seconds > 0")
+            schedules.append(Interval(seconds, active=active))
         except (TypeError, ValueError, KeyError) as exc:
-            raise ConfigError(f"{path}: schedules: {s!r}: {first_line(exc)}") from None
+            raise ConfigError(f"{where}: {first_line(exc, with_type=False)}") from None
     return schedules
 
 
@@ -105,6 +138,7 @@ def serve(path: str) -> None:
 
     d = read_deployment(path)
     config = _config(path, d)
+    _advance(path, d)
     schedules = _schedules(path, d)
     # Prefect records the entrypoint relative to the working directory and runs it from there.
     os.chdir(PROJECT)

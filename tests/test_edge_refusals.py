@@ -228,7 +228,27 @@ def test_a_heldout_set_of_training_prompts_is_refused_and_mostly_warned(tmp_path
         (
             "deployments:\n- {name: x, entrypoint: 'flows/run.py:eva_run', "
             "schedules: [{cron: not a cron}]}\n",
-            "{path}: schedules: {{'cron': 'not a cron'}}: ValueError: Invalid cron string",
+            "{path}: schedules[0]: {{'cron': 'not a cron'}}: Invalid cron string",
+        ),
+        (
+            "deployments:\n- {name: x, entrypoint: 'flows/run.py:eva_run', "
+            "schedules: ['0 3 * * *']}\n",
+            "{path}: schedules[0]: '0 3 * * *': expected a mapping (write it as {{cron: '0 3",
+        ),
+        (
+            "deployments:\n- {name: x, entrypoint: 'flows/run.py:eva_run', "
+            "schedules: [{interval: -5}]}\n",
+            "{path}: schedules[0]: {{'interval': -5}}: interval is a number of seconds > 0",
+        ),
+        (
+            "deployments:\n- {name: x, entrypoint: 'flows/run.py:eva_run', "
+            "schedules: [{intervall: 60}]}\n",
+            "{path}: schedules[0]: {{'intervall': 60}}: give exactly one of cron or interval",
+        ),
+        (
+            "deployments:\n- {name: x, entrypoint: 'flows/run.py:eva_run', "
+            "parameters: {advance: -1}}\n",
+            "{path}: parameters.advance: -1 is not a whole number >= 0",
         ),
     ],
 )
