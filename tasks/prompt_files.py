@@ -9,7 +9,6 @@ stage reads it.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from typing import Any
@@ -17,14 +16,16 @@ from typing import Any
 import fsspec
 import pyarrow as pa
 import pyarrow.csv as pacsv
-import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
 from eva_runtime.errors import first_line
-from tasks.prompt_rows import PromptRows, RowRules, select_prompts
+from tasks.prompt_rows import PromptRows, RowRules, select_cells, select_prompts
 
 
-def _read_table(path: str, ext: str, storage_options: dict[str, Any]) -> pa.Table:
+def _read_table(path: str, ext: str, storage_options: dict[str, Any]) -> pa.Table | list[Any]:
+    """A parquet or CSV file as a table; a JSON or JSON Lines file as its rows (Python values:
+    Arrow would refuse the whole file for one row whose prompt is a number, which
+    ``drop_invalid`` must be able to drop)."""
     with fsspec.open(path, "rb", **storage_options) as f:
         if ext == ".parquet":
             return pq.read_table(f)
@@ -32,25 +33,34 @@ def _read_table(path: str, ext: str, storage_options: dict[str, Any]) -> pa.Tabl
             return pacsv.read_csv(f)
         data = f.read()
     text = data.decode("utf-8")  # a non-UTF-8 file fails here, and is named by the caller
-    if ext == ".json":
-        # A JSON array of objects, or of plain strings (each a prompt); anything else is named
-        # rather than misread (a mapping of columns would silently become one row).
-        rows = json.loads(text)
-        if not isinstance(rows, list):
-            raise ValueError(
-                "a JSON file must hold an array of objects or of strings (one per prompt); "
-                "for one object per line use .jsonl"
-            )
-        if rows and all(isinstance(r, str) for r in rows):
-            rows = [{"prompt": r} for r in rows]
+    if ext != ".json":
+        rows = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"cannot be read as jsonl: line {n}: {exc.msg}") from None
         for i, r in enumerate(rows):
             if not isinstance(r, dict):
-                raise ValueError(
-                    f"row {i}: expected an object or a string like every row, got "
-                    f"{type(r).__name__}"
-                )
-        return pa.Table.from_pylist(rows)
-    return pajson.read_json(io.BytesIO(data))
+                raise ValueError(f"row {i}: expected an object, got {type(r).__name__}")
+        return rows
+    # A JSON array of objects, or of plain strings (each a prompt); anything else is named
+    # rather than misread (a mapping of columns would silently become one row).
+    rows = json.loads(text)
+    if not isinstance(rows, list):
+        raise ValueError(
+            "a JSON file must hold an array of objects or of strings (one per prompt); "
+            "for one object per line use .jsonl"
+        )
+    if rows and all(isinstance(r, str) for r in rows):
+        rows = [{"prompt": r} for r in rows]
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise ValueError(
+                f"row {i}: expected an object or a string like every row, got {type(r).__name__}"
+            )
+    return rows
 
 
 def read_prompt_file(
@@ -91,12 +101,22 @@ def read_prompt_file(
         raise
     except OSError as exc:
         raise ValueError(f"{path}: cannot be read ({first_line(exc)})") from None
-    if prompt_column not in table.column_names:
+    columns = table.column_names if isinstance(table, pa.Table) else _keys(table)
+    if prompt_column not in columns:
         raise ValueError(
             f"{path}: no column {prompt_column!r} (columns: "
-            f"{', '.join(table.column_names) or 'none'}); set prompts.prompt_column"
+            f"{', '.join(columns) or 'none'}); set prompts.prompt_column"
         )
     try:
-        return select_prompts(table, prompt_column, category_column, rules or RowRules())
+        if isinstance(table, pa.Table):
+            return select_prompts(table, prompt_column, category_column, rules or RowRules())
+        cells = [r.get(prompt_column) for r in table]
+        labels = [r.get(category_column) if category_column else None for r in table]
+        return select_cells(cells, labels, rules or RowRules())
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
+
+
+def _keys(rows: list[dict[str, Any]]) -> list[str]:
+    """The columns of JSON rows: every key some row has, in order of first appearance."""
+    return list(dict.fromkeys(k for r in rows for k in r))

@@ -95,6 +95,14 @@ def select_prompts(
     cells = table.column(prompt_column).to_pylist()
     has_categories = bool(category_column) and category_column in table.column_names
     labels = table.column(category_column).to_pylist() if has_categories else [None] * len(cells)
+    return select_cells(cells, labels, rules)
+
+
+def select_cells(cells: list[Any], labels: list[Any], rules: RowRules) -> PromptRows:
+    """``select_prompts`` on the prompt cells and category labels of each row, as Python values:
+    what a JSON file holds, where one row's prompt may be a number and the rest text."""
+    if not cells:
+        raise ValueError("no prompts (0 rows)")
     dropped = dict.fromkeys(DROP_REASONS, 0)
     texts: list[str] = []
     categories: list[str | None] = []

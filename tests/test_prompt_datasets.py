@@ -300,6 +300,21 @@ def test_invalid_rows_are_an_error_or_dropped_and_counted(tmp_path, caplog) -> N
     numbers.write_text('{"prompt": 5}\n{"prompt": 6}\n')
     with pytest.raises(ValueError, match=r"no prompts left of 2 rows \(dropped: 2 not_text\)$"):
         read_prompt_set(PromptsConfig(path=str(numbers), drop_invalid=True))
+    # One number among text prompts: dropped and counted (Arrow's reader refused the file).
+    mixed = tmp_path / "m.jsonl"
+    mixed.write_text('{"prompt": "a?"}\n{"prompt": 5, "category": "x"}\n\n{"prompt": "b?"}\n')
+    kept = read_prompt_set(PromptsConfig(path=str(mixed), drop_invalid=True))
+    assert kept.table.column("prompt").to_pylist() == ["a?", "b?"] and kept.dropped["not_text"] == 1
+    with pytest.raises(ValueError, match=r"m\.jsonl: row 1: prompt is not text \(got int 5\)$"):
+        read_prompt_set(PromptsConfig(path=str(mixed)))
+    array = tmp_path / "m.json"
+    array.write_text('[{"prompt": "a?"}, {"prompt": 5.5}, {"other": 1}]')
+    kept = read_prompt_set(PromptsConfig(path=str(array), drop_invalid=True))
+    assert kept.dropped == {"empty": 1, "not_text": 1, "too_long": 0, "duplicate": 0}
+    broken = tmp_path / "b.jsonl"
+    broken.write_text('{"prompt": "a?"}\n{"prompt": \n')
+    with pytest.raises(ValueError, match=r"b\.jsonl: cannot be read as jsonl: line 2: Expecting"):
+        read_prompt_set(PromptsConfig(path=str(broken)))
     turns = tmp_path / "t.jsonl"
     turns.write_text('{"turns": [{"text": "hi"}]}\n')
     with pytest.raises(
