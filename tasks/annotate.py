@@ -19,6 +19,9 @@ from tasks.generate import ROLLOUT_COLUMNS
 from tasks.stage import StageError, stage
 
 ANNOTATED_COLUMNS = (*ROLLOUT_COLUMNS, "rewards")
+# Past this, a gap (max - min), a sum or a mean of rewards can overflow float64 into inf or NaN,
+# which then reaches informativeness, the sampling weights and the manifests.
+MAX_ABS_REWARD = 1e150
 
 
 class AnnotateConfig(BaseModel):
@@ -71,6 +74,7 @@ def annotate(ctx: StageContext, config: AnnotateConfig, rollouts: pa.Table) -> S
         backend, cluster = stats_of(model), {}
     seconds = time.perf_counter() - started
     flat = np.array([r for rs in rewards for r in rs], dtype=np.float64)
+    _check_magnitude(ctx.artifact, flat, [len(rs) for rs in rewards])
     out = rollouts.append_column("rewards", pa.array(rewards, pa.list_(pa.float64())))
     finite = flat[np.isfinite(flat)]
     matrix = reward_matrix(out.column("rewards"))
@@ -99,3 +103,21 @@ def annotate(ctx: StageContext, config: AnnotateConfig, rollouts: pa.Table) -> S
         **cluster,
     }  # fmt: skip
     return StageOutput(out, stats=stats)
+
+
+def _check_magnitude(artifact: str, flat: np.ndarray, counts: list[int]) -> None:
+    """A ``StageError`` naming the first reward that is infinite or beyond ``MAX_ABS_REWARD``
+    (NaN is fine: an unscored response)."""
+    bad = np.flatnonzero(np.abs(np.nan_to_num(flat, nan=0.0)) > MAX_ABS_REWARD)
+    if not bad.size:
+        return
+    first = int(bad[0])
+    prompt = int(np.searchsorted(np.cumsum(counts), first, side="right"))
+    response = first - (sum(counts[:prompt]))
+    raise StageError(
+        f"{artifact}: reward {flat[first]:g} (prompt {prompt}, response {response}; "
+        f"{bad.size} such): rewards must be finite and within ±{MAX_ABS_REWARD:g}, so that "
+        "their gaps, sums and means stay numbers",
+        field="annotate.reward",
+        hint="scale the reward, or return NaN for a response it cannot score",
+    )

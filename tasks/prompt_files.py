@@ -19,10 +19,12 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from eva_runtime.errors import first_line
-from tasks.prompt_rows import PromptRows, RowRules, select_cells, select_prompts
+from tasks.prompt_rows import PromptRows, RowRules, select_cells
 
 
-def _read_table(path: str, ext: str, storage_options: dict[str, Any]) -> pa.Table | list[Any]:
+def _read_table(
+    path: str, ext: str, storage_options: dict[str, Any]
+) -> pa.Table | list[dict[str, Any]]:
     """A parquet or CSV file as a table; a JSON or JSON Lines file as its rows (Python values:
     Arrow would refuse the whole file for one row whose prompt is a number, which
     ``drop_invalid`` must be able to drop)."""
@@ -101,22 +103,29 @@ def read_prompt_file(
         raise
     except OSError as exc:
         raise ValueError(f"{path}: cannot be read ({first_line(exc)})") from None
-    columns = table.column_names if isinstance(table, pa.Table) else _keys(table)
+    columns = as_columns(table)
     if prompt_column not in columns:
         raise ValueError(
             f"{path}: no column {prompt_column!r} (columns: "
             f"{', '.join(columns) or 'none'}); set prompts.prompt_column"
         )
+    cells = columns[prompt_column]
+    labels = columns.get(category_column or "", [None] * len(cells))
     try:
-        if isinstance(table, pa.Table):
-            return select_prompts(table, prompt_column, category_column, rules or RowRules())
-        cells = [r.get(prompt_column) for r in table]
-        labels = [r.get(category_column) if category_column else None for r in table]
         return select_cells(cells, labels, rules or RowRules())
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
 
 
-def _keys(rows: list[dict[str, Any]]) -> list[str]:
-    """The columns of JSON rows: every key some row has, in order of first appearance."""
-    return list(dict.fromkeys(k for r in rows for k in r))
+def read_columns(path: str, ext: str, storage_options: dict[str, Any]) -> dict[str, list[Any]]:
+    """A JSONL, JSON, CSV or parquet file as its columns of Python values (a row without a key
+    has None there): for other files of the same formats (a verifier's known answers)."""
+    return as_columns(_read_table(path, ext, storage_options))
+
+
+def as_columns(table: pa.Table | list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Columns by name, in order of first appearance."""
+    if isinstance(table, pa.Table):
+        return {name: table.column(name).to_pylist() for name in table.column_names}
+    names = dict.fromkeys(k for r in table for k in r)
+    return {name: [r.get(name) for r in table] for name in names}

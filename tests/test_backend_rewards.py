@@ -235,6 +235,19 @@ def _annotate(tmp_path: Path, reward: dict[str, Any], responses: list[list[str]]
     return annotate.fn(ctx, AnnotateConfig.model_validate({"reward": reward, **cfg}), rollouts)
 
 
+def test_rewards_beyond_what_float64_gaps_survive_are_one_line_naming_the_first(tmp_path: Path):
+    from tasks.stage import StageError
+
+    huge = {"kind": "callable", "function": "tests.support.rewards:huge"}
+    with pytest.raises(StageError) as refused:
+        _annotate(tmp_path, huge, [["7", "7"], ["2", "12"]])
+    line = refused.value.line()
+    assert line.startswith(
+        "annotate.reward: annotate: reward -1e+308 (prompt 0, response 0; 4 such): rewards "
+    )
+    assert "within ±1e+150" in line and "scale the reward" in line
+
+
 def test_annotate_fails_when_most_prompts_are_unscored_and_counts_the_rest(tmp_path: Path):
     from tasks.stage import StageError
 

@@ -37,3 +37,8 @@ def wrong_shape(prompts: list[str], responses: list[list[str]]) -> list[list[flo
 def unscorable(prompt: str, response: str) -> float | None:
     """None means "cannot score", not a failure."""
     return None if response == "?" else 1.0
+
+
+def huge(prompt: str, response: str) -> float:
+    """A reward far past what float64 sums and gaps survive (a user's scale bug)."""
+    return 1e308 if response.startswith("1") else -1e308

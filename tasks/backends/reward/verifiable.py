@@ -34,7 +34,7 @@ from eva_core.schema import prompt_id
 from eva_runtime.errors import EvaError, first_line
 from tasks.backends.protocols import Progress, no_progress
 from tasks.backends.reward.function import GuardedCalls, resolve_function
-from tasks.prompt_files import _read_table
+from tasks.prompt_files import read_columns
 from tasks.store import hash_file
 
 FIELD = "annotate.reward"
@@ -58,7 +58,7 @@ def read_answers(
             hint="a file with a prompt and an answer column",
         )
     try:
-        table = _read_table(path, ext, {})
+        columns = read_columns(path, ext, {})
     except Exception as exc:  # missing, unreadable, malformed: one line, whichever
         raise AnswersError(
             f"answers: cannot read {path!r}: {first_line(exc)}",
@@ -66,15 +66,14 @@ def read_answers(
             hint="a local JSONL, JSON, CSV or parquet file",
         ) from None
     for name, column in (("prompt_column", prompt_column), ("answer_column", answer_column)):
-        if column not in table.column_names:
+        if column not in columns:
             raise AnswersError(
-                f"answers: {path!r} has no column {column!r} (it has {table.column_names})",
+                f"answers: {path!r} has no column {column!r} (it has {list(columns)})",
                 field=f"{FIELD}.{name}",
                 hint=f"set {name} to the column that holds it",
             )
     out: dict[str, str] = {}
-    prompts = table.column(prompt_column).to_pylist()
-    answers = table.column(answer_column).to_pylist()
+    prompts, answers = columns[prompt_column], columns[answer_column]
     for row, (prompt, answer) in enumerate(zip(prompts, answers, strict=True)):
         text = "" if answer is None else str(answer).strip()
         if not text or not isinstance(prompt, str):
