@@ -120,7 +120,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--iterations", type=int, help="eva iterations (config field iterations)")
 
     st = sub.add_parser("stage", help="rerun one stage of an existing run")
-    st.add_argument("name", help="the artifact to rerun, e.g. evolve (see `eva show`)")
+    st.add_argument(
+        "name",
+        help="the artifact to rerun: in setup "
+        f"{', '.join(commands.SETUP_ARTIFACTS)}; in an iteration "
+        f"{', '.join((*commands.CREATOR_ARTIFACTS, *commands.SOLVER_ARTIFACTS))}"
+        f"; in an online segment {', '.join(commands.SEGMENT_ARTIFACTS)}",
+    )
     st.add_argument("--run", required=True, help=RUN_HELP)
     st.add_argument("--root", default="runs", help=ROOT_HELP)
     st.add_argument("--iteration", type=_iteration, required=True, help=ITERATION_HELP)
@@ -134,6 +140,12 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--iteration", type=_iteration, help=f"{ITERATION_HELP} (default: setup)")
     show.add_argument("--stage", help="print this artifact's manifest and first rows")
     show.add_argument("--rows", type=_count, default=10, help="rows of a stage to print")
+    show.add_argument(
+        "--chars",
+        type=_count,
+        default=300,
+        help="characters of each text in a row (and of each list) to print; 0 prints them whole",
+    )
     show.add_argument("--storage-options", type=_json_object, help=STORAGE_HELP)
 
     node = sub.add_parser(

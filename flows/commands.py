@@ -1,8 +1,9 @@
 """What each ``eva`` command does, once ``flows.cli`` has parsed its arguments.
 
-Every handler takes the parsed arguments and returns the exit status. Heavy imports (the
-flows, torch through the stages) happen inside the handlers, so ``eva --help`` and a usage
-error stay fast.
+Every handler takes the parsed arguments and returns the exit status. Heavy imports happen
+inside the handlers, never at the top of this module: ``flows.config`` alone pulls in every
+stage and through them torch, transformers and prefect (about 3 s of CPU), so ``eva --help``, a
+usage error and a mistyped stage name must not import it (tests/test_cli_first_hour.py).
 """
 
 from __future__ import annotations
@@ -10,15 +11,36 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from eva_runtime.errors import ConfigError
-from flows.config import OnlineRunConfig, RunConfig
+from eva_runtime.errors import ConfigError, EvaError
 
-T = TypeVar("T", RunConfig, OnlineRunConfig)
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from flows.config import OnlineRunConfig, RunConfig
+    from tasks.store import RunStore
+
+    T = TypeVar("T", RunConfig, OnlineRunConfig)
+
+# The artifacts each kind of step calls, in call order (flows/iteration.py, flows/online.py).
+# `eva stage NAME` is checked against them before the run's config is validated, which would
+# import every stage: a typo is refused in a fraction of a second instead of after a flow has
+# walked every stage and rewritten the run's config.json. tests/test_cli_first_hour.py holds
+# them to the flows' own stage calls.
+SETUP_ARTIFACTS = ("prompts", "heldout", "bootstrap", "evaluate")
+CREATOR_ARTIFACTS = (
+    "creator_generate", "creator_annotate", "score", "sample", "evolve", "mix", "complexity",
+)  # fmt: skip
+SOLVER_ARTIFACTS = ("generate", "annotate", "pairs", "train", "evaluate")
+SEGMENT_ARTIFACTS = ("online", "evaluate")
+# flows.config.RUN_NAME, repeated because importing flows.config costs seconds; a test keeps the
+# two equal. A run name is checked before it becomes part of a path (`--run ../x`).
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def load(args: argparse.Namespace, model: type[T]) -> T:
@@ -49,6 +71,8 @@ def _refuse_if_held(config: RunConfig | OnlineRunConfig) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from flows.config import RunConfig
+
     config = load(args, RunConfig)  # refused here, in seconds, before any server starts
     from eva_runtime.prefect_api import prefect_api
     from flows.run import eva_run
@@ -63,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def online(args: argparse.Namespace) -> int:
+    from flows.config import OnlineRunConfig
+
     config = load(args, OnlineRunConfig)
     from eva_runtime.prefect_api import prefect_api
     from flows.online import eva_online
@@ -110,10 +136,19 @@ def _lasting(api: str) -> bool:
 def stage(args: argparse.Namespace) -> int:
     """Rerun one stage of a run (and, with --downstream, what depends on it): the flow runs
     as it always does, and the plan reuses every other stage and computes none."""
+    check_run_name(args.run)
+    # A name no step of this run calls is refused before anything heavy is imported.
+    stored_online = _stored_is_online(args.root, args.run)
+    if stored_online is not None:
+        check_stage_name(args.name, args.run, args.iteration, stored_online)
+    from flows.config import OnlineRunConfig
     from flows.runs import check_iteration, close_match, stored_config
 
     config = stored_config(args.root, args.run, args.storage_options)
-    check_iteration(config, args.iteration)  # before a flow runs or the config is rewritten
+    # Again with the validated config (a root on S3 is read only here), then the iteration:
+    # all before a flow runs or the config is rewritten.
+    check_stage_name(args.name, args.run, args.iteration, isinstance(config, OnlineRunConfig))
+    check_iteration(config, args.iteration)
     _refuse_if_held(config)
     from eva_runtime.prefect_api import prefect_api
     from flows.online import eva_online
@@ -132,8 +167,8 @@ def stage(args: argparse.Namespace) -> int:
             rows = eva_online(config, plan)
         else:
             rows = eva_run(config, plan)
-    if not plan.met():
-        where = "setup" if args.iteration is None else f"iteration {args.iteration}"
+    if not plan.met():  # a name the flows call, but not in this run's config (no complexity)
+        where = _where(args.iteration, isinstance(config, OnlineRunConfig))
         called = plan.called_at(args.iteration)
         near = close_match(args.name, called)
         hint = f"did you mean {near}?" if near else f"it runs {', '.join(called) or 'nothing'}"
@@ -142,7 +177,61 @@ def stage(args: argparse.Namespace) -> int:
     return 0
 
 
+def stage_artifacts(iteration: int | None, online: bool) -> tuple[str, ...]:
+    """The artifacts a run's flow can call at ``iteration`` (None: setup), in call order.
+    Which of them it does call depends on the run's config (``complexity``, ``creator_rollouts``,
+    ``prompt_strategy``): ``eva stage`` says so after its flow run for a name it did not meet."""
+    if iteration is None:
+        return SETUP_ARTIFACTS
+    if online:
+        return SEGMENT_ARTIFACTS
+    if iteration == 0:  # iteration0_dpo: a solver step on X_0 alone
+        return SOLVER_ARTIFACTS
+    return (*CREATOR_ARTIFACTS, *SOLVER_ARTIFACTS)
+
+
+def check_stage_name(name: str, run: str, iteration: int | None, online: bool) -> None:
+    """Refuse a stage name no step of this kind calls, with the one it most likely meant."""
+    called = stage_artifacts(iteration, online)
+    if name in called:
+        return
+    from flows.explain import close_match
+
+    near = close_match(name, called)
+    hint = f"did you mean {near}?" if near else f"it runs {', '.join(called)}"
+    raise ConfigError(f"{name} does not run in {_where(iteration, online)} of {run}", hint=hint)
+
+
+def _where(iteration: int | None, online: bool) -> str:
+    if iteration is None:
+        return "setup"
+    return f"{'segment' if online else 'iteration'} {iteration}"
+
+
+def check_run_name(run: str) -> None:
+    """Refuse a ``--run`` that is not a run name (``../x``) before it becomes part of a path;
+    ``flows.runs.stored_config`` says the same, seconds later."""
+    if not RUN_NAME.fullmatch(run):
+        raise ConfigError(f"--run {run!r}: a run name (letters, digits, '_', '.', '-'), not a path")
+
+
+def _stored_is_online(root: str, run: str) -> bool | None:
+    """Whether the run under a local ``root`` is an online run, from its config.json read as
+    plain JSON (validating it imports every stage); None where that cannot be told cheaply: a
+    remote root, no or no readable config.json (``stored_config`` then says why)."""
+    if "://" in root:
+        return None
+    try:
+        with open(os.path.join(root, run, "config.json"), "rb") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return "online" in data if isinstance(data, dict) else None
+
+
 def show(args: argparse.Namespace) -> int:
+    check_run_name(args.run)  # before the imports that take seconds
+    from flows.config import OnlineRunConfig
     from flows.runs import close_match, is_online, seed_count, stored_config
     from flows.summary import iteration_summary, online_summary, summary_table
     from tasks.store import RunStore
@@ -179,17 +268,72 @@ def show(args: argparse.Namespace) -> int:
         )
     )
     table = store.read_table(manifest["uri"]).slice(0, args.rows)
-    for row in table.to_pylist():
-        print(json.dumps(row, default=str)[:400])
+    for row in with_parents(store, manifest, table):
+        print(json.dumps(shorten(row, args.chars), default=str))
     return 0
+
+
+def with_parents(store: RunStore, manifest: dict[str, Any], table: pa.Table) -> list[dict]:
+    """The rows of ``table``, each that has a ``parent_id`` with its parent's text beside its
+    own (``parent_prompt``, after ``prompt``): the only way to judge an evolution is to read the
+    two together. Parents are looked up in the stage's own inputs (evolve's subset, mix's
+    X_{t-1}); one found in none of them is left out, not guessed."""
+    rows = table.to_pylist()
+    wanted = {row.get("parent_id") for row in rows} - {None}
+    texts: dict[str, str] = {}
+    for ref in manifest.get("inputs", {}).values() if wanted else ():
+        try:
+            parents = store.read_table(ref["uri"])
+        except (EvaError, KeyError, TypeError):  # an input gone or damaged: rows without it
+            continue
+        if {"prompt_id", "prompt"} <= set(parents.column_names):
+            ids = parents.column("prompt_id").to_pylist()
+            for pid, text in zip(ids, parents.column("prompt").to_pylist(), strict=True):
+                if pid in wanted:
+                    texts.setdefault(pid, text)
+    return [_with_parent(row, texts.get(row.get("parent_id"))) for row in rows]
+
+
+def _with_parent(row: dict[str, Any], parent: str | None) -> dict[str, Any]:
+    if parent is None or "parent_prompt" in row:
+        return row
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        out[key] = value
+        if key == "prompt":
+            out["parent_prompt"] = parent
+    out.setdefault("parent_prompt", parent)
+    return out
+
+
+def shorten(value: Any, chars: int) -> Any:
+    """``value`` with each text cut to ``chars`` characters and each list to the items that fit
+    in about as many, saying what was cut: a row then stays one line of valid JSON whatever
+    its cells hold (cutting the line itself broke the JSON). ``chars`` 0 keeps everything."""
+    if not chars:
+        return value
+    if isinstance(value, str):
+        return value if len(value) <= chars else f"{value[:chars]}... (+{len(value) - chars} chars)"
+    if isinstance(value, dict):
+        return {key: shorten(item, chars) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        kept: list[Any] = []
+        size = 0
+        for i, item in enumerate(value):
+            item = shorten(item, chars)
+            size += len(json.dumps(item, default=str))
+            if kept and size > chars:
+                kept.append(f"... (+{len(value) - i} more)")
+                break
+            kept.append(item)
+        return kept
+    return value
 
 
 def train_node(args: argparse.Namespace) -> int:  # runs no flow: no Prefect API
     from eva_runtime.follow import follow, request_dir
-    from flows.config import RUN_NAME
 
-    if not RUN_NAME.fullmatch(args.run):
-        raise ConfigError(f"--run {args.run!r}: a run name (letters, digits, '_', '.', '-')")
+    check_run_name(args.run)
     if "://" in args.root:
         raise ConfigError(f"--root {args.root}: multi-node training needs a shared filesystem path")
     folder = request_dir(os.path.join(os.path.abspath(args.root), args.run))
@@ -212,7 +356,7 @@ def config(args: argparse.Namespace) -> int:
     """What a recipe and its overrides amount to, before any GPU hour is spent on them."""
     import yaml
 
-    from flows.config import load_config
+    from flows.config import OnlineRunConfig, RunConfig, load_config
 
     model = OnlineRunConfig if args.online else RunConfig
     resolved = load_config(args.config, list(args.set), model)
