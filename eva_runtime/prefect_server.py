@@ -129,7 +129,8 @@ def temporary_server(database_url: str | None = None, say: bool = True) -> Itera
         if say:
             print(
                 f"eva: started a temporary Prefect server at {url} (stopped when this command "
-                "ends; keep `prefect server start` running to keep runs in the UI)",
+                "ends, and its runs with it; to keep runs in the UI, keep `eva prefect-server` "
+                "running and export PREFECT_API_URL=http://127.0.0.1:4200/api)",
                 flush=True,
             )
         with temporary_settings(updates={PREFECT_API_URL: url}):
@@ -154,6 +155,7 @@ def start_lasting(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    _ui_calls_this_server(argv)
     begin_writes_immediate()
     from prefect.cli import app
 
@@ -163,6 +165,26 @@ def start_lasting(argv: list[str]) -> int:
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 1 if exc.code else 0
     return 0
+
+
+def _ui_calls_this_server(argv: list[str]) -> None:
+    """Point the UI at the host and port the server is started on. Prefect derives the UI's API
+    URL from its settings (``PREFECT_API_URL``, else the default port 4200), not from
+    ``--host``/``--port``, so a UI served on another port called 4200 and showed "Oops.
+    Something went wrong."; a UI API URL the user set stays."""
+    given: dict[str, str] = {}
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name in ("--host", "--port"):
+            given[name] = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+    if not given:
+        return
+    host = given.get("--host") or os.environ.get("PREFECT_SERVER_API_HOST", "127.0.0.1")
+    port = given.get("--port") or os.environ.get("PREFECT_SERVER_API_PORT", "4200")
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # what a browser here can call
+    os.environ["PREFECT_SERVER_API_HOST"], os.environ["PREFECT_SERVER_API_PORT"] = host, port
+    if not (os.environ.get("PREFECT_UI_API_URL") or os.environ.get("PREFECT_SERVER_UI_API_URL")):
+        os.environ["PREFECT_UI_API_URL"] = f"http://{shown}:{port}/api"
 
 
 class RetriedRequests(logging.Handler):

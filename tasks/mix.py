@@ -25,7 +25,7 @@ class MixConfig(BaseModel):
 
 @stage(
     "mix",
-    version=1,
+    version=2,
     libraries=("numpy",),
     inputs={"current": PROMPT_COLUMNS, "evolved": PROMPT_COLUMNS},
     outputs=PROMPT_COLUMNS,
@@ -34,7 +34,10 @@ def mix(ctx: StageContext, config: MixConfig, current: pa.Table, evolved: pa.Tab
     mixed, stats = mix_prompt_sets(current, evolved, config.ratio_evolved, ctx.seed, config.size)
     categories = Counter(str(c) for c in mixed.column("category").to_pylist())
     depths = Counter(mixed.column("depth").to_pylist())
-    kept = [r for r in mixed.to_pylist() if r["source"] != "evolved"]
+    # Kept from X_{t-1} = not evolved in this iteration: X_{t-1}'s own evolved prompts (from
+    # earlier iterations) are kept ones too, or an 80/20 mix would read as 95/5.
+    new = set(evolved.column("prompt_id").to_pylist())
+    kept = [r for r in mixed.to_pylist() if r["prompt_id"] not in new]
     shown = [{"prompt": r["prompt"], "category": r["category"],
               **{c: r[c] for c in LINEAGE_COLUMNS}} for r in kept[:50]]  # fmt: skip
     return StageOutput(

@@ -134,6 +134,9 @@ def test_eva_prefect_server_is_a_lasting_server_with_the_same_change(tmp_path) -
             assert time.monotonic() < deadline, "no answer from eva prefect-server in 120 s"
             time.sleep(0.2)
         assert "<html" in httpx.get(url, trust_env=False).text.lower()  # with its UI
+        # ...which calls this server's port, not Prefect's default 4200.
+        ui = httpx.get(f"{url}/ui-settings", trust_env=False).json()
+        assert ui["api_url"] == f"{url}/api"
         with temporary_settings(updates={PREFECT_API_URL: f"{url}/api"}):
             assert _subflows_after_tasks(10) == 0
     finally:

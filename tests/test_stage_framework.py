@@ -341,6 +341,18 @@ def test_ui_tables_show_lineage_the_creators_decision_and_the_distribution() -> 
     kept = mixed.ui_tables["originals-kept"]
     assert kept and all(r["depth"] == 0 and r["parent_id"] is None for r in kept)
     assert mixed.ui_notes["originals-kept"].endswith("beside 4 evolved ones, in X_t's order")
+    # X_1 holds prompts evolved in iteration 1: mixed into X_2, they are kept ones, not new.
+    older, _ = evolved_records(current.slice(0, 2), [[("older a", "m")], [("older b", "m")]], 1)
+    x1 = pa.concat_tables([current, older])
+    newer, _ = evolved_records(drawn.table, [[(f"{p} anew", "m")] for p in "abcd"], 2)
+    size = x1.num_rows + newer.num_rows
+    mixed = mix.fn(ctx, MixConfig(ratio_evolved=4 / size, size=size), current=x1, evolved=newer)
+    kept = mixed.ui_tables["originals-kept"]
+    assert len(kept) == x1.num_rows and sum(r["depth"] == 1 for r in kept) == 2
+    assert mixed.ui_notes["originals-kept"] == (
+        f"first {x1.num_rows} of the {x1.num_rows} prompts of X_t-1 kept beside 4 evolved ones, "
+        "in X_t's order"
+    )
 
 
 @contextlib.contextmanager
