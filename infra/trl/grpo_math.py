@@ -4,7 +4,9 @@
     python infra/trl/grpo_math.py --model Qwen/Qwen2.5-0.5B-Instruct --prompts math.jsonl \\
         --rounds 3 --steps-per-round 100 --num-generations 8 --out runs/grpo-math
 
-``--prompts`` is a jsonl file of ``{"prompt": ..., "answer": ...}`` rows. Each round:
+``--prompts`` is a jsonl file of ``{"prompt": ..., "answer": ...}`` rows. A prompt goes to GRPO as
+a user message, which GRPO wraps in the model's chat template, when its tokenizer has one (as
+eva's generation does; ``--chat`` requires a template, ``--no-chat`` sends raw text). Each round:
 
 1. GRPO trains ``--steps-per-round`` steps on the current prompt set. The reward is
    ``tasks.backends.reward.math_verify.grpo_reward``: a completion scores 1.0 when its final
@@ -48,6 +50,7 @@ from eva_core.sampling import select_subset, subset_size
 from eva_core.schema import seed_records
 from tasks.backends.python import resolve
 from tasks.backends.reward.math_verify import VOTE_THRESHOLD, grpo_reward
+from tasks.backends.train.chat import ChatTemplate, use_template, user_turn
 
 # ---------------------------------------------------------------------------------------------
 # The default rewriter: a placeholder. A real run names an LLM rewriter with --evolver (a
@@ -160,7 +163,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--max-completion-length", type=int, default=512)
     ap.add_argument("--learning-rate", type=float, default=1e-6)
     ap.add_argument("--temperature", type=float, default=1.0)
-    ap.add_argument("--chat", action="store_true", help="send prompts as user messages")
+    ap.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="send prompts as user messages, in the model's chat template (default: when its "
+        "tokenizer has one, as eva's generation does; --no-chat: raw text)",
+    )
     ap.add_argument("--sample-fraction", type=float, default=0.25, help="share of prompts evolved")
     ap.add_argument("--ratio-evolved", type=float, default=0.8, help="children's share of a set")
     ap.add_argument("--vote-threshold", type=float, default=VOTE_THRESHOLD)
@@ -187,6 +196,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
     except (OSError, ValueError) as exc:  # not found, offline, not a causal LM
         ap.error(f"--model {args.model}: {str(exc).splitlines()[0]}")
+    # GRPO templates conversational prompts itself; plain text would train a chat model on
+    # questions laid out as it is never asked them.
+    setting: ChatTemplate = "auto" if args.chat is None else "always" if args.chat else "never"
+    try:
+        chat = use_template(tokenizer, setting, args.model)
+    except ValueError as exc:
+        ap.error(f"--chat: {exc}")
     os.makedirs(args.out, exist_ok=True)
     open(os.path.join(args.out, "rounds.jsonl"), "w").close()  # this run's rounds only
     log: list[dict[str, Any]] = []
@@ -198,9 +214,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         write_prompts(os.path.join(args.out, f"round_{k}", "prompts.jsonl"), current, answers)
         dataset = Dataset.from_dict(
             {
-                "prompt": [[{"role": "user", "content": p}] for p in prompts]
-                if args.chat
-                else prompts,
+                "prompt": [user_turn(p) for p in prompts] if chat else prompts,
                 "answer": [answers.get(i) or "" for i in ids],  # "" = none: majority vote
             }
         )

@@ -12,7 +12,10 @@ Pitfalls met with TRL 1.16 / transformers 5.23:
 - transformers 5 dropped ``warmup_ratio``: a float in [0, 1) given as ``warmup_steps`` is a ratio.
 - transformers 5 loads a checkpoint's saved dtype; weights load in float32 because AdamW updates
   at lr 5e-7 vanish in bf16 weights (``bf16=True`` still autocasts the matmuls).
-- TRL 1.16 has no prompt-length cap; ``max_prompt_length`` is applied here, keeping the end.
+- TRL 1.16 has no prompt-length cap; ``max_prompt_length`` is applied here, keeping the end
+  (of the prompt's own text, the chat template's tokens counted against the cap).
+- Given plain text, TRL trains on it untemplated even for a chat model; with a chat template
+  the rows are conversational so TRL templates them as generation does (``chat``).
 - The training arguments are built *before* the model: under ``accelerate launch`` with ZeRO-3
   that order lets ``from_pretrained`` load the weights already partitioned.
 - ``Trainer.save_model`` gathers ZeRO-3 shards; the pickled ``training_args.bin`` it adds (full
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tasks.backends.devices import Device
+from tasks.backends.train.chat import CHAT_TEMPLATE_HELP, ChatTemplate
 
 if TYPE_CHECKING:
     from transformers import Trainer, TrainingArguments
@@ -46,15 +50,17 @@ MAX_LENGTH_HELP = (
     "table when that is smaller."
 )
 MAX_PROMPT_HELP = (
-    "Cap on prompt tokens, applied before TRL sees the text by keeping the end of the prompt; "
-    "also held below max_length so a response token always remains."
+    "Cap on prompt tokens (the chat template's own included), applied before TRL sees the text "
+    "by keeping the end of the prompt; also held below max_length so a response token always "
+    "remains."
 )
 
 
 class TRLSolverConfig(BaseModel):
     """Fields every TRL preference solver shares; subclasses name the objective and its knobs."""
 
-    version: ClassVar[int] = 1  # bump when a change can change what it computes
+    # 2: prompts are trained in the policy's chat template when it has one (chat_template).
+    version: ClassVar[int] = 2  # bump when a change can change what it computes
     libraries: ClassVar[tuple[str, ...]] = ("torch", "transformers", "trl", "accelerate")
 
     model_config = ConfigDict(extra="forbid")
@@ -84,6 +90,7 @@ class TRLSolverConfig(BaseModel):
         "only costs time on small models.",
     )
     device: Device = Field(default="auto", description='"auto" = cuda when available, else "cpu".')
+    chat_template: ChatTemplate = Field(default="auto", description=CHAT_TEMPLATE_HELP)
 
     @field_validator("optim")
     @classmethod

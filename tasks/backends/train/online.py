@@ -19,7 +19,9 @@ column but ``prompt`` to a reward function as a keyword argument, one value per 
 ``2 * prompts`` (``training_step``). All three accept an ``IterableDataset`` with ``max_steps``
 (RLOO/GRPO repeat each prompt in the stream, ``repeat_iterable_dataset``). transformers calls
 ``on_step_end`` after the step's optimizer update and before the next step's batch is fetched;
-accelerate's data loader has fetched one batch ahead by then.
+accelerate's data loader has fetched one batch ahead by then. With a chat template the stream's
+prompts are user turns, which all three template as the generation backends do, and the reward
+function gets the messages' text back (``tasks.backends.train.chat``).
 
 A segment starts from a checkpoint, trains ``steps`` optimizer steps at a constant learning rate
 and saves the checkpoint; the optimizer starts afresh each segment (Adam's moments are
@@ -34,6 +36,7 @@ from typing import Any, ClassVar, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tasks.backends.devices import Device
+from tasks.backends.train.chat import CHAT_TEMPLATE_HELP, ChatTemplate
 
 
 class OnlineFeed(Protocol):
@@ -66,7 +69,8 @@ class OnlineSolverConfig(BaseModel):
     """An online policy-gradient solver. Where the eva paper gives no online value, TRL's
     defaults apply (KL beta 0.05, clipping 0.2); the world's recipe sets its own."""
 
-    version: ClassVar[int] = 1  # bump when a change can change what it computes
+    # 2: prompts are sampled and trained in the policy's chat template when it has one.
+    version: ClassVar[int] = 2  # bump when a change can change what it computes
     libraries: ClassVar[tuple[str, ...]] = (
         "torch",
         "transformers",
@@ -101,6 +105,7 @@ class OnlineSolverConfig(BaseModel):
     )
     vllm_mode: Literal["server", "colocate"] = Field(default="server")
     device: Device = Field(default="auto", description='"auto" = cuda when available, else "cpu".')
+    chat_template: ChatTemplate = Field(default="auto", description=CHAT_TEMPLATE_HELP)
     # Left out of dumps at their defaults, so the keys of segments cached before they existed
     # hold (as online.max_unscored_share).
     dynamic_sampling: bool = Field(

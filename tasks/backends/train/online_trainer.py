@@ -24,6 +24,7 @@ from transformers import (
 )
 
 from tasks.backends.protocols import Progress, no_progress
+from tasks.backends.train.chat import message_text, use_template, user_turn
 from tasks.backends.train.online import OnlineFeed, OnlineSolverConfig
 from tasks.backends.train.trl_common import ProgressCallback, numeric_row, quiet
 
@@ -61,7 +62,7 @@ def _trainer_args(config: OnlineSolverConfig, common: dict[str, Any]) -> Any:
     )
 
 
-def _trainer_class(config: OnlineSolverConfig, feed: OnlineFeed) -> type:
+def _trainer_class(config: OnlineSolverConfig, feed: OnlineFeed, chat: bool) -> type:
     if config.kind == "online_dpo":
         from trl.experimental.online_dpo import OnlineDPOTrainer
 
@@ -69,10 +70,18 @@ def _trainer_class(config: OnlineSolverConfig, feed: OnlineFeed) -> type:
     from trl import GRPOTrainer, RLOOTrainer
 
     base = GRPOTrainer if config.kind == "grpo" else RLOOTrainer
-    return _dynamic(base, feed, config.max_resample_rounds) if config.dynamic_sampling else base
+    if config.dynamic_sampling:
+        return _dynamic(base, feed, config.max_resample_rounds, chat)
+    return base
 
 
-def _dynamic(base: type, feed: OnlineFeed, rounds: int) -> type:
+def _as_input(record: dict[str, Any], chat: bool) -> dict[str, Any]:
+    """A streamed prompt record as the trainer takes it: with a chat template, the prompt as a
+    user turn, which TRL templates as generation does (``tasks.backends.train.chat``)."""
+    return {**record, "prompt": user_turn(record["prompt"])} if chat else record
+
+
+def _dynamic(base: type, feed: OnlineFeed, rounds: int, chat: bool) -> type:
     """``base`` (RLOO or GRPO) with DAPO's dynamic sampling; TRL has none (its issue #3708).
 
     The seam is ``_generate_and_score_completions``, the one method that turns a generation
@@ -104,10 +113,11 @@ def _dynamic(base: type, feed: OnlineFeed, rounds: int) -> type:
                 if not swaps:
                     break
                 positions = [rows.index(row) for row, _ in swaps]
-                extra_inputs = [prompt for _, prompt in swaps for _ in range(g)]
+                news = [_as_input(prompt, chat) for _, prompt in swaps]
+                extra_inputs = [prompt for prompt in news for _ in range(g)]
                 extra = super()._generate_and_score_completions(extra_inputs)
                 out = splice_groups(out, positions, extra, g, self.processing_class.pad_token_id)
-                for p, (_, prompt) in zip(positions, swaps, strict=True):
+                for p, prompt in zip(positions, news, strict=True):
                     inputs[p * g : (p + 1) * g] = [prompt] * g
             return out
 
@@ -156,16 +166,18 @@ def _widen(t: torch.Tensor, width: int, left: bool, fill: int) -> torch.Tensor:
 
 
 class _Reward:
-    """TRL reward function: scores each completion through the feed, by its prompt's row."""
+    """TRL reward function: scores each completion through the feed, by its prompt's row. With
+    a chat template TRL passes prompts and completions as messages: the feed gets their text."""
 
     def __init__(self, feed: OnlineFeed):
         self.feed = feed
         self.__name__ = "eva_reward"  # TRL names logged metrics after the function
 
     def __call__(
-        self, prompts: Sequence[str], completions: Sequence[str], row: Sequence[str], **_: Any
+        self, prompts: Sequence[Any], completions: Sequence[Any], row: Sequence[str], **_: Any
     ) -> list[float]:
-        return self.feed.score(row, prompts, completions)
+        texts = [message_text(p) for p in prompts]
+        return self.feed.score(row, texts, [message_text(c) for c in completions])
 
 
 class _StepEnd(TrainerCallback):
@@ -180,6 +192,56 @@ class _StepEnd(TrainerCallback):
         self.feed.step_end()
 
 
+def build_online_trainer(
+    config: OnlineSolverConfig,
+    policy_dir: str,
+    feed: OnlineFeed,
+    steps: int,
+    trainer_dir: str,
+    seed: int,
+    callbacks: Sequence[TrainerCallback] = (),
+) -> Any:
+    """A ready-to-``train()`` TRL trainer for ``steps`` optimizer steps on prompts from
+    ``feed``; split out of ``train_segment`` so tests can inspect the exact trainer (what it
+    feeds its model) that a segment trains."""
+    use_cpu = config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    chat = use_template(tokenizer, config.chat_template, policy_dir)
+    dataset = datasets.IterableDataset.from_generator(
+        _stream, gen_kwargs={"feed": _Handle(feed), "chat": chat}
+    )
+    common: dict[str, Any] = dict(
+        output_dir=trainer_dir,
+        gradient_accumulation_steps=1,
+        max_steps=steps,
+        learning_rate=config.learning_rate,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        optim=config.optim,
+        bf16=config.bf16,
+        gradient_checkpointing=config.gradient_checkpointing,
+        use_cpu=use_cpu,
+        seed=seed,
+        data_seed=seed,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+    )
+    args = _trainer_args(config, common)
+    model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+    trainer = _trainer_class(config, feed, chat)(
+        model=model,
+        reward_funcs=_Reward(feed),
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[_StepEnd(feed), *callbacks],
+    )
+    trainer.remove_callback(PrinterCallback)
+    return trainer
+
+
 def train_segment(
     config: OnlineSolverConfig,
     policy_dir: str,
@@ -191,43 +253,14 @@ def train_segment(
 ) -> list[dict[str, float]]:
     """Train ``steps`` optimizer steps from ``policy_dir`` on prompts from ``feed``; save the
     model and tokenizer to ``output_dir``; return the trainer's logged rows."""
-    use_cpu = config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
-    dataset = datasets.IterableDataset.from_generator(_stream, gen_kwargs={"feed": _Handle(feed)})
     parent = os.path.dirname(os.path.abspath(output_dir))  # the stage's own scratch
     os.makedirs(parent, exist_ok=True)
     scratch = tempfile.TemporaryDirectory(prefix=f"eva-{config.kind}-", dir=parent)
     with scratch as trainer_dir, quiet():
-        common: dict[str, Any] = dict(
-            output_dir=trainer_dir,
-            gradient_accumulation_steps=1,
-            max_steps=steps,
-            learning_rate=config.learning_rate,
-            lr_scheduler_type="constant",
-            warmup_steps=0,
-            optim=config.optim,
-            bf16=config.bf16,
-            gradient_checkpointing=config.gradient_checkpointing,
-            use_cpu=use_cpu,
-            seed=seed,
-            data_seed=seed,
-            logging_steps=1,
-            report_to=[],
-            save_strategy="no",
-            disable_tqdm=True,
+        callbacks = [ProgressCallback(progress)]
+        trainer = build_online_trainer(
+            config, policy_dir, feed, steps, trainer_dir, seed, callbacks
         )
-        args = _trainer_args(config, common)
-        model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(policy_dir)
-        callbacks: list[TrainerCallback] = [_StepEnd(feed), ProgressCallback(progress)]
-        trainer = _trainer_class(config, feed)(
-            model=model,
-            reward_funcs=_Reward(feed),
-            args=args,
-            train_dataset=dataset,
-            processing_class=tokenizer,
-            callbacks=callbacks,
-        )
-        trainer.remove_callback(PrinterCallback)
         trainer.train()
         rows = [numeric_row(e) for e in trainer.state.log_history if "loss" in e]
         if any(math.isnan(r["loss"]) for r in rows):
@@ -249,8 +282,9 @@ class _Handle:
         return (str, ("eva-online-source",))
 
 
-def _stream(feed: _Handle) -> Any:
-    yield from feed.feed.prompts()
+def _stream(feed: _Handle, chat: bool) -> Any:
+    for record in feed.feed.prompts():
+        yield _as_input(record, chat)
 
 
 def segment_stats(

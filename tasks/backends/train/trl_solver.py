@@ -25,6 +25,7 @@ from transformers import (
 )
 
 from tasks.backends.protocols import Progress, no_progress
+from tasks.backends.train.chat import assistant_turn, template_overhead, use_template, user_turn
 from tasks.backends.train.dpo import TRLSolverConfig, batch_layout
 from tasks.backends.train.trl_common import ProgressCallback, numeric_row, quiet
 
@@ -58,7 +59,9 @@ def build_trainer(
     callbacks: Sequence[TrainerCallback] = (),
 ) -> Trainer:
     """A ready-to-``train()`` TRL trainer; split out of ``TRLSolver.train`` so tests can inspect
-    the exact trainer (its batches, its ``compute_loss``) that training uses."""
+    the exact trainer (its batches, its ``compute_loss``) that training uses. With a chat
+    template its rows are conversational, so TRL templates them as generation did
+    (``tasks.backends.train.chat``)."""
     if not (len(prompts) == len(chosen) == len(rejected)):
         raise ValueError(
             f"prompts/chosen/rejected lengths differ: {len(prompts)}/{len(chosen)}/{len(rejected)}"
@@ -76,13 +79,23 @@ def build_trainer(
     if positions is not None and (max_length is None or max_length > positions):
         max_length = positions  # absolute-position models index out of range past their table
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    chat = use_template(tokenizer, config.chat_template, policy_dir)
     prompt_cap = config.max_prompt_length
     if max_length is not None:
         prompt_cap = min(prompt_cap or max_length, max_length - 1)
     if prompt_cap is not None:
-        prompts, cut = truncate_prompts(tokenizer, prompts, prompt_cap)
+        # The template's own tokens come out of the cap, so the templated prompt fits it.
+        overhead = template_overhead(tokenizer) if chat else 0
+        text_cap = prompt_cap - overhead
+        if text_cap < 1:
+            raise ValueError(
+                f"a prompt cap of {prompt_cap} tokens (max_prompt_length, held below max_length) "
+                f"leaves no room for a prompt in the {overhead} tokens of {policy_dir}'s chat "
+                "template: raise it"
+            )
+        prompts, cut = truncate_prompts(tokenizer, prompts, text_cap)
         if cut:
-            _log.warning("kept the last %d tokens of %d long prompts", prompt_cap, cut)
+            _log.warning("kept the last %d tokens of %d long prompts", text_cap, cut)
     common: dict[str, Any] = dict(
         output_dir=trainer_dir,
         learning_rate=config.learning_rate,
@@ -104,7 +117,11 @@ def build_trainer(
         disable_tqdm=True,
     )
     dataset = datasets.Dataset.from_dict(
-        {"prompt": list(prompts), "chosen": list(chosen), "rejected": list(rejected)}
+        {
+            "prompt": [user_turn(p) for p in prompts] if chat else list(prompts),
+            "chosen": [assistant_turn(c) for c in chosen] if chat else list(chosen),
+            "rejected": [assistant_turn(r) for r in rejected] if chat else list(rejected),
+        }
     )
     with quiet():
         args = config.trainer_args(common)  # before the model: ZeRO-3 partitioned loading

@@ -1,0 +1,279 @@
+"""The solvers train on a prompt exactly as generation fed it to the model: wrapped in the policy's
+chat template when its tokenizer has one, raw otherwise (``tasks.backends.train.chat``).
+
+The policy is the world's tiny model with a character tokenizer given a chat template, saved with
+``save_pretrained`` and loaded back by every backend. What generation feeds the model is read off
+the model itself (a spy on ``generate``), and what training uses off the trainers TRL builds
+through their public entry points: the DPO family's ``train_dataset`` and the ids the online
+trainers pass to ``generate`` while they train.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from transformers import AutoTokenizer
+
+from eva_world.tiny_lm import (
+    TinyModelConfig,
+    build_char_tokenizer,
+    build_tiny_model,
+    save_checkpoint,
+)
+from eva_world.world import ALPHABET
+from tasks.backends.generate.transformers import TransformersGeneration
+from tasks.backends.train.dpo import DPOSolverConfig
+from tasks.backends.train.objectives import (
+    DPONLLSolverConfig,
+    ORPOSolverConfig,
+    SimPOSolverConfig,
+    SPPOSolverConfig,
+)
+from tasks.backends.train.online import OnlineSolverConfig
+from tasks.backends.train.online_trainer import build_online_trainer
+from tasks.backends.train.trl_solver import build_trainer
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:.*importing from 'trl.experimental'",
+    "ignore:.*will be removed in v6:FutureWarning",
+)
+
+# Role initial, ":", content, end of turn (eos); the generation prompt opens the answer.
+TEMPLATE = (
+    "{% for m in messages %}{{ m['role'][0] }}:{{ m['content'] }}{{ eos_token }}{% endfor %}"
+    "{% if add_generation_prompt %}a:{% endif %}"
+)
+# The same with the BOS token rendered first, as the templates of real models that use one do.
+BOS_TEMPLATE = "{{ bos_token }}" + TEMPLATE
+PAIRS = [("1+2=", "3", "12"), ("34+5=", "39", "7"), ("6-1=", "5", "51"), ("r:abc=", "cba", "ab")]
+SOLVERS = {
+    "dpo": DPOSolverConfig,
+    "sppo": SPPOSolverConfig,
+    "dpo_nll": DPONLLSolverConfig,
+    "simpo": SimPOSolverConfig,
+    "orpo": ORPOSolverConfig,
+}
+
+
+def _policy(path: Path, template: str | None) -> str:
+    tok = build_char_tokenizer(ALPHABET + "ua")
+    if template is not None:
+        tok.chat_template = template
+    save_checkpoint(build_tiny_model(TinyModelConfig(), tok, seed=0), tok, str(path))
+    assert AutoTokenizer.from_pretrained(path).chat_template == template  # it round-trips
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def policies(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    base = tmp_path_factory.mktemp("chat-policies")
+    return {
+        name: _policy(base / name, template)
+        for name, template in (("chat", TEMPLATE), ("bos_chat", BOS_TEMPLATE), ("plain", None))
+    }
+
+
+def _spy_generate(model: Any, calls: list[list[list[int]]] | None = None) -> list[list[list[int]]]:
+    """Record the prompt ids (padding removed) of every ``generate`` call on ``model``."""
+    calls = [] if calls is None else calls
+    original = model.generate
+
+    def generate(*args: Any, **kwargs: Any) -> Any:
+        ids, mask = kwargs["input_ids"], kwargs["attention_mask"]
+        calls.append([row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)])
+        return original(*args, **kwargs)
+
+    model.generate = generate
+    return calls
+
+
+def _fed_by_sampler(policy: str, setting: Any) -> Callable[[str], list[int]]:
+    """The ids the transformers generation backend feeds the model for a prompt."""
+    generator = TransformersGeneration(
+        chat_template=setting, temperature=0.0, max_new_tokens=1, device="cpu"
+    ).load(policy)
+    calls = _spy_generate(generator.model)
+
+    def fed(prompt: str) -> list[int]:
+        generator.generate([prompt], n=1, seed=0)
+        (row,) = calls[-1]
+        return row
+
+    return fed
+
+
+@pytest.mark.parametrize(
+    ("kind", "policy", "setting"),
+    [
+        *((kind, "chat", "auto") for kind in ("dpo", "sppo", "dpo_nll")),
+        *((kind, "bos_chat", "auto") for kind in SOLVERS),
+        ("dpo", "chat", "never"),
+        ("dpo", "plain", "auto"),
+    ],
+)
+def test_preference_rows_start_with_the_ids_generation_feeds(
+    policies: dict[str, str], tmp_path: Path, kind: str, policy: str, setting: Any
+) -> None:
+    path = policies[policy]
+    prompts, chosen, rejected = (list(c) for c in zip(*PAIRS, strict=True))
+    config = SOLVERS[kind](effective_batch_size=len(PAIRS), chat_template=setting)
+    trainer = build_trainer(config, path, prompts, chosen, rejected, str(tmp_path), 0)
+    fed = _fed_by_sampler(path, setting)
+    tok = AutoTokenizer.from_pretrained(path)
+    rows: Any = trainer.train_dataset
+    for i, (prompt, good, _) in enumerate(PAIRS):
+        expected = fed(prompt)
+        templated = policy != "plain" and setting != "never"
+        # The template was applied, or not, as the generation setting says.
+        assert (expected != tok(prompt)["input_ids"]) is templated
+        if "prompt_ids" in rows.column_names:  # DPOTrainer
+            assert rows[i]["prompt_ids"] == expected
+            sequence = rows[i]["prompt_ids"] + rows[i]["chosen_ids"]
+        else:  # CPO / ORPO
+            assert rows[i]["prompt_input_ids"] == expected
+            sequence = rows[i]["chosen_input_ids"]
+        assert sequence[: len(expected)] == expected
+        if templated:  # the rest is the answer's turn, as the template renders it
+            turns = [{"role": "user", "content": prompt}, {"role": "assistant", "content": good}]
+            conversation: Any = tok.apply_chat_template(turns)
+            assert sequence == conversation["input_ids"]
+
+
+def test_the_template_counts_against_the_prompt_cap(policies: dict[str, str], tmp_path: Path):
+    path, long = policies["chat"], "12+" * 10 + "3="
+    fed = _fed_by_sampler(path, "auto")
+    overhead = len(fed(long)) - len(long)  # one token a character
+    assert overhead > 0
+    config = DPOSolverConfig(effective_batch_size=1, max_prompt_length=12)
+    rows: Any = build_trainer(config, path, [long], ["9"], ["8"], str(tmp_path), 0).train_dataset
+    # The prompt's last characters, templated as generation would template that text.
+    assert rows[0]["prompt_ids"] == fed(long[-(12 - overhead) :])
+    with pytest.raises(ValueError, match="chat template"):
+        build_trainer(
+            DPOSolverConfig(effective_batch_size=1, max_prompt_length=overhead),
+            *(path, [long], ["9"], ["8"], str(tmp_path), 0),
+        )
+
+
+def test_always_refuses_a_tokenizer_without_a_template(policies: dict[str, str], tmp_path: Path):
+    config = DPOSolverConfig(effective_batch_size=1, chat_template="always")
+    with pytest.raises(ValueError, match="has no chat template"):
+        build_trainer(config, policies["plain"], ["1+2="], ["3"], ["4"], str(tmp_path), 0)
+
+
+class Feed:
+    """The online loop's seam, recording what the reward function is handed; the stream cycles
+    through ``prompts``, and with ``swap`` the first scored group is replaced by it once."""
+
+    def __init__(self, prompts: Sequence[str], swap: str | None = None):
+        self.queue, self.swap = list(prompts), swap
+        self.scored: list[tuple[list[str], list[Any], list[Any]]] = []
+
+    def prompts(self) -> Any:
+        for i in itertools.count():
+            yield {"prompt": self.queue[i % len(self.queue)], "prompt_id": str(i), "row": f"{i}"}
+
+    def score(self, rows: Sequence[str], prompts: Sequence[Any], completions: Sequence[Any]):
+        self.scored.append((list(rows), list(prompts), list(completions)))
+        return [float(j % 2) for j in range(len(rows))]  # every group has a signal
+
+    def step_end(self) -> None:
+        pass
+
+    def tied(self, rows: Sequence[str]) -> list[str]:
+        return list(rows[:1]) if self.swap is not None else []
+
+    def resample(self, rows: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+        if not rows:
+            return []
+        prompt, self.swap = self.swap, None
+        return [(rows[0], {"prompt": prompt, "prompt_id": "swap", "row": "swap"})]
+
+
+@pytest.mark.parametrize(
+    ("kind", "setting", "dynamic"),
+    [("rloo", "auto", False), ("grpo", "auto", False), ("online_dpo", "auto", False),
+     ("rloo", "auto", True), ("rloo", "never", False)],
+)  # fmt: skip
+def test_online_trainers_sample_from_the_ids_generation_feeds(
+    policies: dict[str, str], tmp_path: Path, kind: Any, setting: Any, dynamic: bool
+) -> None:
+    path, prompts = policies["chat"], [p for p, _, _ in PAIRS]
+    config = OnlineSolverConfig(
+        kind=kind, learning_rate=1e-3, beta=0.1, num_generations=2, prompts_per_step=2,
+        max_completion_length=3, device="cpu", chat_template=setting, dynamic_sampling=dynamic,
+    )  # fmt: skip
+    feed = Feed(prompts, swap="9-9=" if dynamic else None)
+    trainer = build_online_trainer(config, path, feed, 1, str(tmp_path), 0)
+    calls = _spy_generate(trainer.model)
+    trainer.train()
+    fed = _fed_by_sampler(path, setting)
+    streamed = [*prompts, *(["9-9="] if dynamic else [])]
+    by_ids = {tuple(fed(p)): p for p in streamed}
+    generated = [by_ids.get(tuple(row), row) for call in calls for row in call]
+    # Every prompt the trainer sampled from is fed exactly as generation feeds it: the step's
+    # two prompts (each num_generations times) and, with dynamic sampling, the replacement.
+    expected = [p for p in [*prompts[:2], *(["9-9="] if dynamic else [])] for _ in range(2)]
+    assert sorted(map(str, generated)) == sorted(expected)
+    # The reward function is handed text, whatever form the trainer holds the prompts in.
+    for _, texts, completions in feed.scored:
+        assert all(isinstance(t, str) for t in [*texts, *completions])
+        assert set(texts) <= set(streamed)
+
+
+def _math_recipe() -> Any:
+    pytest.importorskip("math_verify")
+    path = Path(__file__).parents[1] / "infra" / "trl" / "grpo_math.py"
+    spec = importlib.util.spec_from_file_location("grpo_math", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("flag", [None, "--no-chat"])
+def test_math_recipe_samples_from_the_ids_generation_feeds(
+    policies: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flag: str | None
+) -> None:
+    recipe, path = _math_recipe(), policies["chat"]
+    calls: list[list[list[int]]] = []
+    base: Any = recipe.GRPOTrainer
+
+    class Spied(base):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            _spy_generate(self.model, calls)
+
+    monkeypatch.setattr(recipe, "GRPOTrainer", Spied)
+    data = tmp_path / "math.jsonl"
+    data.write_text("".join(f'{{"prompt": "{p}", "answer": "{c}"}}\n' for p, c, _ in PAIRS[:2]))
+    recipe.main(
+        [
+            *("--model", path, "--prompts", str(data), "--out", str(tmp_path / "out")),
+            *("--rounds", "1", "--steps-per-round", "1", "--num-generations", "2"),
+            *("--prompts-per-step", "2", "--max-completion-length", "2"),
+            *([flag] if flag else []),
+        ]
+    )
+    fed = _fed_by_sampler(path, "never" if flag == "--no-chat" else "auto")
+    assert sorted(row for call in calls for row in call) == sorted(
+        fed(p) for p, _, _ in PAIRS[:2] for _ in range(2)
+    )
+
+
+def test_math_recipe_chat_needs_a_template(
+    policies: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "math.jsonl"
+    data.write_text('{"prompt": "1+2=", "answer": "3"}\n')
+    out = str(tmp_path / "out")
+    with pytest.raises(SystemExit):
+        _math_recipe().main(
+            ["--model", policies["plain"], "--prompts", str(data), "--out", out, "--chat"]
+        )
+    assert "--chat: chat_template='always' but" in capsys.readouterr().err
