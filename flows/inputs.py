@@ -31,6 +31,8 @@ OWN_MODEL = "start from configs/own-model.yaml"
 
 def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
     _check_required(config)
+    if isinstance(config, RunConfig):
+        _check_chat_templates(config)
     _check_hub_models(config)
     _check_checkpoint(config.bootstrap.init_checkpoint)
     _check_api_keys(config)
@@ -164,6 +166,32 @@ def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: lis
     except ValueError as exc:
         named, shown = getattr(config, field).origin
         raise ConfigError(f"{field}.{named}: {shown}: {exc}") from None
+
+
+def _template_use(backend: Any) -> str | None:
+    """How a generation backend lays out prompts: its ``chat_template`` setting, or for an HTTP
+    backend its endpoint (chat: the server's template; completions: raw text)."""
+    if (setting := getattr(backend, "chat_template", None)) is not None:
+        return str(setting)
+    endpoint = getattr(getattr(backend, "client", backend), "endpoint", None)
+    return {"chat": "always", "completions": "never"}.get(str(endpoint))
+
+
+def _check_chat_templates(config: RunConfig) -> None:
+    """The solver trains on prompts laid out as generation fed them: one side on raw text and
+    the other templated would teach answers after a prompt the policy never sees that way."""
+    solver = getattr(config.train.solver, "chat_template", None)
+    for field, backend in (("generate.backend", config.generate.backend),
+                           ("evaluate.generation", config.evaluate.generation)):  # fmt: skip
+        used = _template_use(backend)
+        if solver is None or used is None or (solver == "never") == (used == "never"):
+            continue
+        how = "raw text" if used == "never" else "the chat template"
+        raise ConfigError(
+            f"train.solver.chat_template is {solver!r} but {field} samples prompts as {how}",
+            hint="the solver must see each prompt as generation fed it: set both to never, or "
+            "neither",
+        )
 
 
 def _check_hub_models(config: RunConfig | OnlineRunConfig) -> None:

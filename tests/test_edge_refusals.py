@@ -347,3 +347,26 @@ def test_a_hub_reward_model_not_cached_and_unreachable_is_refused_before_writing
         f"Face cache, and http://127.0.0.1:{closed} cannot be reached"
     )
     assert not root.exists()
+
+
+# --- a solver that would train on prompts laid out otherwise than generation fed them ---------
+
+
+@pytest.mark.parametrize(
+    ("settings", "says"),
+    [
+        (["train.solver.chat_template=never"],
+         "train.solver.chat_template is 'never' but generate.backend samples prompts as the chat "
+         "template"),
+        (["generate.backend.chat_template=never"],
+         "train.solver.chat_template is 'auto' but generate.backend samples prompts as raw text"),
+    ],
+)  # fmt: skip
+def test_a_solver_and_generation_that_lay_out_prompts_differently_are_refused(
+    tmp_path, capsys, settings, says
+):
+    root = tmp_path / "runs"
+    argv = ["run", "--root", str(root), *(a for s in settings for a in ("--set", s))]
+    status, err = eva(capsys, *argv)
+    assert status == 2 and "\n" not in err and err.startswith(f"eva: error: {says}"), err
+    assert not root.exists()

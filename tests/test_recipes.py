@@ -112,7 +112,8 @@ def test_extends_with_another_backend_kind_starts_that_section_afresh(tmp_path: 
     backend = served.generate.backend
     assert backend.kind == "served" and backend.client.endpoint == "completions"
     assert backend.client.max_tokens == 10 and served.evaluate.generation.client.temperature == 0.0
-    assert served.train.solver == load_config(None).train.solver  # the rest is the world's
+    world_solver = load_config(None).train.solver  # the rest is the world's, raw text kept
+    assert served.train.solver == world_solver.model_copy(update={"chat_template": "never"})
     (tmp_path / "same.yaml").write_text(
         f"extends: {CONFIGS / 'world.yaml'}\ngenerate: {{backend: {{kind: transformers, "
         "batch_size: 64}}\n"
