@@ -242,7 +242,8 @@ def test_recipe_runs_two_rounds_on_cpu(tmp_path: Path) -> None:
     # Round 1: the seeds, all answered; 2 steps x 4 prompts = 8 groups of 4 completions, some
     # right and some wrong, so some groups teach and some prompts are informative.
     assert (first["prompts"], first["children"], first["groups"]) == (8, 0, 8)
-    assert 0.0 < first["reward_mean"] < 1.0 and 0.0 < first["signal_share"] < 1.0
+    assert 0.0 < first["reward_mean_known"] < 1.0 and 0.0 < first["signal_share"] < 1.0
+    assert first["reward_mean_voted"] is None  # no child yet: nothing labelled by a vote
     assert first["informativeness_mean"] > 0.0
     # The creator drew 25% of the 8 prompts GRPO scored and wrote 4 children of each; 80% of 8
     # is 6 children, and 2 seeds.
@@ -292,3 +293,68 @@ def test_recipe_takes_chat_prompts_and_a_users_evolver(tmp_path: Path) -> None:
     kids = [r["prompt"] for r in nxt if r["source"] == "evolved"]
     assert len(kids) == 2 and all(k.endswith("? Then double it.") for k in kids)
     assert second["children"] == 2 and second["groups"] == 4
+
+
+def raises(prompts: list[str]) -> list[str]:
+    raise RuntimeError("the rewriter's endpoint is down")
+
+
+def an_int(prompts: list[str]) -> int:
+    return 3
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--sample-fraction", "1.5"], "--sample-fraction must be in (0, 1]"),
+        (["--ratio-evolved", "2"], "--ratio-evolved must be in [0, 1]"),
+        (["--vote-threshold", "0"], "--vote-threshold must be in (0, 1]"),
+        (["--prompts-per-step", "0"], "--prompts-per-step must be >= 1"),
+        (["--evolver", "no_such_module_xyz:f"], "--evolver: cannot import module"),
+        (["--out", "FILE"], "is a file; give a folder"),
+    ],
+)
+def test_recipe_arguments_are_checked_before_anything_trains(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], says: str
+) -> None:
+    data = tmp_path / "math.jsonl"
+    data.write_text(json.dumps({"prompt": "What is 1 + 1?", "answer": "2"}) + "\n")
+    (tmp_path / "FILE").write_text("")
+    extra = [str(tmp_path / "FILE") if a == "FILE" else a for a in extra]
+    argv = ["--model", str(tmp_path / "nowhere"), "--prompts", str(data),
+            "--out", str(tmp_path / "out"), *extra]  # fmt: skip
+    with pytest.raises(SystemExit) as exited:
+        _recipe().main(argv)
+    assert exited.value.code == 2 and says in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # refused before the model is even loaded
+
+
+@needs_math_verify
+@pytest.mark.parametrize(
+    ("evolver", "says"),
+    [
+        ("raises", "raised RuntimeError: the rewriter's endpoint is down"),
+        ("an_int", "returned int"),
+    ],
+)
+def test_a_failing_rewriter_ends_the_run_in_one_line_with_the_round_saved(
+    tmp_path: Path, evolver: str, says: str
+) -> None:
+    rows = [{"prompt": f"What is {a} + 3?", "answer": str(a + 3)} for a in (1, 2, 3, 4)]
+    data = tmp_path / "math.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _tiny_policy(tmp_path / "policy", [r["prompt"] + " 0123456789" for r in rows])
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exited:
+        _recipe().main(
+            [
+                *("--model", str(tmp_path / "policy"), "--prompts", str(data), "--out", str(out)),
+                *("--rounds", "2", "--steps-per-round", "1", "--num-generations", "2"),
+                *("--prompts-per-step", "4", "--max-completion-length", "4"),
+                *("--evolver", f"tests.test_math_rlvr:{evolver}"),
+            ]
+        )
+    message = str(exited.value.code)
+    assert message.startswith(f"grpo_math: --evolver tests.test_math_rlvr:{evolver}: {says}")
+    assert "\n" not in message and "round 1's policy is saved" in message
+    assert (out / "model" / "config.json").exists()  # round 1's training was not lost

@@ -176,12 +176,17 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--evolver", default=None, help="package.module:function, prompts -> children")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    if args.rounds < 1 or args.steps_per_round < 1 or args.num_generations < 2:
-        ap.error("need --rounds >= 1, --steps-per-round >= 1, --num-generations >= 2")
-
-    evolve: Callable[[list[str]], Sequence[Any]] = (
-        resolve(args.evolver, "function") if args.evolver else change_a_number
-    )
+    # Everything checked before a round trains: a bad value found after one would lose it.
+    for problem in _argument_problems(args):
+        ap.error(problem)
+    try:
+        evolve: Callable[[list[str]], Sequence[Any]] = (
+            resolve(args.evolver, "function") if args.evolver else change_a_number
+        )
+    except ValueError as exc:
+        ap.error(f"--evolver: {exc}")
+    if not callable(evolve):
+        ap.error(f"--evolver: {args.evolver} is not a function")
     try:
         texts, given = read_prompts(args.prompts)
         current = seed_records(texts)  # ids, lineage: eva's prompt records
@@ -244,17 +249,24 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
             processing_class=tokenizer,
         )
         trainer.train()
+        # Saved before the creator runs: a rewriter that fails next loses no training.
+        trainer.save_model(os.path.join(args.out, "model"))
+        tokenizer.save_pretrained(os.path.join(args.out, "model"))
 
         # --- what the round did: rewards, signal, and the fate of last round's children
         # (a child is labelled when a majority vote scored it at least once this round).
         matrix = reward_rows(reward.rewards, prompts)
+        # Rewards against a known answer and against a majority label are different things:
+        # a child's label can be the policy's own wrong answer, so they are reported apart.
+        known = np.array([bool(answers.get(i)) for i in ids])
         children = [p for i, p in zip(ids, prompts, strict=True) if not answers.get(i)]
         labelled = sum(any(not math.isnan(r) for r in reward.rewards.get(p, [])) for p in children)
         drawn = sum(p in reward.rewards for p in children)
         stats: dict[str, Any] = {
             "round": k,
             "prompts": len(prompts),
-            "reward_mean": float(np.nanmean(matrix)) if np.isfinite(matrix).any() else None,
+            "reward_mean_known": _nanmean(matrix[known]),
+            "reward_mean_voted": _nanmean(matrix[~known]),
             "signal_share": reward.groups_with_signal / reward.groups if reward.groups else 0.0,
             "groups": reward.groups,
             "children": len(children),
@@ -272,10 +284,13 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
             n = subset_size(len(scored), args.sample_fraction) if len(scored) else 0
             pick = scored[select_subset(weights, n, "weighted", args.seed + k).indices]
             parents = current.take(pa.array(pick, pa.int64()))
-            kids = evolve(parents["prompt"].to_pylist())
-            candidates = [
-                [(c, "evolver") for c in ([cs] if isinstance(cs, str) else cs)] for cs in kids
-            ]
+            try:
+                candidates = _children(evolve, parents["prompt"].to_pylist())
+            except ValueError as exc:
+                raise SystemExit(
+                    f"grpo_math: --evolver {args.evolver or 'change_a_number'}: {exc} (round "
+                    f"{k}'s policy is saved in {os.path.join(args.out, 'model')})"
+                ) from None
             evolved, evolve_stats = evolved_records(
                 parents, candidates, iteration=k, exclude_ids=set(ids)
             )
@@ -291,17 +306,65 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         log.append(stats)
         with open(os.path.join(args.out, "rounds.jsonl"), "a") as f:
             f.write(json.dumps(stats) + "\n")
-        mean = "n/a" if stats["reward_mean"] is None else f"{stats['reward_mean']:.3f}"
+        known_mean, voted_mean = (
+            "n/a" if stats[key] is None else f"{stats[key]:.3f}"
+            for key in ("reward_mean_known", "reward_mean_voted")
+        )
         print(
-            f"round {k}: reward mean {mean}, groups with signal {stats['signal_share']:.0%} "
+            f"round {k}: reward mean {known_mean} on known answers, {voted_mean} on majority "
+            f"labels, groups with signal {stats['signal_share']:.0%} "
             f"of {reward.groups}, children labelled {labelled} / dropped {drawn - labelled} "
             f"/ not drawn {len(children) - drawn}",
             flush=True,
         )
 
-    trainer.save_model(os.path.join(args.out, "model"))
-    tokenizer.save_pretrained(os.path.join(args.out, "model"))
     return log
+
+
+def _argument_problems(args: argparse.Namespace) -> list[str]:
+    """What is wrong with the arguments, each as argparse's error line would say it."""
+    checks = [
+        (args.rounds >= 1, "--rounds must be >= 1"),
+        (args.steps_per_round >= 1, "--steps-per-round must be >= 1"),
+        (args.num_generations >= 2, "--num-generations must be >= 2 (GRPO compares a group)"),
+        (args.prompts_per_step >= 1, "--prompts-per-step must be >= 1"),
+        (args.max_completion_length >= 1, "--max-completion-length must be >= 1"),
+        (args.learning_rate > 0, "--learning-rate must be > 0"),
+        (args.temperature > 0, "--temperature must be > 0"),
+        (0 < args.sample_fraction <= 1, "--sample-fraction must be in (0, 1]"),
+        (0 <= args.ratio_evolved <= 1, "--ratio-evolved must be in [0, 1]"),
+        (0 < args.vote_threshold <= 1, "--vote-threshold must be in (0, 1]"),
+        (not os.path.isfile(args.out), f"--out {args.out} is a file; give a folder"),
+    ]
+    return [message for ok, message in checks if not ok]
+
+
+def _children(evolve: Callable[[list[str]], Sequence[Any]], parents: list[str]) -> list[Any]:
+    """The rewriter's children of each parent as ``(text, method)`` candidates; a ValueError
+    in one line when it raises or returns something else than one list (or string) per
+    parent."""
+    try:
+        kids = evolve(parents)
+    except Exception as exc:
+        raise ValueError(
+            f"raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from None
+    if isinstance(kids, str | bytes) or not isinstance(kids, Sequence) or len(kids) != len(parents):
+        raise ValueError(
+            f"returned {type(kids).__name__}; expected one list of children per parent "
+            f"({len(parents)})"
+        )
+    out = []
+    for i, cs in enumerate(kids):
+        texts = [cs] if isinstance(cs, str) else cs
+        if not isinstance(texts, Sequence) or not all(isinstance(c, str) for c in texts):
+            raise ValueError(f"parent {i}: children {cs!r:.60} are not strings")
+        out.append([(c, "evolver") for c in texts])
+    return out
+
+
+def _nanmean(x: np.ndarray) -> float | None:
+    return float(np.nanmean(x)) if np.isfinite(x).any() else None
 
 
 if __name__ == "__main__":
