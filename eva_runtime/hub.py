@@ -17,14 +17,14 @@ TIMEOUT_S = 3.0
 
 
 def unreachable(model_id: str) -> str | None:
-    """Why ``model_id`` cannot be loaded (not cached, and the Hub does not answer), or None
-    when it is cached or the Hub answers (or in offline mode, where the libraries fail fast)."""
+    """Why ``model_id`` cannot be loaded (not cached, and the Hub does not answer or offline
+    mode forbids asking it), or None when it is cached or the Hub answers."""
     from huggingface_hub import constants, try_to_load_from_cache
 
-    if constants.HF_HUB_OFFLINE:
-        return None
     if isinstance(try_to_load_from_cache(model_id, "config.json"), str):
         return None
+    if constants.HF_HUB_OFFLINE:  # the libraries would say it in a paragraph of their own
+        return "not in the local Hugging Face cache, and HF_HUB_OFFLINE is set"
     endpoint = constants.ENDPOINT.rstrip("/")
     missing = "not in the local Hugging Face cache, and"
     try:

@@ -48,6 +48,23 @@ def _saved(name: str) -> bool:
     return any(os.path.isfile(os.path.join(name, f)) for f in _SAVED)
 
 
+def _one_format(folder: str) -> None:
+    """A ``ValueError`` when a folder of data files mixes formats: ``load_dataset`` reads the
+    files of one format and leaves the others out without a word."""
+    formats: dict[str, str] = {}
+    for _, _, files in os.walk(folder):
+        for f in files:
+            ext = os.path.splitext(f)[1].lower()
+            if ext in _FILES and not f.startswith("."):  # JSON Lines are JSON to load_dataset
+                formats.setdefault(".json" if ext in (".jsonl", ".ndjson") else ext, f)
+    if len(formats) > 1:
+        shown = ", ".join(sorted(formats.values()))
+        raise ValueError(
+            f"data files of {len(formats)} formats ({shown}): load_dataset would read one "
+            "format and skip the rest; keep one format in the folder"
+        )
+
+
 def load_dataset_split(
     name: str, *, config_name: str | None, split: str, storage_options: dict[str, Any]
 ) -> Any:
@@ -55,8 +72,16 @@ def load_dataset_split(
     (the dataset cannot be found, reached offline, or has no such split)."""
     import datasets  # its import is slow: only runs that name a dataset pay for it
 
+    saved = _saved(name)
+    if saved and config_name:
+        raise ValueError(
+            f"{name}: dataset_config {config_name!r} names a Hub dataset's configuration, and "
+            "this is a folder saved with save_to_disk (it has none): leave dataset_config out"
+        )
+    if not saved and os.path.isdir(name):
+        _one_format(name)
     try:
-        if _saved(name):
+        if saved:
             loaded = datasets.load_from_disk(name, storage_options=storage_options or None)
             if isinstance(loaded, datasets.DatasetDict):
                 if split not in loaded:

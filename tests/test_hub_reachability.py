@@ -73,5 +73,9 @@ def test_a_hub_that_answers_or_a_cached_model_passes(
     (repo / "snapshots" / "abc123").mkdir(parents=True)
     (repo / "snapshots" / "abc123" / "config.json").write_text("{}")
     assert unreachable(MODEL) is None
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # the libraries fail fast then
-    assert unreachable("eva-test/other") is None
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # cached: offline changes nothing
+    assert unreachable(MODEL) is None
+    # Not cached, offline: eva's line, not transformers' paragraph.
+    assert unreachable("eva-test/other") == (
+        "not in the local Hugging Face cache, and HF_HUB_OFFLINE is set"
+    )

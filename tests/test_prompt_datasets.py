@@ -408,3 +408,16 @@ def test_a_folder_at_a_url_is_keyed_by_its_bytes(local_s3) -> None:
     assert list(first) == ["dataset_sha256"] and key() == first
     fs.pipe({"eva-bucket/ds/data-00000.arrow": b"rows-2"})
     assert key() != first
+
+
+def test_what_load_dataset_would_ignore_without_a_word_is_refused(tmp_path) -> None:
+    saved = tmp_path / "saved"
+    _save(saved, {"prompt": ["a?", "b?"]})
+    with pytest.raises(ValueError, match="dataset_config 'main' names a Hub dataset's config"):
+        read_prompt_set(PromptsConfig(dataset=str(saved), dataset_config="main"))
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "train.jsonl").write_text('{"prompt": "a?"}\n')
+    (mixed / "more.csv").write_text("prompt\nb?\n")
+    with pytest.raises(ValueError, match=r"data files of 2 formats \(more\.csv, train\.jsonl\)"):
+        read_prompt_set(PromptsConfig(dataset=str(mixed)))
