@@ -92,6 +92,8 @@ class TerminalProgress:
     plain line at most every ``interval_s`` seconds (10), the first after that long, so a stage
     that takes less prints nothing. Each call also goes to ``forward`` (the UI's bar)."""
 
+    shows_detail = True  # ``report`` hands it the step and loss, not the fraction alone
+
     def __init__(
         self,
         label: str,
@@ -166,11 +168,25 @@ class TerminalProgress:
 
 def report(progress: Callable[[float], None], fraction: float, **detail: float | int | str) -> None:
     """Report ``fraction`` to any progress sink, with ``detail`` where it shows it (a stage's
-    ``TerminalProgress``): what a training loop calls with its step and loss."""
-    if isinstance(progress, TerminalProgress):
+    ``TerminalProgress``, or a ``ScaledProgress`` part of one): what a training loop calls with
+    its step and loss."""
+    if getattr(progress, "shows_detail", False):
         progress(fraction, **detail)
     else:
         progress(fraction)
+
+
+class ScaledProgress:
+    """One part of another sink's bar: this part's fraction ``f`` is ``start + share * f``
+    there, and the step and loss pass through (a stage whose training is its last 90%)."""
+
+    shows_detail = True
+
+    def __init__(self, sink: Callable[[float], None], start: float, share: float):
+        self.sink, self.start, self.share = sink, start, share
+
+    def __call__(self, fraction: float, **detail: float | int | str) -> None:
+        report(self.sink, self.start + self.share * fraction, **detail)
 
 
 def _number(value: float | int | str) -> str:

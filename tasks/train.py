@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eva_runtime.engines import ENGINES
 from eva_runtime.follow import request_dir
+from eva_runtime.progress import ScaledProgress
 from tasks.backends.train import SolverBackend
 from tasks.backends.train.dpo import DPOSolverConfig, batch_layout
 from tasks.backends.train.launch import DEFAULT_ACCELERATE_CONFIG, NodesConfig, launch_train
@@ -122,8 +123,8 @@ def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutpu
         )
         chosen, rewrite_stats = result.responses, result.stats()
 
-    def progress(fraction: float) -> None:
-        ctx.progress(1.0 - train_share + train_share * fraction)
+    # Training's share of the bar; the step and loss reach the terminal through it.
+    progress = ScaledProgress(ctx.progress, 1.0 - train_share, train_share)
 
     solver = config.solver
     per_device, accumulation = batch_layout(

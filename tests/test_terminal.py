@@ -183,3 +183,30 @@ def test_train_node_refuses_rank_0_and_a_negative_wait_in_one_line(argv, says, c
     assert main(["train-node", "--run", "r", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"eva: error: {says}") and err.count("\n") == 1
+
+
+def test_the_train_stage_shows_its_step_and_loss_on_the_terminal(policy_dir, tmp_path) -> None:
+    # Regression: the stage scaled the bar with a plain function, which dropped the solver's
+    # step and loss on the way; only percentages reached the terminal.
+    import io
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+
+    from eva_runtime.progress import TerminalProgress
+    from tasks.backends.train.dpo import DPOSolverConfig
+    from tasks.train import TrainConfig, train
+
+    out = io.StringIO()
+    bar = TerminalProgress("train iter_1", stream=out, interval_s=0.0)
+    ctx = SimpleNamespace(
+        scratch=str(tmp_path), seed=0, progress=bar, model_dir=lambda name: policy_dir,
+        log=SimpleNamespace(info=lambda *a: None),
+    )  # fmt: skip
+    solver = DPOSolverConfig(learning_rate=1e-3, num_train_epochs=1, effective_batch_size=4)
+    pairs = pa.table({"prompt": ["1+2=", "3+4="] * 4, "chosen": ["3", "7"] * 4,
+                      "rejected": ["4", "8"] * 4})  # fmt: skip
+    train.fn(ctx, TrainConfig(solver=solver), pairs=pairs)
+    lines = out.getvalue().splitlines()
+    # Step 2 is 100%, which erases the line; the loss shows once the trainer has logged one.
+    assert lines == ["train iter_1  50% | step 1/2 | " + lines[0].rsplit(" | ", 1)[1]], lines
