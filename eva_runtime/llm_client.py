@@ -8,39 +8,54 @@ It is synchronous and runs requests on threads: a sync client avoids fighting ov
 with Prefect, which runs sync tasks in worker threads. What it guarantees, for every caller:
 
 - at most ``concurrency`` requests in flight per client, whatever threads call it;
+- each attempt ends within ``timeout_s`` of wall time, whole (connect, send, wait, read): httpx's
+  own timeouts bound each socket operation only, so a server that trickles a byte a second would
+  hold a request forever; here the caller waits for the attempt's thread until the deadline, and
+  the attempt cuts its own timeouts to the time it has left (``LLMClient._attempt``);
 - retries after timeouts, dropped connections, 408, 429 and 5xx (never after another 4xx, which
   no retry fixes: a bad key, an unknown model, a prompt over the context length), each delayed
   by ``backoff_s * 2**attempt`` with jitter, capped by ``max_backoff_s``, and never sooner than
-  the server's ``Retry-After``;
+  the server's ``Retry-After`` up to that cap (a longer one is logged once, with the cap);
 - the API key is read from the variable *named* by ``api_key_env`` when the client is built and
   lives only in its HTTP headers: never in the config, so never in manifests or config hashes.
-  A named variable that is unset or empty is an error then, before any request is sent;
+  A named variable that is unset or empty is an error then, before any request is sent. Every
+  text the client makes from an answer or an exception (errors it raises, lines it logs) passes
+  through ``redact``: the key, bearer tokens, header values and ``sk-...`` keys are replaced,
+  since some proxies echo the request's headers in an error body;
 - one set of counts (``stats()``): HTTP requests sent, retries, requests that failed for good,
   and prompt/completion tokens from each answer's ``usage``;
 - a request that fails for good raises ``LLMRequestError``, which says whether it was transient
   (retries spent), a timeout, or a configuration error (401/403/404) no later request can avoid;
-- a circuit breaker: once ``breaker_failures`` requests in a row failed for good on a refused or
-  dropped connection or a 5xx, and the endpoint answered nothing (no status below 500) while any
-  of them retried, the endpoint is down. That request
-  and every later one (retries in flight included) raise ``LLMEndpointDown``, one line naming
-  the endpoint and what it last answered. It is no ``LLMRequestError``, so no caller that
-  tolerates a failed request (an empty rewrite, a lost comparison) swallows it: the stage fails
-  in seconds instead of spending every request's retries against a dead server.
+- a circuit breaker: once ``breaker_failures`` requests in a row spent their retries (on
+  timeouts, refused or dropped connections, 408, 429 or 5xx) while the endpoint answered nothing
+  else (no 2xx, no other 4xx) meanwhile, it is down or refuses everything. That request and
+  every later one (retries in flight included) raise ``LLMEndpointDown``, one line naming the
+  endpoint and what it last answered. It is no ``LLMRequestError``, so no caller that tolerates
+  a failed request (an empty rewrite, a lost comparison) swallows it: a dead endpoint ends the
+  stage after about ``(max_retries + 1) * (timeout_s + max_backoff_s)`` seconds, times
+  ``breaker_failures / concurrency`` rounded up, instead of spending every request's retries.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import random
+import re
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, NamedTuple, TypeVar
+from urllib.parse import quote
 
 import httpx
 
 from eva_runtime.errors import EvaError
-from eva_runtime.llm_config import LLMClientConfig, auth_headers, model_name
+from eva_runtime.llm_config import LLMClientConfig, api_key, auth_headers, model_name
+
+_log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -53,9 +68,47 @@ STATS = ("requests", "retries", "failures", "prompt_tokens", "completion_tokens"
 # Errors of the endpoint's configuration (key, permissions, model or URL): every request will hit
 # them, so callers that tolerate a failed request still stop on these.
 CONFIG_STATUS = frozenset({401, 403, 404})
-
+# Answers that are no answer: the server (or a proxy) is up but serves nothing. Retried, and for
+# the breaker the same as no answer at all, so a quota that refuses every request stops the stage.
+REFUSED_STATUS = frozenset({408, 429})
+# The longest text a server said that an error quotes (vLLM says why, e.g. max_model_len).
+DETAIL_CHARS = 300
 
 BREAKER_HINT = "start or fix the server; llm.breaker_failures sets how many failures stop it"
+REFUSED_HINT = (
+    "the endpoint refuses every request (a rate limit or a spent quota): wait, lower "
+    "llm.concurrency or raise the quota; llm.breaker_failures sets how many failures stop it"
+)
+TIMEOUT_HINT = (
+    "start or fix the server, or raise llm.timeout_s if its answers are only slow; "
+    "llm.breaker_failures sets how many failures stop it"
+)
+
+REDACTED = "[redacted]"
+# Secrets by their shape, in text eva did not write (an error body, an exception): the value of
+# an Authorization or API-key header or parameter whatever its scheme (first, so that its scheme
+# goes with it), a bearer token, an OpenAI-style key. A value never starts with "[", so text
+# already redacted stays as it is.
+_SECRET_SHAPES = (
+    re.compile(
+        r"(?i)((?:proxy-)?authorization|api[-_]?key)(['\"]?\s*[:=]\s*['\"]?)"
+        r"(?:(?:bearer|basic|token)\s+)?[^\s'\",;&{}\[\]]+"
+    ),
+    re.compile(r"(?i)(\bbearer\s+)[\w.~+/=-]+"),
+    re.compile(r"(?<![\w-])sk-[\w-]{8,}"),
+)
+
+
+def redact(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` with each of ``secrets`` (as is, JSON-escaped or URL-quoted, as a body or a URL
+    may carry it) and every secret-shaped value (see ``_SECRET_SHAPES``) replaced by
+    ``[redacted]``. The one place the client turns what it was told into text it shows."""
+    forms = {form for s in secrets if s for form in (s, json.dumps(s)[1:-1], quote(s, safe=""))}
+    for form in sorted(forms, key=len, reverse=True):  # a longer form may contain a shorter
+        text = text.replace(form, REDACTED)
+    for shape in _SECRET_SHAPES:
+        text = shape.sub(lambda m: "".join(g for g in m.groups() if g) + REDACTED, text)
+    return text
 
 
 def no_progress(_: float) -> None:
@@ -119,8 +172,12 @@ class LLMClient:
     def __init__(self, config: LLMClientConfig, default_model: str | None = None):
         self.config = config
         self.model = model_name(config, default_model)
-        headers = auth_headers(config)  # the only place the key lives: keep it out of repr
+        headers = auth_headers(config)  # the only place the key is sent from: keep it out of repr
+        # The key as sent, kept to be cut out of whatever an endpoint echoes back (``redact``).
+        self._secrets = tuple(filter(None, [api_key(config)]))
         limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=None)
+        # httpx's timeout bounds each operation and the wait for a pooled connection; each
+        # request also sets its own, the time its attempt has left (``_attempt``).
         self._http = httpx.Client(
             base_url=config.base_url, headers=headers, timeout=config.timeout_s, limits=limits
         )
@@ -134,7 +191,9 @@ class LLMClient:
         self._answers = 0
         self._down_streak = 0
         self._down: str | None = None  # the breaker's message once open
+        self._down_hint = BREAKER_HINT  # what to do about it, by what the endpoint last did
         self._tripped = threading.Event()  # wakes retries waiting out a backoff
+        self._capped_said = False  # a Retry-After over max_backoff_s was logged (once a client)
 
     def __repr__(self) -> str:
         return f"LLMClient(model={self.model!r}, base_url={self.config.base_url!r})"
@@ -200,61 +259,150 @@ class LLMClient:
             status, retry_after, timed_out = None, None, False
             self._count(requests=1)
             try:
+                # The deadline starts once a slot is ours: waiting for one is no server's fault.
                 with self._slots:
-                    resp = self._http.post(path, json=body)
+                    resp = self._attempt(path, body)
             except httpx.TimeoutException:
                 error, timed_out = f"timed out after {cfg.timeout_s:g} s", True
             except httpx.TransportError as exc:  # refused, reset or dropped connections
-                error = f"{type(exc).__name__}: {exc}"
+                error = f"{type(exc).__name__}: {self._text(exc)}"
+            except httpx.RequestError as exc:  # a body it cannot decode: no retry fixes that
+                self._count(failures=1)
+                raise LLMRequestError(f"{type(exc).__name__}: {self._text(exc)}") from None
             else:
                 status = resp.status_code
-                if status < 500:
-                    self._answered()
                 if resp.is_success:
+                    self._answered()
                     return self._parsed(resp)
-                error = f"HTTP {status}: {_detail(resp)}"
-                if status not in (408, 429) and status < 500:
+                error = f"HTTP {status}: {self._text(_detail(resp), DETAIL_CHARS)}"
+                if status not in REFUSED_STATUS and status < 500:
+                    self._answered()  # up: it refused this request, and would others
                     self._count(failures=1)
                     raise LLMRequestError(f"{error} (not retried)", status)
                 retry_after = _retry_after(resp)
             if attempt == cfg.max_retries:
                 self._count(failures=1)
+                self._failed_for_good(error, answers_before, timed_out, status)
                 message = f"{error} (gave up after {attempt + 1} attempts)"
-                if not timed_out and status not in (408, 429):  # refused, dropped or 5xx
-                    self._failed_for_good(error, answers_before)
                 raise LLMRequestError(message, status, transient=True, timed_out=timed_out)
             self._count(retries=1)
             delay = self._delay(attempt, retry_after)
+            _log.debug(
+                "%s %s: %s; retry %d of %d in %.2f s",
+                cfg.base_url, path, error, attempt + 1, cfg.max_retries, delay,
+            )  # fmt: skip
             if abort is not None and abort.wait(delay):
                 raise _Aborted
             if abort is None:
                 self._tripped.wait(delay)  # cut short when the breaker opens meanwhile
         raise AssertionError("unreachable")
 
+    def _attempt(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        """One POST of ``body`` to ``path``, its answer read whole, within ``timeout_s`` of wall
+        time: past that it raises httpx's ``TimeoutException``, which ``post`` counts as a
+        timeout (retried; counted by the breaker).
+
+        httpx's ``Timeout`` bounds each connect, each socket write, each socket read and the
+        wait for a pooled connection on its own; nothing bounds their sum, and httpx's sync
+        client has no total timeout. A server that sends one byte a second, of its status line,
+        its headers or its body, answers every read in time and would hold the request for as
+        long as it likes. So the exchange (``_exchange``) runs on a thread of its own, and the
+        caller waits for it until the deadline and no longer, whatever the server does (a
+        name lookup that hangs included, which no httpx timeout bounds either).
+
+        The exchange bounds itself as well, so that it frees its connection soon after the
+        caller gave up: each of its waits (for a pooled connection, to connect, to send, each
+        read) is bounded by the time the attempt had left when it was sent, and it stops
+        reading the body at the first chunk past the deadline. One phase escapes: httpcore
+        reads the *head* of an answer (status line and headers, 1xx answers included) in one
+        loop, each read under the read timeout the request started with, and no public httpx
+        or httpcore API reaches into that loop; so a server that trickles its head keeps the
+        exchange's thread and connection until it stops or falls silent for a read timeout.
+        The caller has moved on by then; the pool's ``concurrency`` connections bound how many
+        such exchanges there can be, and once all are held, later attempts time out waiting
+        for a connection, so the breaker still stops the stage."""
+        seconds = self.config.timeout_s
+        until = time.monotonic() + seconds
+        answer: Future[httpx.Response] = Future()
+
+        def exchange() -> None:
+            try:
+                answer.set_result(self._exchange(path, body, until))
+            except BaseException as exc:  # the caller's to raise, or to drop once it gave up
+                answer.set_exception(exc)
+
+        # A daemon: an exchange held by a trickling server never keeps the process alive.
+        threading.Thread(target=exchange, name="llm-request", daemon=True).start()
+        if not wait([answer], timeout=seconds).done:
+            raise httpx.TimeoutException(f"no whole answer within {seconds:g} s")
+        return answer.result()
+
+    def _exchange(self, path: str, body: dict[str, Any], until: float) -> httpx.Response:
+        """The HTTP exchange of an attempt that must end at ``until`` (``time.monotonic()``):
+        every httpx timeout of the request (connect, write, read, the wait for a pooled
+        connection) is the time left when it is sent, and the body is read chunk by chunk with
+        the deadline checked between chunks, the connection dropped once it passed. Returns the
+        answer with its body read (and decoded, as ``Response.read`` does)."""
+        left = until - time.monotonic()
+        if left <= 0:
+            raise httpx.TimeoutException("the attempt's deadline (llm.timeout_s) passed")
+        request = self._http.build_request("POST", path, json=body, timeout=left)
+        response = self._http.send(request, stream=True)
+        try:
+            raw = bytearray()
+            for chunk in response.iter_raw():  # each read within the read timeout (``left``)
+                raw += chunk
+                if time.monotonic() >= until:
+                    message = "the attempt's deadline (llm.timeout_s) passed mid-answer"
+                    raise httpx.ReadTimeout(message, request=request)
+        finally:
+            response.close()  # a body left unread: the connection is dropped, not reused
+        extensions = {k: v for k, v in response.extensions.items() if k != "network_stream"}
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            content=bytes(raw),  # decoded here by Content-Encoding, as httpx reads a body
+            request=request,
+            extensions=extensions,
+        )
+
+    def _text(self, said: object, limit: int | None = None) -> str:
+        """What an endpoint or an exception said, as text fit to show: redacted (``redact``),
+        then cut to ``limit`` characters, in that order, so no cut leaves half a key."""
+        return redact(str(said), self._secrets)[:limit]
+
     def _check_breaker(self) -> None:
         if self._down is not None:
-            raise LLMEndpointDown(self._down, field="llm.base_url", hint=BREAKER_HINT)
+            raise LLMEndpointDown(self._down, field="llm.base_url", hint=self._down_hint)
 
     def _answered(self) -> None:
         with self._lock:
             self._answers += 1
             self._down_streak = 0
 
-    def _failed_for_good(self, error: str, answers_before: int) -> None:
-        """A request spent its retries on a refused or dropped connection or a 5xx. It counts
-        towards the breaker only if the endpoint answered nothing at all while it retried (a
-        prompt the server fails on while it answers others is no outage); the breaker opens
-        at ``breaker_failures`` in a row, and this request reports it."""
-        limit = self.config.breaker_failures
+    def _failed_for_good(
+        self, error: str, answers_before: int, timed_out: bool, status: int | None
+    ) -> None:
+        """A request spent its retries on timeouts, refused or dropped connections, 408, 429 or
+        5xx. It counts towards the breaker only if the endpoint answered nothing at all while it
+        retried (a prompt the server fails on, or one too long to finish in time, while it
+        answers others, is no outage); the breaker opens at ``breaker_failures`` in a row, and
+        this request reports it."""
+        cfg = self.config
         with self._lock:
             if self._answers == answers_before:
                 self._down_streak += 1
+            limit = cfg.breaker_failures
             if self._down is None and limit is not None and self._down_streak >= limit:
                 self._down = (
-                    f"{self.config.base_url} is down: {self._down_streak} requests in a row "
-                    f"failed after {self.config.max_retries + 1} attempts each, and it answered "
-                    f"nothing meanwhile; last: {error}"
+                    f"{cfg.base_url} is down or refuses every request: {self._down_streak} "
+                    f"requests in a row failed after {cfg.max_retries + 1} attempts each, and "
+                    f"it answered nothing else meanwhile; last: {error}"
                 )
+                if timed_out:
+                    self._down_hint = TIMEOUT_HINT
+                elif status in REFUSED_STATUS:
+                    self._down_hint = REFUSED_HINT
         if self._down is not None:
             self._tripped.set()
             self._check_breaker()
@@ -332,7 +480,28 @@ class LLMClient:
         delay = min(cfg.max_backoff_s, cfg.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)
         if retry_after is not None:  # the server knows best, within our cap
             delay = max(delay, min(retry_after, cfg.max_backoff_s))
+            if retry_after > cfg.max_backoff_s:
+                self._say_capped(retry_after)
         return delay
+
+    def _say_capped(self, retry_after: float) -> None:
+        """Log, once a client, that a Retry-After was cut to ``max_backoff_s``: an hour's wait
+        asked of every request would otherwise be silently shortened, or stall the stage."""
+        with self._lock:
+            if self._capped_said:
+                return
+            self._capped_said = True
+        cfg = self.config
+        stop = (
+            f"stops once llm.breaker_failures = {cfg.breaker_failures} requests in a row were "
+            "refused"
+            if cfg.breaker_failures is not None
+            else "retries every request (llm.breaker_failures is null)"
+        )
+        _log.warning(
+            "%s asks to wait %g s before a retry (Retry-After); eva waits at most "
+            "llm.max_backoff_s = %g s, and %s", cfg.base_url, retry_after, cfg.max_backoff_s, stop,
+        )  # fmt: skip
 
     def _count(self, **deltas: int) -> None:
         with self._lock:
@@ -346,7 +515,7 @@ class LLMClient:
                 raise TypeError(f"a JSON {type(answer).__name__}, not an object")
         except (ValueError, TypeError) as exc:
             self._count(failures=1)
-            message = f"malformed response ({exc!r}): {resp.text[:200]!r}"
+            message = f"malformed response ({exc!r}): {self._text(resp.text, 200)!r}"
             raise LLMRequestError(message, resp.status_code) from exc
         prompt, completion = _tokens(answer)
         self._count(prompt_tokens=prompt, completion_tokens=completion)
@@ -360,7 +529,8 @@ class LLMClient:
                 raise TypeError(f"choice text is a {type(bad[0]).__name__}")
         except (KeyError, TypeError, AttributeError) as exc:
             self._count(failures=1)
-            raise LLMRequestError(f"malformed response ({exc!r}): {str(answer)[:200]!r}") from exc
+            message = f"malformed response ({exc!r}): {self._text(answer, 200)!r}"
+            raise LLMRequestError(message) from exc
         # null content is a refusal or an empty turn: that is an (empty) answer, counted.
         return Reply([t or "" for t in texts], texts.count(None), *_tokens(answer))
 
@@ -381,15 +551,16 @@ def _tokens(answer: dict[str, Any]) -> tuple[int, int]:
 
 
 def _detail(resp: httpx.Response) -> str:
-    """The server's error message (vLLM says why, e.g. the prompt exceeds max_model_len)."""
+    """The server's error message (vLLM says why, e.g. the prompt exceeds max_model_len),
+    whole: the caller redacts it before it cuts it."""
     try:
         error = resp.json().get("error")
         message = error.get("message") if isinstance(error, dict) else error
         if message:
-            return str(message)[:300]
+            return str(message)
     except (ValueError, AttributeError):
         pass
-    return resp.text[:300] or resp.reason_phrase
+    return resp.text or resp.reason_phrase
 
 
 def _retry_after(resp: httpx.Response) -> float | None:

@@ -24,9 +24,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from eva_runtime.errors import ConfigError
 
-# Requests failed for good in a row, on a refused or dropped connection or a 5xx, after which an
-# endpoint counts as down: each already spent its retries (seconds of backoff), so three in a row
-# with no answer between them is an endpoint that is down, not a blip or one bad prompt.
+# Requests failed for good in a row (timeouts, refused or dropped connections, 408, 429, 5xx)
+# after which an endpoint counts as down: each already spent its retries (seconds of backoff), so
+# three in a row with no answer between them is an endpoint that is down or refuses everything,
+# not a blip or one bad prompt.
 BREAKER_FAILURES = 3
 
 
@@ -52,7 +53,13 @@ class LLMClientConfig(BaseModel):
         "for local servers.",
     )
     concurrency: int = Field(default=16, ge=1, description="Most requests in flight at once.")
-    timeout_s: float = Field(default=120.0, gt=0, description="Per-request timeout in seconds.")
+    timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="Wall-clock limit on one attempt of a request, whole: connecting, sending, "
+        "waiting and reading (a server sending a byte now and then cannot stretch it); a "
+        "timed-out attempt is retried.",
+    )
     max_retries: int = Field(
         default=4,
         ge=0,
@@ -63,7 +70,10 @@ class LLMClientConfig(BaseModel):
         default=1.0, ge=0, description="First retry delay; doubles each retry, with jitter."
     )
     max_backoff_s: float = Field(
-        default=30.0, ge=0, description="Cap on one retry delay, Retry-After included."
+        default=30.0,
+        ge=0,
+        description="Cap on one retry delay, Retry-After included: a server asking for longer "
+        "is retried after this many seconds (logged once).",
     )
     breaker_failures: int | None = Field(
         default=BREAKER_FAILURES,
@@ -72,8 +82,9 @@ class LLMClientConfig(BaseModel):
         # hold one) written before the field existed keep their hash.
         exclude_if=lambda value: value == BREAKER_FAILURES,
         description="The endpoint is down once this many requests in a row failed for good "
-        "(retries spent) on a refused or dropped connection or a 5xx while it answered nothing "
-        "else: the client then stops, and every later request fails at once. null: never.",
+        "(retries spent) on timeouts, refused or dropped connections, 408, 429 or 5xx while it "
+        "answered nothing else: the client then stops, and every later request fails at once. "
+        "null: never.",
     )
 
     @field_validator("base_url")

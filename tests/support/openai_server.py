@@ -7,9 +7,17 @@ timeouts, errors, empty answers and refusals, which no fake object could exercis
 
 Failure injection, per request (``fail`` callable returning None or an action):
 ``("status", 503)`` answers with that HTTP status; ``("sleep", seconds)`` delays the answer;
-``("retry_after", seconds)`` answers 429 with that ``Retry-After`` header.
-Every request is recorded in ``server.requests`` (with headers) so tests can assert retries,
-concurrency and that an API key was sent.
+``("retry_after", seconds)`` answers 429 with that ``Retry-After`` header;
+``("echo_key", status)`` answers that status with a body quoting the request's key, as some
+proxies do: for a 4xx a JSON error quoting its ``Authorization`` header, for a 5xx a plain-text
+page with the bare key from its 290th character on (a client that cut the page at 300
+characters before it redacted would show the key's first ten);
+``("trickle", seconds)`` sends the whole answer, status line first, one byte every ``seconds``;
+``("trickle_body", seconds)`` sends the head at once, then the body one byte every ``seconds``;
+``("hang", 0)`` never answers, holding the connection until the server stops.
+Every request is recorded in ``server.requests`` (with headers and the client's port, one per
+connection) so tests can assert retries, concurrency, connection reuse and that an API key was
+sent.
 
 Run as a module it is a stand-in for ``vllm serve`` in its own process (the ``served`` backend's
 tests start it the way that backend starts vLLM)::
@@ -73,12 +81,17 @@ class OpenAICompatibleServer:
         model: str = "tiny",
         port: int = 0,
         root: str | None = None,
+        keep_alive: bool = False,
     ):
         self.respond, self.fail, self.model, self.root = respond, fail, model, root
+        # HTTP/1.1: a client may send its next request on the same connection, as to vLLM;
+        # HTTP/1.0 (the default) closes it after each answer.
+        self.keep_alive = keep_alive
         self.requests: list[dict[str, Any]] = []
         self.in_flight = 0
         self.max_in_flight = 0
         self._lock = threading.Lock()
+        self._stopping = threading.Event()  # ends hung and trickling answers at __exit__
         self._httpd = _Server(("127.0.0.1", port), self._handler())
         # A short poll interval: shutdown waits for it, once per test.
         self._thread = threading.Thread(
@@ -88,13 +101,14 @@ class OpenAICompatibleServer:
     @property
     def base_url(self) -> str:
         host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}/v1"
+        return f"http://{host!s}:{port}/v1"
 
     def __enter__(self) -> OpenAICompatibleServer:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._stopping.set()
         self._httpd.shutdown()
         self._httpd.server_close()
 
@@ -109,6 +123,8 @@ class OpenAICompatibleServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if server.keep_alive else "HTTP/1.0"
+
             def log_message(self, *args: Any) -> None:  # keep test output quiet
                 pass
 
@@ -135,6 +151,37 @@ class OpenAICompatibleServer:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _trickle(self, status: int, body: dict[str, Any], seconds: float, head: bool):
+                """The answer one byte every ``seconds``, its head included if ``head``."""
+                data = json.dumps(body).encode()
+                top = (
+                    f"{self.protocol_version} {status} OK\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(data)}\r\n\r\n"
+                ).encode()
+                self._answered()
+                if not head:
+                    self.wfile.write(top)
+                for i in range(0 if head else len(top), len(top) + len(data)):
+                    if server._stopping.wait(seconds):
+                        return
+                    self.wfile.write((top + data)[i : i + 1])
+
+            def _echo_key(self, status: int) -> None:
+                auth = self.headers.get("Authorization", "")
+                if status < 500:
+                    message = f"Incorrect API key provided. Request had Authorization: {auth}"
+                    self._send(status, {"error": {"message": message}})
+                    return
+                # The bare credential from the 290th character on: across a cut at 300.
+                head = "Upstream failed. " + "." * 261 + " credential "
+                data = (head + auth.removeprefix("Bearer ") + " rejected").encode()
+                self._answered()
+                self.send_response(status)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
             def do_GET(self) -> None:
                 if self.path.rstrip("/").endswith("/models"):
                     card: dict[str, Any] = {"id": server.model, "object": "model"}
@@ -152,6 +199,7 @@ class OpenAICompatibleServer:
                     "body": request,
                     "headers": dict(self.headers),
                     "time": time.monotonic(),
+                    "client_port": self.client_address[1],  # one per connection
                 }
                 with server._lock:
                     server.requests.append(record)
@@ -169,6 +217,16 @@ class OpenAICompatibleServer:
                         error = {"error": {"message": "injected rate limit"}}
                         self._send(429, error, {"Retry-After": f"{action[1]:g}"})
                         return
+                    elif action and action[0] == "echo_key":
+                        self._echo_key(int(action[1]))
+                        return
+                    elif action and action[0] == "hang":
+                        server._stopping.wait()
+                        return
+                    elif action and action[0] in ("trickle", "trickle_body"):
+                        body = self._body(request)
+                        self._trickle(200, body, action[1], head=action[0] == "trickle")
+                        return
                     self._answer(request)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout test); nothing to answer
@@ -176,6 +234,13 @@ class OpenAICompatibleServer:
                     self._answered()  # no answer was sent (the client gave up)
 
             def _answer(self, request: dict[str, Any]) -> None:
+                if self.path.endswith("/completions"):
+                    self._send(200, self._body(request))
+                else:
+                    self._send(404, {"error": {"message": f"no route {self.path}"}})
+
+            def _body(self, request: dict[str, Any]) -> dict[str, Any]:
+                """The completion ``request`` asks for (chat or raw prompt, by the path)."""
                 n = int(request.get("n") or 1)
                 if self.path.endswith("/chat/completions"):
                     messages = request.get("messages") or []
@@ -192,7 +257,7 @@ class OpenAICompatibleServer:
                         for i in range(n)
                     ]
                     obj = "chat.completion"
-                elif self.path.endswith("/completions"):
+                else:
                     prompt = request.get("prompt") or ""
                     choices = [
                         {
@@ -203,20 +268,14 @@ class OpenAICompatibleServer:
                         for i in range(n)
                     ]
                     obj = "text_completion"
-                else:
-                    self._send(404, {"error": {"message": f"no route {self.path}"}})
-                    return
-                self._send(
-                    200,
-                    {
-                        "id": "cmpl-test",
-                        "object": obj,
-                        "created": int(time.time()),
-                        "model": request.get("model", server.model),
-                        "choices": choices,
-                        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-                    },
-                )
+                return {
+                    "id": "cmpl-test",
+                    "object": obj,
+                    "created": int(time.time()),
+                    "model": request.get("model", server.model),
+                    "choices": choices,
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                }
 
         return Handler
 
