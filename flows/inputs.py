@@ -165,7 +165,11 @@ def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: lis
         check_fits(model_config, lengths, backend.max_new_tokens)
     except ValueError as exc:
         named, shown = getattr(config, field).origin
-        raise ConfigError(f"{field}.{named}: {shown}: {exc}") from None
+        raise ConfigError(
+            f"{field}.{named}: {shown}: {exc}",
+            hint=f"or drop the long ones: {field}.max_chars (characters) with "
+            f"{field}.drop_invalid: true",
+        ) from None
 
 
 def _template_use(backend: Any) -> str | None:
