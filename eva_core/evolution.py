@@ -104,10 +104,9 @@ def evolved_records(
     if len(candidates) != parents.num_rows:
         raise ValueError(f"{len(candidates)} candidate lists for {parents.num_rows} parents")
     stats = EvolveStats(parents=parents.num_rows)
-    cols = {
-        name: parents.column(name).to_pylist()
-        for name in ("prompt_id", "prompt", "root_id", "depth", "category")
-    }
+    judged = keeps_topic if min_shared_words > 0 else None  # whose rewrites keep to the topic
+    names = ("prompt_id", "root_id", "depth", "category", *(("prompt",) if judged else ()))
+    cols = {name: parents.column(name).to_pylist() for name in names}
     rows: dict[str, list] = {name: [] for name in PROMPT_SCHEMA.names}
     seen: set[str] = set()
     for i, rewrites in enumerate(candidates):
@@ -121,8 +120,8 @@ def evolved_records(
                 reason = "same_as_parent"
             elif (
                 reason is None
-                and keeps_topic is not None
-                and keeps_topic(method)
+                and judged is not None
+                and judged(method)
                 and unrelated(cols["prompt"][i], text, min_shared_words)
             ):
                 reason = "unrelated"

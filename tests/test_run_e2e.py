@@ -465,6 +465,8 @@ def _bad_files(tmp_path, policy_dir: str) -> dict[str, str]:
                 "--set",
                 "bootstrap.init_checkpoint=POLICY",
                 "--set",
+                "annotate.reward.model=POLICY",  # local: the Hub's reward model is not cached
+                "--set",
                 "generate.backend.max_new_tokens=10",
             ],
             "prompt row 0 has 60 tokens; with max_new_tokens 10 it exceeds the model's 64",
