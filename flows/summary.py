@@ -26,29 +26,29 @@ COLUMNS = (
 Rewards = tuple[list[Any], list[Any]]  # prompt ids and rewards of one evaluate table
 
 
-def evaluated_rewards(store: RunStore, iteration: int | None) -> Rewards | None:
-    """The prompt ids and rewards of the checkpoint evaluated at ``iteration`` (None: theta_0),
-    or None before it was evaluated."""
+def evaluated(store: RunStore, iteration: int | None, column: str) -> Rewards | None:
+    """The prompt ids and ``column`` (reward, response) of the checkpoint evaluated at
+    ``iteration`` (None: theta_0), or None before it was evaluated."""
     manifest = store.read_manifest(iteration, "evaluate")
     if manifest is None:
         return None
     table = store.read_table(manifest["uri"])
-    return table.column("prompt_id").to_pylist(), table.column("reward").to_pylist()
+    return table.column("prompt_id").to_pylist(), table.column(column).to_pylist()
+
+
+def evaluated_rewards(store: RunStore, iteration: int | None) -> Rewards | None:
+    return evaluated(store, iteration, "reward")
 
 
 def answers_changed(store: RunStore, iteration: int, previous: int | None) -> float | None:
     """Share of held-out prompts whose greedy answer at ``iteration`` differs from the previous
     checkpoint's (``previous``; None: theta_0). 0.0 means training left every answer as it
     was: at a small learning rate a run can report a result of a policy that did not move."""
-    answers = []
-    for it in (iteration, previous):
-        manifest = store.read_manifest(it, "evaluate")
-        if manifest is None:
-            return None
-        table = store.read_table(manifest["uri"])
-        ids, responses = table.column("prompt_id").to_pylist(), table.column("response").to_pylist()
-        answers.append(dict(zip(ids, responses, strict=True)))
-    now, before = answers
+    current, prior = (evaluated(store, it, "response") for it in (iteration, previous))
+    if current is None or prior is None:
+        return None
+    now = dict(zip(*current, strict=True))
+    before = dict(zip(*prior, strict=True))
     shared = [i for i in now if i in before]
     if not shared:
         return None

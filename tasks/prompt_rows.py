@@ -90,8 +90,6 @@ def select_prompts(
 ) -> PromptRows:
     """The prompt records of ``table`` under ``rules``; a ``ValueError`` names the first row that
     cannot be used (unless ``rules.drop_invalid``) or says that nothing was left."""
-    if table.num_rows == 0:
-        raise ValueError("no prompts (0 rows)")
     cells = table.column(prompt_column).to_pylist()
     has_categories = bool(category_column) and category_column in table.column_names
     labels = table.column(category_column).to_pylist() if has_categories else [None] * len(cells)
