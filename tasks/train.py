@@ -119,7 +119,7 @@ def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutpu
         # The progress bar gives rewriting its first tenth, so it never runs backwards.
         train_share = 0.9
         result = config.rewrite_chosen.load().rewrite(
-            prompts, chosen, lambda f: ctx.progress(0.1 * f)
+            prompts, chosen, ScaledProgress(ctx.progress, 0.0, 0.1)
         )
         chosen, rewrite_stats = result.responses, result.stats()
 
