@@ -98,6 +98,10 @@ class PromptBuffer:
     refilled: int = 0  # prompts taken from a new pass over D because B was empty
     resampled: int = 0  # prompts drawn to replace prompts without signal (``refill``)
     entries: list[Entry] = field(default_factory=list)
+    # This epoch's shuffle of D, computed once per pass (not state: it follows from seed, epoch).
+    _shuffle: tuple[int, np.ndarray] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if not self.seeds:
@@ -113,7 +117,11 @@ class PromptBuffer:
         return self.consumed / len(self.seeds)
 
     def _order(self) -> np.ndarray:
-        return np.random.default_rng([self.seed, self.epoch]).permutation(len(self.seeds))
+        """This epoch's shuffle of D: O(|D|) once per pass, so a draw costs O(batch)."""
+        if self._shuffle is None or self._shuffle[0] != self.epoch:
+            order = np.random.default_rng([self.seed, self.epoch]).permutation(len(self.seeds))
+            self._shuffle = (self.epoch, order)
+        return self._shuffle[1]
 
     def _take_seeds(self, k: int) -> list[dict[str, Any]]:
         """The next k prompts of D's shuffle; a new epoch only for the no-evolution baseline
@@ -210,11 +218,16 @@ class PromptBuffer:
         if r.shape[0] != len(batch.records):
             raise ValueError(f"{r.shape[0]} reward rows for a batch of {len(batch.records)}")
         info = informativeness(r, self.metric)
-        if not self.evolve:
-            return [], info
-        k = math.ceil(self.top_fraction * len(batch.records))
+        return self.top_rows(info), info
+
+    def top_rows(self, info: np.ndarray) -> list[int]:
+        """Rows to evolve: the top ``top_fraction`` by informativeness (ties to the earlier
+        row, unscored rows last); none without evolution."""
+        if not self.evolve or len(info) == 0:
+            return []
+        k = math.ceil(self.top_fraction * len(info))
         order = np.lexsort((np.arange(len(info)), -np.nan_to_num(info, nan=-np.inf)))
-        return [int(i) for i in order[:k]], info
+        return [int(i) for i in order[:k]]
 
     @property
     def children_per_parent(self) -> int:

@@ -127,3 +127,66 @@ def predict_informativeness(
         sd[i] = np.sqrt(s2)
         source[i] = INHERITED
     return Prediction(np.maximum(mean, 0.0), sd, source, rho, rho_hat is not None, shifts)
+
+
+class TiePosterior:
+    """Will every response to this prompt tie? A pre-rollout filter for online training
+    (MoPPS's posterior, GRESO's skipping), read from the prompt's own past groups.
+
+    Each prompt keeps a Beta posterior over the chance that its group ties (all finite rewards
+    equal, so the group carries no gradient), starting from Beta(1, 1). Every observed group is
+    one Bernoulli reading; at each new reading the older ones are discounted by ``decay``,
+    because the policy they came from has moved on (MoPPS's forgetting, counted in the prompt's
+    own readings so that a prompt seen once per pass over a large set is not forgotten between
+    passes). A drawn prompt is skipped when its posterior mean P(tie) is at least ``threshold``,
+    except with probability ``explore``, which keeps re-reading skipped prompts so a prompt the
+    policy has stopped solving (or started to) is noticed. With the defaults a prompt is skipped
+    after two tied groups in a row and never on its first draw (an unread prompt's P(tie) is
+    1/2, one tied reading makes it 2/3).
+
+    Only a prompt that has been read can be skipped: evolved prompts and a first pass over the
+    seed set are always rolled out.
+    """
+
+    def __init__(
+        self, threshold: float = 0.7, decay: float = 0.9, explore: float = 0.1, seed: int = 0
+    ):
+        if not 0.5 < threshold <= 1.0:
+            raise ValueError(f"threshold must be in (0.5, 1], got {threshold}")
+        if not 0.0 < decay <= 1.0 or not 0.0 <= explore <= 1.0:
+            raise ValueError(f"decay must be in (0, 1] and explore in [0, 1]: {decay}, {explore}")
+        self.threshold, self.decay, self.explore, self.seed = threshold, decay, explore, seed
+        self.counts: dict[str, tuple[float, float]] = {}  # id -> discounted (ties, not ties)
+        self.decisions = 0  # skips decided so far (the exploration stream's position)
+
+    def p_tie(self, prompt_id: str) -> float:
+        ties, other = self.counts.get(prompt_id, (0.0, 0.0))
+        return (1.0 + ties) / (2.0 + ties + other)
+
+    def skip(self, prompt_id: str) -> bool:
+        """Whether to skip this drawn prompt before rollout (deterministic given the state)."""
+        if prompt_id not in self.counts or self.p_tie(prompt_id) < self.threshold:
+            return False
+        self.decisions += 1
+        explore = np.random.default_rng([self.seed, self.decisions]).random() < self.explore
+        return not explore
+
+    def read(self, prompt_id: str, tied: bool) -> None:
+        """Record one observed group of ``prompt_id``."""
+        ties, other = self.counts.get(prompt_id, (0.0, 0.0))
+        self.counts[prompt_id] = (self.decay * ties + tied, self.decay * other + (not tied))
+
+    def state(self) -> dict[str, object]:
+        return {
+            "settings": [self.threshold, self.decay, self.explore, self.seed],
+            "decisions": self.decisions,
+            "counts": {k: list(v) for k, v in self.counts.items()},
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, object]) -> TiePosterior:
+        out = cls(*state["settings"])  # type: ignore[misc]
+        out.decisions = int(state["decisions"])  # type: ignore[call-overload]
+        counts: dict[str, list[float]] = state["counts"]  # type: ignore[assignment]
+        out.counts = {k: (float(a), float(b)) for k, (a, b) in counts.items()}
+        return out
