@@ -59,11 +59,13 @@ Rewriter = Callable[[list[Record], int, int], Sequence[Sequence[Rewrite]]]
 
 @dataclass
 class Observation:
-    """What one ``observe`` call did: each group's informativeness (by prompt id, in the order
-    given), the parents chosen, and the children that joined the buffer during this call."""
+    """What one ``observe`` call did: each group's prompt id and informativeness (in the order
+    given), the positions of the groups chosen as parents, and the children that joined the
+    buffer during this call."""
 
-    informativeness: dict[str, float]
-    parents: list[str]
+    prompt_ids: list[str]
+    informativeness: list[float]
+    parents: list[int]
     joined: int = 0
     evicted: int = 0
 
@@ -136,25 +138,35 @@ class Creator:
     # --- draw ------------------------------------------------------------------------------
 
     def draw(self, k: int) -> list[Record]:
-        """The next ``k`` prompt records for rollout (fewer only if D and B are both spent)."""
+        """The next ``k`` prompt records for rollout (fewer only if D and B are both spent).
+        Prompts the tie filter skips are replaced by further draws; when nothing is left to
+        draw, skipped prompts fill the batch after all."""
         batch = self.buffer.draw(k)
-        out = self._keep(batch.records, batch.from_buffer)
+        out, skipped = self._keep(batch.records, batch.from_buffer)
         while len(out) < k and (more := self.buffer.refill(k - len(out))).records:
-            out += self._keep(more.records, more.from_buffer)
+            kept, passed = self._keep(more.records, more.from_buffer)
+            out, skipped = out + kept, skipped + passed
+        fill = skipped[: k - len(out)]
+        out += fill
+        self.stats.skipped += len(skipped) - len(fill)
         for record in out:
             self.outstanding.setdefault(record["prompt_id"], []).append(record)
         self.stats.drawn += len(out)
         return out
 
-    def _keep(self, records: list[Record], from_buffer: list[bool]) -> list[Record]:
-        """``records`` less those the tie filter skips, each marked with where it came from."""
-        out = []
+    def _keep(
+        self, records: list[Record], from_buffer: list[bool]
+    ) -> tuple[list[Record], list[Record]]:
+        """``records`` the tie filter keeps and those it skips, each marked with where it came
+        from."""
+        kept, skipped = [], []
         for record, buffered in zip(records, from_buffer, strict=True):
+            marked = {**record, "from_buffer": buffered}
             if self.ties is not None and self.ties.skip(record["prompt_id"]):
-                self.stats.skipped += 1
-                continue
-            out.append({**record, "from_buffer": buffered})
-        return out
+                skipped.append(marked)
+            else:
+                kept.append(marked)
+        return kept, skipped
 
     # --- observe: the creator's step -------------------------------------------------------
 
@@ -178,7 +190,7 @@ class Creator:
         if parents and self.rewriter is not None:
             n = self.buffer.children_per_parent
             seed = self.buffer.seed * 1_000_003 + self.observations
-            job = (parents, priorities, n, seed)
+            job = (parents, priorities, n, seed, self.observations)
             pending = self.executor.submit(self._evolve, *job) if self.executor else job
             self._evolutions.append((self.observations, pending))
             self.stats.parents += len(parents)
@@ -186,12 +198,7 @@ class Creator:
         joined, evicted = self._join(self.observations - self.evolve_lag)
         self.observations += 1
         ids = [r["prompt_id"] for r in records]
-        return Observation(
-            dict(zip(ids, info.tolist(), strict=True)),
-            [r["prompt_id"] for r in parents],
-            joined,
-            evicted,
-        )
+        return Observation(ids, info.tolist(), chosen, joined, evicted)
 
     def _finished(
         self, groups: list[tuple[str, Sequence[float]]]
@@ -212,10 +219,11 @@ class Creator:
         return records, rewards
 
     def _evolve(
-        self, parents: list[Record], priorities: list[float], n: int, seed: int
+        self, parents: list[Record], priorities: list[float], n: int, seed: int, at: int
     ) -> tuple[list[Record], list[float], EvolveStats, int]:
         """Children of ``parents`` as prompt records with lineage, each starting at its parent's
-        informativeness as priority; and the parents the rewriter gave nothing usable."""
+        informativeness as priority, made at observation ``at`` (their ``iteration``); and the
+        parents the rewriter gave nothing usable."""
         assert self.rewriter is not None
         raw = [[(r, "rewrite") if isinstance(r, str) else r for r in rewrites]
                for rewrites in self.rewriter(parents, n, seed)]  # fmt: skip
@@ -227,7 +235,7 @@ class Creator:
             schema=PROMPT_SCHEMA,
         )
         children, stats = evolved_records(
-            table, raw, self.observations, self.max_chars, self.categorize,
+            table, raw, at, self.max_chars, self.categorize,
             exclude_ids=self.exclude_ids,
         )  # fmt: skip
         by_parent = dict(zip((p["prompt_id"] for p in parents), priorities, strict=True))
@@ -288,9 +296,8 @@ class Creator:
             seeds,
             **{k: v for k, v in settings.items() if k != "evolve"},
             seed=state["buffer"]["seed"],
-            evolve_lag=state["evolve_lag"],
             skip_tied=ties,
-            **options,
+            **{"evolve_lag": state["evolve_lag"], **options},
         )
         creator.buffer = PromptBuffer.from_state(creator.buffer.seeds, state["buffer"])
         creator.observations = state["observations"]

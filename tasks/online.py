@@ -16,6 +16,7 @@ import json
 import math
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -23,13 +24,14 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.buffer import PromptBuffer
+from eva_core.creator import Creator
 from eva_core.schema import PROMPT_COLUMNS
 from eva_runtime.errors import ConfigError
 from tasks.backends.evolve import EvolverBackend
 from tasks.backends.reward import PointwiseRewardBackend
 from tasks.backends.train.online import OnlineSolverConfig
 from tasks.context import StageContext, StageOutput, check_failures
-from tasks.online_loop import BufferConfig, OnlineLoop, pending_batches
+from tasks.online_loop import BufferConfig, OnlineLoop, pending_batches, rewriter_of
 from tasks.stage import MODEL, StageError, stage
 
 STATE_FILE = "eva_online_state.json"
@@ -131,37 +133,40 @@ def online(
     policy_dir = ctx.model_dir("policy")
     state_path = os.path.join(policy_dir, STATE_FILE)
     records = seeds.select(list(PROMPT_COLUMNS)).to_pylist()
+    config.check_budget(len(records))  # the edge checks it where D is a file it can count
+    if config.reward is None or (config.buffer.evolve and config.evolver is None):
+        missing = "online.reward" if config.reward is None else "online.evolver"
+        raise StageError(f"segment {ctx.iteration}: {missing} is not set", field=missing)
+    evolver = config.evolver.load() if config.buffer.evolve and config.evolver else None
+    options: dict[str, Any] = dict(
+        executor=ThreadPoolExecutor(max_workers=1, thread_name_prefix="eva-evolve"),
+        evolve_lag=config.evolve_lag,
+        max_chars=config.max_chars,
+        exclude_ids=frozenset(heldout.column("prompt_id").to_pylist()),
+        categorize=getattr(evolver, "category_of", None),
+    )
     state: dict[str, Any] = {}
-    if ctx.iteration > 1:  # segment 1 starts a buffer, whatever checkpoint theta_0 is
+    if ctx.iteration > 1:  # segment 1 starts a creator, whatever checkpoint theta_0 is
         if not os.path.exists(state_path):
             raise StageError(
                 f"segment {ctx.iteration}: the previous checkpoint has no buffer state"
             )
         with open(state_path) as f:
             state = json.load(f)
-        buffer = PromptBuffer.from_state(records, state["buffer"])
+        rewriter = rewriter_of(evolver) if evolver is not None else None
+        creator = Creator.from_state(records, state["creator"], rewriter=rewriter, **options)
     else:
-        buffer = config.buffer.buffer(records, seed=ctx.run.seed)
-    config.check_budget(len(records))  # the edge checks it where D is a file it can count
+        creator = config.buffer.creator(records, ctx.run.seed, evolver, **options)
     done = int(state.get("trained_steps", 0))
     steps = min(config.steps_per_segment, config.total_steps(len(records)) - done)
     if steps <= 0:
         raise ValueError(f"segment {ctx.iteration}: the budget was used up by earlier segments")
-    if config.reward is None or (config.buffer.evolve and config.evolver is None):
-        missing = "online.reward" if config.reward is None else "online.evolver"
-        raise StageError(f"segment {ctx.iteration}: {missing} is not set", field=missing)
-    evolver = config.evolver.load() if config.buffer.evolve and config.evolver else None
     loop = OnlineLoop(
-        buffer,
+        creator,
         config.solver.prompts_per_step,
         config.reward.load(),
-        evolver,
         pending=pending_batches(state),
-        max_chars=config.max_chars,
-        exclude_ids=frozenset(heldout.column("prompt_id").to_pylist()),
-        categorize=getattr(evolver, "category_of", None),
-        evolve_lag=config.evolve_lag,
-        dynamic_sampling=config.solver.dynamic_sampling,
+        drawn=int(state.get("drawn", 0)),
     )
     out_dir = os.path.join(ctx.scratch, "model")
     started = time.perf_counter()
@@ -174,12 +179,13 @@ def online(
         )
     finally:
         loop.close()
+        options["executor"].shutdown(wait=True)
     seconds = time.perf_counter() - started
     signal = _reward_signal(ctx.artifact, loop.log, config)
     endpoint = getattr(getattr(config.evolver, "llm", None), "base_url", None)
     if endpoint is not None:
         check_failures(
-            ctx.artifact, loop.stats.failed_parents, loop.stats.parents,
+            ctx.artifact, creator.stats.failed_parents, creator.stats.parents,
             "the evolver returned no usable rewrite", config.max_failed_share,
             "online.max_failed_share", endpoint,
         )  # fmt: skip
@@ -191,6 +197,7 @@ def online(
     rewards = np.array([r for row in log for r in row["rewards"]], dtype=np.float64)
     info = np.array([row["informativeness"] for row in log], dtype=np.float64)
     pending = sum(len(b.records) for b in loop.pending)
+    buffer = creator.buffer
     stats = {
         "steps": steps,
         "trained_steps": trained,
@@ -202,7 +209,7 @@ def online(
         "mean_informativeness": _finite_mean(info),
         **signal,
         **_buffer_stats(buffer),
-        **loop.stats.as_dict(),
+        **loop.report(),
         "backend_seconds": round(seconds, 3),
         **segment_stats(config.solver.kind, metrics, [row["rewards"] for row in log]),
     }

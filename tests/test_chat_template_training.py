@@ -168,10 +168,10 @@ def test_always_refuses_a_tokenizer_without_a_template(policies: dict[str, str],
 
 class Feed:
     """The online loop's seam, recording what the reward function is handed; the stream cycles
-    through ``prompts``, and with ``swap`` the first scored group is replaced by it once."""
+    through ``prompts``."""
 
-    def __init__(self, prompts: Sequence[str], swap: str | None = None):
-        self.queue, self.swap = list(prompts), swap
+    def __init__(self, prompts: Sequence[str]):
+        self.queue = list(prompts)
         self.scored: list[tuple[list[str], list[Any], list[Any]]] = []
 
     def prompts(self) -> Any:
@@ -185,40 +185,30 @@ class Feed:
     def step_end(self) -> None:
         pass
 
-    def tied(self, rows: Sequence[str]) -> list[str]:
-        return list(rows[:1]) if self.swap is not None else []
-
-    def resample(self, rows: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
-        if not rows:
-            return []
-        prompt, self.swap = self.swap, None
-        return [(rows[0], {"prompt": prompt, "prompt_id": "swap", "row": "swap"})]
-
 
 @pytest.mark.parametrize(
-    ("kind", "setting", "dynamic"),
-    [("rloo", "auto", False), ("grpo", "auto", False), ("online_dpo", "auto", False),
-     ("rloo", "auto", True), ("rloo", "never", False)],
+    ("kind", "setting"),
+    [("rloo", "auto"), ("grpo", "auto"), ("online_dpo", "auto"), ("rloo", "never")],
 )  # fmt: skip
 def test_online_trainers_sample_from_the_ids_generation_feeds(
-    policies: dict[str, str], tmp_path: Path, kind: Any, setting: Any, dynamic: bool
+    policies: dict[str, str], tmp_path: Path, kind: Any, setting: Any
 ) -> None:
     path, prompts = policies["chat"], [p for p, _, _ in PAIRS]
     config = OnlineSolverConfig(
         kind=kind, learning_rate=1e-3, beta=0.1, num_generations=2, prompts_per_step=2,
-        max_completion_length=3, device="cpu", chat_template=setting, dynamic_sampling=dynamic,
+        max_completion_length=3, device="cpu", chat_template=setting,
     )  # fmt: skip
-    feed = Feed(prompts, swap="9-9=" if dynamic else None)
+    feed = Feed(prompts)
     trainer = build_online_trainer(config, path, feed, 1, str(tmp_path), 0)
     calls = _spy_generate(trainer.model)
     trainer.train()
     fed = _fed_by_sampler(path, setting)
-    streamed = [*prompts, *(["9-9="] if dynamic else [])]
+    streamed = list(prompts)
     by_ids = {tuple(fed(p)): p for p in streamed}
     generated = [by_ids.get(tuple(row), row) for call in calls for row in call]
     # Every prompt the trainer sampled from is fed exactly as generation feeds it: the step's
-    # two prompts (each num_generations times) and, with dynamic sampling, the replacement.
-    expected = [p for p in [*prompts[:2], *(["9-9="] if dynamic else [])] for _ in range(2)]
+    # two prompts, each num_generations times.
+    expected = [p for p in prompts[:2] for _ in range(2)]
     assert sorted(map(str, generated)) == sorted(expected)
     # The reward function is handed text, whatever form the trainer holds the prompts in.
     for _, texts, completions in feed.scored:

@@ -101,7 +101,8 @@ def test_segments_walk_through_the_paper_phases(online_run) -> None:
     assert len(seeds_used) == len(set(seeds_used)) == 12  # D once, without replacement
     assert {r["source"] for r in log if r["from_buffer"]} == {"evolved"}
     final = _state(store, 3)
-    assert final["buffer"]["phase"] == "bootstrap" and len(final["buffer"]["entries"]) <= 8
+    buffer = final["creator"]["buffer"]
+    assert buffer["phase"] == "bootstrap" and len(buffer["entries"]) <= 8
 
 
 def test_informativeness_comes_from_the_trainers_rewards_and_children_inherit_it(

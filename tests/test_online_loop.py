@@ -13,17 +13,18 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from typing import Any
 
 import numpy as np
 import pytest
 
-from eva_core.buffer import PromptBuffer
+from eva_core.creator import Creator
 from eva_core.schema import seed_records
 from tasks.backends.evolve.paper import PaperTemplateEvolver
 from tasks.backends.protocols import no_progress
-from tasks.online_loop import BufferConfig, OnlineLoop, pending_batches
+from tasks.online_loop import BufferConfig, OnlineLoop, pending_batches, rewriter_of
 from tests.support.openai_server import OpenAICompatibleServer
 from tests.test_backend_evolve_paper import rewrite
 
@@ -61,15 +62,19 @@ def slow_rewrite(prompt: str, index: int, request: dict[str, Any]) -> str:
     return rewrite(prompt, index, request)  # the given prompt, tagged with its strategy
 
 
-def buffer(n: int, **settings: Any) -> PromptBuffer:
-    seeds = seed_records([f"question {i}?" for i in range(n)]).to_pylist()
-    return BufferConfig(**settings).buffer(seeds, seed=0)
+def seeds(n: int) -> list[dict[str, Any]]:
+    return seed_records([f"question {i}?" for i in range(n)]).to_pylist()
+
+
+def creator(n: int, evolver: Any = None, lag: int = 0, **settings: Any) -> Creator:
+    pool = ThreadPoolExecutor(max_workers=1)
+    return BufferConfig(**settings).creator(seeds(n), 0, evolver, pool, evolve_lag=lag)
 
 
 def run(server: OpenAICompatibleServer, lag: int, steps: int = 4) -> OnlineLoop:
     llm = {"base_url": server.base_url, "model": "tiny", "timeout_s": 10}
     evolver = PaperTemplateEvolver(llm=llm, scorer="length").load()
-    loop = OnlineLoop(buffer(40, size=100, n_new=2), 4, TextReward(), evolver, evolve_lag=lag)
+    loop = OnlineLoop(creator(40, evolver, lag, size=100, n_new=2), 4, TextReward())
     stream = loop.prompts()
     for step in range(steps):
         batch = list(islice(stream, 4))
@@ -89,12 +94,14 @@ def test_evolution_overlaps_training_with_lag_and_costs_are_counted() -> None:
     assert overlapped.stats.evolve_wait_seconds < 0.5 * waited.stats.evolve_wait_seconds
     for source in (waited, overlapped):
         assert source.stats.evolve_seconds >= 4 * DELAY * 0.9  # the evolver's own time
-        assert source.stats.parents == 8 and source.stats.children_added == 16
+        assert source.report()["parents"] == 8 and source.report()["children_added"] == 16
     # The same children enter B either way; only the step at which they do differs.
-    kids = [sorted(e.record["prompt"] for e in s.buffer.entries) for s in (waited, overlapped)]
+    kids = [
+        sorted(e.record["prompt"] for e in s.creator.buffer.entries) for s in (waited, overlapped)
+    ]
     assert kids[0] == kids[1] and all(k.startswith("question") for k in kids[0])
     first = {r["prompt_id"]: r for r in waited.log}
-    entry = waited.buffer.entries[0].record
+    entry = waited.creator.buffer.entries[0].record
     assert entry["depth"] == first[entry["parent_id"]]["depth"] + 1
     assert entry["evolve_method"].startswith("paper:")
 
@@ -104,7 +111,7 @@ def test_rewards_are_recorded_by_row_whatever_the_layout() -> None:
     rewards = np.array([[0.1, 0.9], [0.5, 0.5], [0.2, 0.4], [0.7, 0.3]])
     logs = []
     for halves in (False, True):
-        loop = OnlineLoop(buffer(3, evolve=False), 4, TextReward(), None)
+        loop = OnlineLoop(creator(3, evolve=False), 4, TextReward())
         batch = list(islice(loop.prompts(), 4))
         assert len({r["prompt_id"] for r in batch}) == 3
         trained(loop, batch, rewards, halves=halves)
@@ -114,12 +121,12 @@ def test_rewards_are_recorded_by_row_whatever_the_layout() -> None:
 
 
 def test_a_step_must_train_on_the_batch_whose_rows_were_scored() -> None:
-    loop = OnlineLoop(buffer(20, evolve=False), 2, TextReward(), None)
+    loop = OnlineLoop(creator(20, evolve=False), 2, TextReward())
     stream = loop.prompts()
     first, second = list(islice(stream, 2)), list(islice(stream, 2))
     with pytest.raises(RuntimeError, match="rows scored since the last step"):
         trained(loop, second, np.ones((2, 2)))  # the trainer scored batch 1, trains batch 0
-    loop = OnlineLoop(buffer(20, evolve=False), 2, TextReward(), None)
+    loop = OnlineLoop(creator(20, evolve=False), 2, TextReward())
     first = list(islice(loop.prompts(), 2))
     loop.score([first[0]["row"]], [first[0]["prompt"]], ["1.0"])
     with pytest.raises(RuntimeError, match="rows scored since the last step"):
@@ -152,11 +159,12 @@ def test_a_resumed_loop_serves_the_batches_drawn_ahead_first() -> None:
             return [[(f"{p} /{seed % 1000}.{j}", "tag") for j in range(n)] for p in prompts]
 
     def new(state: dict[str, Any] | None = None) -> OnlineLoop:
-        buf = buffer(10, size=6, n_new=2, n_new_bootstrap=1)
-        if state is not None:
-            buf = PromptBuffer.from_state(buf.seeds, state["buffer"])
-        pending = pending_batches(state or {})
-        return OnlineLoop(buf, 2, TextReward(), Tagger(), pending=pending, evolve_lag=0)
+        if state is None:
+            made = creator(10, Tagger(), size=6, n_new=2, n_new_bootstrap=1)
+            return OnlineLoop(made, 2, TextReward())
+        made = Creator.from_state(seeds(10), state["creator"], rewriter=rewriter_of(Tagger()))
+        pending = pending_batches(state)
+        return OnlineLoop(made, 2, TextReward(), pending=pending, drawn=state["drawn"])
 
     whole = new()
     batches = train(whole, 8)

@@ -56,14 +56,6 @@ class OnlineFeed(Protocol):
         """An optimizer step has finished."""
         ...
 
-    def tied(self, rows: Sequence[str]) -> list[str]:
-        """Those of the scored ``rows`` whose samples' rewards are all equal (no signal)."""
-        ...
-
-    def resample(self, rows: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
-        """Replace tied ``rows`` of the batch being trained: (dropped row, new prompt) pairs."""
-        ...
-
 
 class OnlineSolverConfig(BaseModel):
     """An online policy-gradient solver. Where the eva paper gives no online value, TRL's
@@ -106,33 +98,18 @@ class OnlineSolverConfig(BaseModel):
     vllm_mode: Literal["server", "colocate"] = Field(default="server")
     device: Device = Field(default="auto", description='"auto" = cuda when available, else "cpu".')
     chat_template: ChatTemplate = Field(default="auto", description=CHAT_TEMPLATE_HELP)
-    # Left out of dumps at their defaults, so the keys of segments cached before they existed
-    # hold (as online.max_unscored_share).
-    dynamic_sampling: bool = Field(
-        default=False,
-        exclude_if=lambda value: value is False,
-        description="DAPO's dynamic sampling (rloo, grpo): a prompt whose samples' rewards are "
-        "all equal (no signal) is dropped from the step and replaced by the buffer's next prompt, "
-        "sampled and scored in its place, for up to max_resample_rounds rounds a step; counted in "
-        "the segment's stats (dynamic_sampling).",
-    )
-    max_resample_rounds: int = Field(
-        default=2,
-        ge=1,
-        le=8,
-        exclude_if=lambda value: value == 2,
-        description="Dynamic sampling: rounds of replacements a step may take (each round samples "
-        "the replacements of the groups still tied); a step still holding tied groups after them "
-        "trains with them (counted as short_steps).",
-    )
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and {"dynamic_sampling", "max_resample_rounds"} & set(data):
+            raise ValueError(
+                "online.solver.dynamic_sampling was replaced by online.buffer.skip_tied, a filter "
+                "before rollout (TRL has no public seam to replace a group after it)"
+            )
+        return data
 
     @model_validator(mode="after")
     def _dpo_needs_beta(self) -> OnlineSolverConfig:
         if self.kind == "online_dpo" and self.beta == 0:
             raise ValueError("online_dpo needs beta > 0 (its loss is constant at beta 0)")
-        if self.kind == "online_dpo" and self.dynamic_sampling:
-            raise ValueError(
-                "dynamic_sampling needs rloo or grpo (online DPO samples inside its training "
-                "step, where a prompt cannot be replaced)"
-            )
         return self

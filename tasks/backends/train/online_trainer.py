@@ -62,107 +62,20 @@ def _trainer_args(config: OnlineSolverConfig, common: dict[str, Any]) -> Any:
     )
 
 
-def _trainer_class(config: OnlineSolverConfig, feed: OnlineFeed, chat: bool) -> type:
+def _trainer_class(config: OnlineSolverConfig) -> type:
     if config.kind == "online_dpo":
         from trl.experimental.online_dpo import OnlineDPOTrainer
 
         return OnlineDPOTrainer
     from trl import GRPOTrainer, RLOOTrainer
 
-    base = GRPOTrainer if config.kind == "grpo" else RLOOTrainer
-    if config.dynamic_sampling:
-        return _dynamic(base, feed, config.max_resample_rounds, chat)
-    return base
+    return GRPOTrainer if config.kind == "grpo" else RLOOTrainer
 
 
 def _as_input(record: dict[str, Any], chat: bool) -> dict[str, Any]:
     """A streamed prompt record as the trainer takes it: with a chat template, the prompt as a
     user turn, which TRL templates as generation does (``tasks.backends.train.chat``)."""
     return {**record, "prompt": user_turn(record["prompt"])} if chat else record
-
-
-def _dynamic(base: type, feed: OnlineFeed, rounds: int, chat: bool) -> type:
-    """``base`` (RLOO or GRPO) with DAPO's dynamic sampling; TRL has none (its issue #3708).
-
-    The seam is ``_generate_and_score_completions``, the one method that turns a generation
-    batch (each prompt ``num_generations`` times, in a row) into the training tensors: it samples,
-    calls the reward function (which records every group's rewards in the feed), and computes
-    the advantages. After it, the groups whose rewards tied are handed to ``feed.resample``,
-    which draws as many prompts from the buffer and puts them in the batch in their place; the
-    same method, called on the replacements alone, samples and scores them, and their rows of
-    every per-sample tensor replace the tied groups' rows. A filter before the step could not do
-    this: whether a prompt's samples tie is known only once they are scored, and a replacement
-    is scored just like the prompt it replaces. RLOO's advantages are per group, and so are
-    GRPO's by default (``scale_rewards="group"``), so a spliced group's advantages are exactly
-    those it would have had in the batch (with ``normalize_advantages`` or a batch scale they
-    are normalized per call instead). One process only: every process would have to agree on the
-    groups it replaces."""
-
-    class DynamicSampling(base):
-        def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> Any:
-            out = super()._generate_and_score_completions(inputs)
-            if not self.model.training:
-                return out
-            if self.accelerator.num_processes > 1:
-                raise RuntimeError("online.solver.dynamic_sampling runs on one process only")
-            g = self.num_generations
-            inputs = list(inputs)
-            for _ in range(rounds):
-                rows = [x["row"] for x in inputs[::g]]
-                swaps = feed.resample(feed.tied(rows))
-                if not swaps:
-                    break
-                positions = [rows.index(row) for row, _ in swaps]
-                news = [_as_input(prompt, chat) for _, prompt in swaps]
-                extra_inputs = [prompt for prompt in news for _ in range(g)]
-                extra = super()._generate_and_score_completions(extra_inputs)
-                out = splice_groups(out, positions, extra, g, self.processing_class.pad_token_id)
-                for p, prompt in zip(positions, news, strict=True):
-                    inputs[p * g : (p + 1) * g] = [prompt] * g
-            return out
-
-    return DynamicSampling
-
-
-def splice_groups(
-    batch: dict[str, Any], positions: Sequence[int], extra: dict[str, Any], g: int, pad_id: int
-) -> dict[str, Any]:
-    """``batch`` with its groups at ``positions`` (g samples each) replaced by ``extra``'s groups,
-    in order. Per-sample tensors (first dimension the batch's samples) are spliced row by row;
-    a (samples x tokens) tensor is padded to the wider of the two first, on the left for the
-    prompt's tensors (TRL left-pads prompts, right-pads completions), with the pad token for
-    token ids and 0 for masks and log-probabilities; the token count GRPO normalizes its loss
-    by is recomputed."""
-    n = batch["completion_ids"].size(0)
-    index = torch.tensor([p * g + j for p in positions for j in range(g)], dtype=torch.long)
-    if len(index) != extra["completion_ids"].size(0):
-        raise ValueError(
-            f"{len(positions)} groups to replace, {extra['completion_ids'].size(0)} rows"
-        )
-    out = dict(batch)
-    for key, value in batch.items():
-        if not torch.is_tensor(value) or value.dim() == 0 or value.size(0) != n:
-            continue
-        new = extra[key]
-        if value.dim() == 2:
-            left, fill = key.startswith("prompt"), pad_id if key.endswith("_ids") else 0
-            width = max(value.size(1), new.size(1))
-            value, new = _widen(value, width, left, fill), _widen(new, width, left, fill)
-        elif value.dim() != 1:
-            raise NotImplementedError(f"dynamic sampling cannot splice {key} {tuple(value.shape)}")
-        value = value.clone()
-        value[index.to(value.device)] = new.to(value.device, value.dtype)
-        out[key] = value
-    if "num_items_in_batch" in batch:
-        out["num_items_in_batch"] = out["completion_mask"].sum()
-    return out
-
-
-def _widen(t: torch.Tensor, width: int, left: bool, fill: int) -> torch.Tensor:
-    if t.size(1) == width:
-        return t
-    pad = t.new_full((t.size(0), width - t.size(1)), fill)
-    return torch.cat([pad, t] if left else [t, pad], dim=1)
 
 
 class _Reward:
@@ -230,7 +143,7 @@ def build_online_trainer(
     )
     args = _trainer_args(config, common)
     model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
-    trainer = _trainer_class(config, feed, chat)(
+    trainer = _trainer_class(config)(
         model=model,
         reward_funcs=_Reward(feed),
         args=args,
