@@ -78,6 +78,7 @@ class CreatorStats:
     observed: int = 0  # groups observed
     tied: int = 0  # observed groups whose finite rewards were all equal
     skipped: int = 0  # drawn prompts the tie filter skipped before rollout
+    released: int = 0  # drawn prompts the trainer dropped unfinished (never observed)
     parents: int = 0
     failed_parents: int = 0  # parents the rewriter returned nothing usable for
     children: int = 0  # children that joined the buffer
@@ -199,6 +200,19 @@ class Creator:
         self.observations += 1
         ids = [r["prompt_id"] for r in records]
         return Observation(ids, info.tolist(), chosen, joined, evicted)
+
+    def release(self, prompt_ids: Iterable[str]) -> int:
+        """Forget drawn prompts the trainer will never report (a rollout aborted unfinished);
+        returns how many were outstanding."""
+        released = 0
+        for pid in prompt_ids:
+            if drawn := self.outstanding.get(pid):
+                drawn.pop(0)
+                released += 1
+                if not drawn:
+                    del self.outstanding[pid]
+        self.stats.released += released
+        return released
 
     def _finished(
         self, groups: list[tuple[str, Sequence[float]]]

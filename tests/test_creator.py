@@ -169,3 +169,12 @@ def test_when_nothing_is_left_to_draw_skipped_prompts_are_trained_after_all() ->
         ties.read(creator.buffer.seeds[["p0", "p1"].index(prompt)]["prompt_id"], True)
     drawn = creator.draw(2)  # both skipped, B empty, D spent: they are drawn anyway
     assert sorted(r["prompt"] for r in drawn) == ["p0", "p1"] and creator.stats.skipped == 0
+
+
+def test_released_prompts_are_forgotten_and_counted() -> None:
+    creator = Creator(SEEDS, seed=0)
+    a, b = creator.draw(2)
+    assert creator.release([a["prompt_id"], "never-drawn"]) == 1
+    assert list(creator.outstanding) == [b["prompt_id"]] and creator.stats.released == 1
+    with pytest.raises(KeyError, match="was not drawn"):
+        creator.observe([(a["prompt_id"], [1.0, 0.0])])
