@@ -74,7 +74,7 @@ def main() -> None:
         if not runs:
             continue
         reached = [r["to_level"] for r in runs.values() if r["to_level"]]
-        summary = {
+        summary: dict[str, Any] = {
             "seeds": sorted(runs),
             "final_score": _spread([r["final_score"] for r in runs.values()]),
             "responses": _spread([r["responses"] for r in runs.values()]),
