@@ -37,11 +37,12 @@ by ``size``); an observation is O(groups) plus the rewriter.
 from __future__ import annotations
 
 import math
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -50,7 +51,7 @@ from eva_core.buffer import PromptBuffer
 from eva_core.evolution import EvolveStats, clean_rewrite, evolved_records
 from eva_core.informativeness import informativeness
 from eva_core.predicted import TiePosterior
-from eva_core.schema import PROMPT_SCHEMA, seed_records
+from eva_core.schema import PROMPT_SCHEMA, prompt_id, seed_records
 
 Record = dict[str, Any]
 Rewrite = str | tuple[str, str]
@@ -79,6 +80,7 @@ class CreatorStats:
     tied: int = 0  # observed groups whose finite rewards were all equal
     skipped: int = 0  # drawn prompts the tie filter skipped before rollout
     released: int = 0  # drawn prompts the trainer dropped unfinished (never observed)
+    duplicate_seeds: int = 0  # seed rows dropped as repeats (``duplicates="drop"``)
     parents: int = 0
     failed_parents: int = 0  # parents the rewriter returned nothing usable for
     children: int = 0  # children that joined the buffer
@@ -108,12 +110,13 @@ class Creator:
         exclude_ids: frozenset[str] = frozenset(),
         categorize: Callable[[str], str | None] | None = None,
         inherit: Sequence[str] = (),
+        duplicates: Literal["refuse", "drop"] = "refuse",
     ):
         if evolve_lag < 0:
             raise ValueError(f"evolve_lag must be >= 0, got {evolve_lag}")
         if evolve_lag and executor is None:
             raise ValueError("evolve_lag > 0 needs an executor to run the rewriter in")
-        records = as_records(seeds)
+        records = as_records(seeds, duplicates)
         self.buffer = PromptBuffer(
             records, size=size, ratio_evol=ratio_evol, top_fraction=top_fraction, n_new=n_new,
             n_new_bootstrap=n_new_bootstrap, metric=metric, evolve=rewriter is not None,
@@ -130,15 +133,68 @@ class Creator:
         self.stats = CreatorStats()
         self.observations = 0  # observe calls so far: the clock evolutions join by
         self.outstanding: dict[str, list[Record]] = {}  # drawn, not observed yet, by id
-        self._evolutions: deque[tuple[int, Future[Any] | Any]] = deque()
+        self.stats.duplicate_seeds = len(seeds) - len(records)
+        # Evolutions not joined yet: (observation, the job's arguments, its future if submitted).
+        self._evolutions: deque[tuple[int, tuple[Any, ...], Future[Any] | None]] = deque()
+        # draw, observe, release and state may come from different threads of one trainer
+        # (a data loader's and a sampler's): each runs whole.
+        self._lock = threading.RLock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable (a framework may ship its dataset, creator inside, to another process):
+        the lock is not carried, and a fresh one is made on arrival."""
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     def __len__(self) -> int:
         """Prompts left to draw: D's rest of this pass and B."""
         return self.buffer.seeds_left + len(self.buffer.entries)
 
-    # --- draw ------------------------------------------------------------------------------
+    # --- the protocol: each call runs whole, whichever thread makes it ---------------------
 
     def draw(self, k: int) -> list[Record]:
+        """The next ``k`` prompt records for rollout (see ``_draw``)."""
+        with self._lock:
+            return self._draw(k)
+
+    def observe(self, groups: Iterable[tuple[str, Sequence[float]]]) -> Observation:
+        """Feed back finished groups ``(prompt_id, rewards)`` of drawn prompts (``_observe``)."""
+        with self._lock:
+            return self._observe(groups)
+
+    def release(self, prompt_ids: Iterable[str]) -> int:
+        """Forget drawn prompts the trainer will never report (``_release``)."""
+        with self._lock:
+            return self._release(prompt_ids)
+
+    def flush(self) -> int:
+        """Join every outstanding evolution now; returns the children joined."""
+        with self._lock:
+            return self._join(math.inf)[0]  # type: ignore[arg-type]
+
+    def state(self) -> dict[str, Any]:
+        """JSON-ready state. Prompts drawn but not observed are kept, so observing them after
+        a resume works; evolutions not joined yet are kept as their inputs and run again by
+        ``from_state`` (the children join at the observation they would have)."""
+        with self._lock:
+            return {
+                "buffer": self.buffer.state(),
+                "observations": self.observations,
+                "evolve_lag": self.evolve_lag,
+                "stats": {**self.stats.__dict__},
+                "outstanding": [r for drawn in self.outstanding.values() for r in drawn],
+                "evolutions": [list(job) for _, job, _ in self._evolutions],
+                **({"ties": self.ties.state()} if self.ties is not None else {}),
+            }
+
+    # --- draw ------------------------------------------------------------------------------
+
+    def _draw(self, k: int) -> list[Record]:
         """The next ``k`` prompt records for rollout (fewer only if D and B are both spent).
         Prompts the tie filter skips are replaced by further draws; when nothing is left to
         draw, skipped prompts fill the batch after all."""
@@ -171,7 +227,7 @@ class Creator:
 
     # --- observe: the creator's step -------------------------------------------------------
 
-    def observe(self, groups: Iterable[tuple[str, Sequence[float]]]) -> Observation:
+    def _observe(self, groups: Iterable[tuple[str, Sequence[float]]]) -> Observation:
         """Feed back finished groups ``(prompt_id, rewards of its responses)`` of drawn prompts;
         runs the creator (module doc) on them and returns what it did."""
         records, rewards = self._finished(list(groups))
@@ -191,9 +247,7 @@ class Creator:
         if parents and self.rewriter is not None:
             n = self.buffer.children_per_parent
             seed = self.buffer.seed * 1_000_003 + self.observations
-            job = (parents, priorities, n, seed, self.observations)
-            pending = self.executor.submit(self._evolve, *job) if self.executor else job
-            self._evolutions.append((self.observations, pending))
+            self._submit((parents, priorities, n, seed, self.observations))
             self.stats.parents += len(parents)
         # 4. join the children due now (with lag 0, the ones just made).
         joined, evicted = self._join(self.observations - self.evolve_lag)
@@ -201,7 +255,7 @@ class Creator:
         ids = [r["prompt_id"] for r in records]
         return Observation(ids, info.tolist(), chosen, joined, evicted)
 
-    def release(self, prompt_ids: Iterable[str]) -> int:
+    def _release(self, prompt_ids: Iterable[str]) -> int:
         """Forget drawn prompts the trainer will never report (a rollout aborted unfinished);
         returns how many were outstanding."""
         released = 0
@@ -257,12 +311,18 @@ class Creator:
         records = [{**extra[r["parent_id"]], **r} for r in children.to_pylist()]
         return records, [by_parent[r["parent_id"]] for r in records], stats, failed
 
+    def _submit(self, job: tuple[Any, ...]) -> None:
+        """Queue an evolution to join at its observation + lag; in the executor if there is
+        one (else it runs when joined)."""
+        future = self.executor.submit(self._evolve, *job) if self.executor else None
+        self._evolutions.append((job[-1], job, future))
+
     def _join(self, upto: int) -> tuple[int, int]:
         """Add the children of every evolution submitted at an observation <= ``upto``."""
         joined = evicted = 0
         while self._evolutions and self._evolutions[0][0] <= upto:
-            _, pending = self._evolutions.popleft()
-            done = pending.result() if isinstance(pending, Future) else self._evolve(*pending)
+            _, job, future = self._evolutions.popleft()
+            done = future.result() if future is not None else self._evolve(*job)
             records, priorities, stats, failed = done
             evicted += self.buffer.add_children(records, priorities)
             joined += len(records)
@@ -273,25 +333,7 @@ class Creator:
         self.stats.evicted += evicted
         return joined, evicted
 
-    def flush(self) -> int:
-        """Join every outstanding evolution now (before saving state); returns children joined."""
-        return self._join(math.inf)[0]  # type: ignore[arg-type]
-
-    # --- state -----------------------------------------------------------------------------
-
-    def state(self) -> dict[str, Any]:
-        """JSON-ready state; call ``flush`` first (an evolution still running is not in it).
-        Prompts drawn but not observed are kept, so observing them after a resume works."""
-        if self._evolutions:
-            raise RuntimeError("evolutions are still outstanding: call flush() before state()")
-        return {
-            "buffer": self.buffer.state(),
-            "observations": self.observations,
-            "evolve_lag": self.evolve_lag,
-            "stats": {**self.stats.__dict__},
-            "outstanding": [r for drawn in self.outstanding.values() for r in drawn],
-            **({"ties": self.ties.state()} if self.ties is not None else {}),
-        }
+    # --- resume ----------------------------------------------------------------------------
 
     @classmethod
     def from_state(
@@ -318,19 +360,30 @@ class Creator:
         creator.stats = CreatorStats(**state["stats"])
         for record in state["outstanding"]:
             creator.outstanding.setdefault(record["prompt_id"], []).append(record)
+        for job in state.get("evolutions", []):
+            creator._submit(tuple(job))
         return creator
 
 
-def as_records(seeds: Sequence[str] | Sequence[Mapping[str, Any]]) -> list[Record]:
+def as_records(
+    seeds: Sequence[str] | Sequence[Mapping[str, Any]],
+    duplicates: Literal["refuse", "drop"] = "refuse",
+) -> list[Record]:
     """Seed prompt records from texts, or from dicts with a ``prompt`` (other keys are kept,
-    so a framework's own columns, such as a ground truth, travel with the prompt)."""
+    so a framework's own columns, such as a ground truth, travel with the prompt). A prompt
+    that repeats an earlier one after normalization is refused, naming its row, or with
+    ``duplicates="drop"`` dropped (the first one is kept)."""
     if not seeds:
         raise ValueError("the seed set is empty")
-    if all(isinstance(s, str) for s in seeds):
-        return seed_records(list(seeds)).to_pylist()  # type: ignore[arg-type]
-    rows = [dict(s) for s in seeds]  # type: ignore[arg-type]
+    rows = [{"prompt": s} if isinstance(s, str) else dict(s) for s in seeds]
     if missing := [i for i, r in enumerate(rows) if not isinstance(r.get("prompt"), str)]:
         raise ValueError(f"seed row {missing[0]} has no text 'prompt'")
+    if duplicates == "drop":
+        firsts: dict[str, dict[str, Any]] = {}
+        for row in rows:
+            if row["prompt"].strip():  # an empty prompt is refused below, with its row
+                firsts.setdefault(prompt_id(row["prompt"]), row)
+        rows = list(firsts.values()) + [r for r in rows if not r["prompt"].strip()]
     table = seed_records([r["prompt"] for r in rows], [r.get("category") for r in rows])
     return [{**row, **record} for row, record in zip(rows, table.to_pylist(), strict=True)]
 

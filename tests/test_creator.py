@@ -178,3 +178,34 @@ def test_released_prompts_are_forgotten_and_counted() -> None:
     assert list(creator.outstanding) == [b["prompt_id"]] and creator.stats.released == 1
     with pytest.raises(KeyError, match="was not drawn"):
         creator.observe([(a["prompt_id"], [1.0, 0.0])])
+
+
+def test_state_keeps_evolutions_not_joined_yet_and_a_resume_reruns_them() -> None:
+    """With lag 1, saving right after an observation holds its evolution's inputs; the resumed
+    creator joins the same children at the same observation as an uninterrupted one."""
+
+    def run(split: bool) -> list[str]:
+        creator = Creator(SEEDS, rewriter=tagger, size=50, evolve_lag=1,
+                          executor=ThreadPoolExecutor(1))  # fmt: skip
+        batch = creator.draw(4)
+        creator.observe((r["prompt_id"], [0.0, 1.0]) for r in batch)
+        if split:
+            saved = json.loads(json.dumps(creator.state()))
+            assert len(saved["evolutions"]) == 1 and not creator.buffer.entries
+            creator = Creator.from_state(SEEDS, saved, rewriter=tagger,
+                                         executor=ThreadPoolExecutor(1))  # fmt: skip
+        batch = creator.draw(4)
+        seen = creator.observe((r["prompt_id"], [0.0, 1.0]) for r in batch)
+        assert seen.joined == 8
+        return sorted(e.record["prompt"] for e in creator.buffer.entries)
+
+    assert run(split=True) == run(split=False)
+
+
+def test_repeated_seeds_are_refused_or_dropped_and_counted() -> None:
+    rows = ["What is 1?", "what  is 1?", "What is 2?"]
+    with pytest.raises(ValueError, match="row 1: prompt duplicates row 0"):
+        Creator(rows)
+    creator = Creator(rows, duplicates="drop")
+    assert [r["prompt"] for r in creator.buffer.seeds] == ["What is 1?", "What is 2?"]
+    assert creator.stats.duplicate_seeds == 1
