@@ -51,8 +51,9 @@ def build_creator(
     if path and os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             state = json.load(f)
-        duplicates = options.get("duplicates", "refuse")
-        return Creator.from_state(seeds, state, rewriter=rewriter, duplicates=duplicates, **threads)
+        # The constructor's options that are not buffer settings (those are in the state).
+        kept = {k: options[k] for k in ("max_chars", "inherit", "duplicates") if k in options}
+        return Creator.from_state(seeds, state, rewriter=rewriter, **kept, **threads)
     kwargs = {k: options[k] for k in CREATOR_OPTIONS if k in options}
     return Creator(seeds, rewriter=rewriter, skip_tied=posterior, **threads, **kwargs)
 
