@@ -16,8 +16,9 @@ def rewrite(parents: list[dict[str, Any]], n: int, seed: int) -> list[list[str]]
 
 
 def test_a_resumed_creator_keeps_the_options_its_state_does_not_hold(tmp_path) -> None:
-    options = {"rewriter": "tests.test_adapter_common:rewrite", "size": 10, "inherit": ["data_source"],
-               "max_chars": 60, "state_path": str(tmp_path / "eva.json")}  # fmt: skip
+    options = {"rewriter": "tests.test_adapter_common:rewrite", "size": 10,
+               "inherit": ["data_source"], "max_chars": 60,
+               "state_path": str(tmp_path / "eva.json")}  # fmt: skip
     first = build_creator(SEEDS, options)
     batch = first.draw(2)
     first.observe((r["prompt_id"], [0.0, 1.0]) for r in batch)
