@@ -98,6 +98,7 @@ class OnlineSolverConfig(BaseModel):
     vllm_mode: Literal["server", "colocate"] = Field(default="server")
     device: Device = Field(default="auto", description='"auto" = cuda when available, else "cpu".')
     chat_template: ChatTemplate = Field(default="auto", description=CHAT_TEMPLATE_HELP)
+
     @model_validator(mode="before")
     @classmethod
     def _moved(cls, data: Any) -> Any:
