@@ -2,7 +2,8 @@
 
     eva_world, bench   the demo world and the benchmarks
           |
-    eva_core, tasks, flows   the method: pure algorithms, stages, flows (and the CLI)
+    eva_core, tasks, flows   the method: pure algorithms, stages, flows (and the CLI);
+    eva_adapters             eva_core on RL frameworks' seams (imports eva_core only)
           |
     eva_runtime        processes, HTTP clients, Prefect posting
 
@@ -23,6 +24,7 @@ PROJECT = Path(__file__).resolve().parents[1]
 LAYER = {
     "eva_runtime": 0,
     "eva_core": 1,
+    "eva_adapters": 1,
     "tasks": 1,
     "flows": 1,
     "eva_world": 2,
@@ -61,6 +63,15 @@ def test_the_pure_method_imports_no_other_package() -> None:
         for path in _modules("eva_core")
     }
     assert {k: v for k, v in impure.items() if v} == {}
+
+
+def test_the_adapters_import_only_the_pure_method() -> None:
+    """eva_adapters installs into a trainer's environment with eva_core alone (creator/)."""
+    beyond = {
+        str(path.relative_to(PROJECT)): sorted(_imports(path) - {"eva_core", "eva_adapters"})
+        for path in _modules("eva_adapters")
+    }
+    assert {k: v for k, v in beyond.items() if v} == {}
 
 
 def test_every_package_is_placed_in_a_layer() -> None:

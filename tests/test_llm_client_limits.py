@@ -30,7 +30,7 @@ from tasks.backends.evolve.paper import PaperTemplateEvolver
 from tasks.online_loop import OnlineLoop
 from tests.support.openai_server import OpenAICompatibleServer
 from tests.test_backend_evolve_paper import rewrite
-from tests.test_online_loop import TextReward, buffer, trained
+from tests.test_online_loop import TextReward, creator, trained
 
 HELLO = [{"role": "user", "content": "hello"}]
 PROMPTS = [f"prompt {i}" for i in range(200)]
@@ -202,7 +202,7 @@ def test_a_dead_evolver_ends_an_online_segment():
     with OpenAICompatibleServer(rewrite, fail=lambda request: ("trickle", 0.2)) as server:
         llm = LLMClientConfig(base_url=server.base_url, model="tiny", timeout_s=0.5, max_retries=0)
         evolver = PaperTemplateEvolver(llm=llm, scorer="length").load()
-        loop = OnlineLoop(buffer(40, size=100, n_new=2), 4, TextReward(), evolver, evolve_lag=0)
+        loop = OnlineLoop(creator(40, evolver, 0, size=100, n_new=2), 4, TextReward())
         batch = list(islice(loop.prompts(), 4))
         started = time.monotonic()
         with pytest.raises(LLMEndpointDown, match=r"timed out after 0\.5 s"):
