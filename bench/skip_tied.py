@@ -94,6 +94,23 @@ def main() -> None:
               f"{fmt(summary['responses'])} | {fmt(summary['skipped'])} | "
               f"{fmt(summary['replaced'])} | {fmt(summary['steps_to_level'])} "
               f"({len(reached)}/{len(runs)}) | {fmt(summary['responses_to_level'])} |")  # fmt: skip
+    # Paired by seed (each seed's arms share a theta_0): arm minus its reference.
+    report["paired"] = {}
+    for arm, ref in (("filter", "replace"), ("filter", "off"), ("baseline-filter", "baseline-off")):
+        a, b = report["arms"].get(arm), report["arms"].get(ref)
+        if not a or not b:
+            continue
+        seeds = sorted(set(a["runs"]) & set(b["runs"]))
+        if not seeds:
+            continue
+        diff = {
+            key: _spread([a["runs"][s][key] - b["runs"][s][key] for s in seeds])
+            for key in ("final_score", "responses")
+        }
+        report["paired"][f"{arm} - {ref}"] = {"seeds": seeds, **diff}
+        score, spent = diff["final_score"], diff["responses"]
+        print(f"{arm} - {ref} ({len(seeds)} seeds): final held-out {score['mean']:+.4f} ± "
+              f"{score['sd']:.4f}, responses {spent['mean']:+.0f} ± {spent['sd']:.0f}")  # fmt: skip
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
