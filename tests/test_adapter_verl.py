@@ -451,6 +451,11 @@ def transfer_queue(verl: Any) -> Any:
     # Ray's workers start fresh interpreters: they find the side folder by PYTHONPATH.
     where = str(Path(verl.__file__).parents[1])
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p] + [where]
+    # ray.init writes ~/.ray/auth_token when there is none, and a token there turns on token
+    # auth for every later `ray start` on the machine (tests/test_ray_cluster.py's cluster
+    # then refuses eva's readiness check): a token this fixture made goes with it.
+    token = Path.home() / ".ray" / "auth_token"
+    had_token = token.exists()
     ray.init(
         num_cpus=4, include_dashboard=False, log_to_driver=False,
         runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}},
@@ -461,6 +466,8 @@ def transfer_queue(verl: Any) -> Any:
         tq.close()
     finally:
         ray.shutdown()
+        if not had_token:
+            token.unlink(missing_ok=True)
 
 
 def _v1_rollouts(tq: Any, batch: Any, step: int) -> None:
