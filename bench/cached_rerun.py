@@ -37,7 +37,7 @@ def _api(server: str) -> Iterator[None]:
     elif server == "eva":
         from eva_runtime.prefect_server import temporary_server
 
-        with temporary_server(say=False):
+        with temporary_server():
             yield
     else:
         from prefect.server.api.server import SubprocessASGIServer

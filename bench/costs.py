@@ -395,7 +395,7 @@ def main(argv: list[str] | None = None) -> None:
     root = os.path.abspath(os.path.join(args.root, "quick" if args.quick else "full"))
     # As `eva bench` runs it: the configured or a running server, else a temporary one.
     started = time.perf_counter()
-    with prefect_api(say=False):
+    with prefect_api():
         server_start = time.perf_counter() - started  # 0 with a configured or running server
         results = run_costs(root, args.quick)
     results["prefect_startup"] = round(server_start + results["prefect_startup"], 3)

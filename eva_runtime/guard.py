@@ -25,6 +25,7 @@ whatever the guard could not reach.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import select
 import signal
@@ -33,6 +34,8 @@ import sys
 import time
 
 KILL_ROUNDS = 5  # SIGKILL passes: a process may fork while its tree goes down
+
+log = logging.getLogger("eva.guard")
 
 
 def _stat(pid: int) -> tuple[str, int, int, int] | None:
@@ -146,21 +149,30 @@ def _stop_group(pgid: int, grace_s: float, reap: subprocess.Popen[bytes] | None)
             continue
 
 
-def _say(text: str) -> None:
-    """A line on stderr, which may be a pipe nobody reads any more (eva is gone)."""
-    with contextlib.suppress(OSError, ValueError):
-        print(f"eva guard: {text}", file=sys.stderr, flush=True)
+class _Stderr(logging.StreamHandler):
+    """The guard's lines, ``eva guard: ...`` on stderr: the command's log, which eva keeps or
+    reads. It may be a pipe nobody reads any more (eva is gone): a line it refuses is dropped."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+        self.setFormatter(logging.Formatter("eva guard: %(message)s"))
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
 
 
 def main(argv: list[str]) -> int:
+    log.addHandler(_Stderr())
+    log.setLevel(logging.INFO)
+    log.propagate = False
     if len(argv) < 3 or argv[1] != "--":
-        print("usage: guard.py GRACE_SECONDS -- COMMAND [ARG...]", file=sys.stderr)
+        log.error("usage: guard.py GRACE_SECONDS -- COMMAND [ARG...]")
         return 2
     grace_s, command = float(argv[0]), argv[2:]
     try:
         child = subprocess.Popen(command, stdin=subprocess.DEVNULL)  # in our session
     except OSError as exc:
-        _say(f"cannot start {command[0]!r}: {exc}")
+        log.error("cannot start %r: %s", command[0], exc)
         return 127
     asked: list[int] = []  # a SIGTERM to the guard asks for the same stop as eva's going
     signal.signal(signal.SIGTERM, lambda signum, frame: asked.append(signum))
@@ -171,7 +183,7 @@ def main(argv: list[str]) -> int:
         # eva never writes: only EOF (eva gone, or eva stopping us) makes stdin readable.
         if asked or (readable and not os.read(stdin, 4096)):
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            _say("stopping the command and everything it started")
+            log.info("stopping the command and everything it started")
             stop_tree(os.getsid(0), grace_s, exclude=os.getpid(), reap=child)
             child.poll()
             break

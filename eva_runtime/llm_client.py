@@ -38,7 +38,6 @@ with Prefect, which runs sync tasks in worker threads. What it guarantees, for e
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import random
@@ -54,6 +53,7 @@ import httpx
 
 from eva_runtime.errors import EvaError
 from eva_runtime.llm_config import LLMClientConfig, api_key, auth_headers, model_name
+from eva_runtime.seeds import content_seed as content_seed  # a request's seed
 
 _log = logging.getLogger(__name__)
 
@@ -533,13 +533,6 @@ class LLMClient:
             raise LLMRequestError(message) from exc
         # null content is a refusal or an empty turn: that is an (empty) answer, counted.
         return Reply([t or "" for t in texts], texts.count(None), *_tokens(answer))
-
-
-def content_seed(seed: int, content: str) -> int:
-    """A request seed from the message itself, so it depends on neither batch position nor
-    retries; 30 bits, which servers that parse int32 accept."""
-    digest = hashlib.blake2b(f"{seed}:{content}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x3FFFFFFF
 
 
 def _tokens(answer: dict[str, Any]) -> tuple[int, int]:

@@ -19,7 +19,7 @@ Against a lasting server (the configured one or a running local one) they stay o
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import httpx
@@ -41,9 +41,10 @@ def local_server_url(timeout_s: float = 0.5) -> str | None:
 
 
 @contextmanager
-def prefect_api(say: bool = True) -> Iterator[str]:
+def prefect_api(say: Callable[[str], None] | None = None) -> Iterator[str]:
     """Run the body against the configured API, else a running local server, else a temporary
-    server without flow-run heartbeats; yields the API's URL."""
+    server without flow-run heartbeats; yields the API's URL. ``say``: where to tell the user
+    which server the runs report to (a command's output, ``flows.commands``); None: nowhere."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from eva_runtime.prefect_server import temporary_server
@@ -58,7 +59,7 @@ def prefect_api(say: bool = True) -> Iterator[str]:
             yield url
         return
     if say:
-        print(f"eva: reporting to the Prefect server already running at {url}", flush=True)
+        say(f"eva: reporting to the Prefect server already running at {url}")
     with temporary_settings(updates={PREFECT_API_URL: url}):
         yield url
 

@@ -27,16 +27,18 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
 import httpx
 
+from eva_runtime.errors import ConfigError
 from eva_runtime.process import ManagedProcess, ServerStartError, free_port, log_tail
 
 STOP_GRACE_S = 10.0  # uvicorn's graceful shutdown stops Prefect's services first
+log = logging.getLogger("eva.prefect_server")
 
 
 def begin_writes_immediate() -> None:
@@ -113,9 +115,12 @@ def _healthy(url: str) -> bool:
 
 
 @contextmanager
-def temporary_server(database_url: str | None = None, say: bool = True) -> Iterator[str]:
+def temporary_server(
+    database_url: str | None = None, say: Callable[[str], None] | None = None
+) -> Iterator[str]:
     """Run the body against a Prefect server started for it, and stopped after it; yields its
-    API URL. ``database_url``: a SQLAlchemy URL (default: Prefect's configured database)."""
+    API URL. ``database_url``: a SQLAlchemy URL (default: Prefect's configured database);
+    ``say``: where to tell the user about the server (a command's output); None: nowhere."""
     from prefect.settings import (
         PREFECT_API_URL,
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
@@ -127,11 +132,10 @@ def temporary_server(database_url: str | None = None, say: bool = True) -> Itera
     )
     try:
         if say:
-            print(
+            say(
                 f"eva: started a temporary Prefect server at {url} (stopped when this command "
                 "ends, and its runs with it; to keep runs in the UI, keep `eva prefect-server` "
-                "running and export PREFECT_API_URL=http://127.0.0.1:4200/api)",
-                flush=True,
+                "running and export PREFECT_API_URL=http://127.0.0.1:4200/api)"
             )
         with temporary_settings(updates={PREFECT_API_URL: url}):
             try:
@@ -145,16 +149,15 @@ def temporary_server(database_url: str | None = None, say: bool = True) -> Itera
 def start_lasting(argv: list[str]) -> int:
     """``prefect server start ARGV`` in this process, with immediate SQLite writes: the lasting
     server a team keeps for the UI and its schedules, without the 503 stalls (``eva
-    prefect-server``). Returns the exit code."""
+    prefect-server``). Returns the exit code; ``ConfigError`` for an option that would start
+    the server in other processes."""
     refused = [a for a in argv if a.split("=")[0] in ("--background", "-b", "--workers")]
     if refused:
-        print(
-            f"eva prefect-server: {refused[0]} starts the server in other processes, which "
-            "would not have eva's change; run it in the foreground (a service manager can keep "
-            "it up)",
-            file=sys.stderr,
+        raise ConfigError(
+            "starts the server in other processes, which would not have eva's change",
+            field=f"eva prefect-server {refused[0]}",
+            hint="run it in the foreground; a service manager can keep it up",
         )
-        return 2
     _ui_calls_this_server(argv)
     begin_writes_immediate()
     from prefect.cli import app
@@ -237,7 +240,7 @@ def _drain_to(url: str) -> None:
     try:
         run_coro_as_sync(drain())
     except Exception as exc:  # the run is over; what is lost is a view of it
-        print(f"eva: could not send the last logs to {url}: {exc}", flush=True)
+        log.warning("could not send the last logs to %s: %s", url, exc)
 
 
 __all__ = [

@@ -214,9 +214,14 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["prefect-server"]:  # every later argument is Prefect's, options included
+        from eva_runtime.errors import EvaError
         from eva_runtime.prefect_server import start_lasting
 
-        return start_lasting(argv[1:])
+        try:
+            return start_lasting(argv[1:])
+        except EvaError as exc:
+            print(f"eva: error: {exc.line()}", file=sys.stderr)
+            return 2
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error, already printed in one line (2)

@@ -61,6 +61,11 @@ def load(args: argparse.Namespace, model: type[T]) -> T:
     return config
 
 
+def _say(line: str) -> None:
+    """A line of a command's output to the user (which Prefect API its runs report to)."""
+    print(line, flush=True)
+
+
 def _refuse_if_held(config: RunConfig | OnlineRunConfig) -> None:
     """Another launch of this run is going on: refused in one line before a Prefect API and a
     flow start (the flow takes the run's lock itself)."""
@@ -78,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     from flows.run import eva_run
     from flows.summary import summary_table
 
-    with prefect_api() as api:  # PREFECT_API_URL, else a running local server, else temporary
+    with prefect_api(_say) as api:  # PREFECT_API_URL, else a running local server, else temporary
         ui = _ui_url()
         rows = eva_run(config)
     print(f"\neva run '{config.run}' under {config.root}\n{summary_table(rows)}")
@@ -94,7 +99,7 @@ def online(args: argparse.Namespace) -> int:
     from flows.online import eva_online
     from flows.summary import summary_table
 
-    with prefect_api() as api:
+    with prefect_api(_say) as api:
         ui = _ui_url()
         rows = eva_online(config)
     print(f"\neva online run '{config.run}' under {config.root}\n{summary_table(rows)}")
@@ -162,7 +167,7 @@ def stage(args: argparse.Namespace) -> int:
         force=args.force,
         downstream=args.downstream,
     )
-    with prefect_api():
+    with prefect_api(_say):
         if isinstance(config, OnlineRunConfig):
             rows = eva_online(config, plan)
         else:
@@ -347,7 +352,7 @@ def serve(args: argparse.Namespace) -> int:
     from flows.serve import serve as serve_deployment
 
     check(args.file)  # refused in one line before a Prefect API is opened
-    with prefect_api():
+    with prefect_api(_say):
         serve_deployment(args.file)
     return 0
 

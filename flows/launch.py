@@ -1,5 +1,7 @@
 """What every eva flow does first and last: check inputs, open the run, publish its summary."""
 
+import json
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -15,6 +17,7 @@ from tasks.context import RunContext
 from tasks.plan import Plan
 from tasks.run_lock import run_lock
 from tasks.store import RunStore
+from tasks.versions import edited_line, edited_stages
 
 
 @contextmanager
@@ -54,8 +57,47 @@ def _open(config: RunConfig | OnlineRunConfig, plan: Plan | None) -> RunContext:
     )
     store = run.store()
     store.sweep()  # staging copies and stage scratch of a killed launch
+    say_edited_code(config, store)
     store.write_json(f"{store.base}/config.json", config.model_dump(mode="json"))
     return run
+
+
+def say_edited_code(config: RunConfig | OnlineRunConfig, store: RunStore) -> str | None:
+    """One warning line when a stage this run calls, or a component it selects, no longer has
+    the code recorded for its version (tasks/versions.lock.json: a local edit without a bump)
+    and the run has finished artifacts of that stage: the launch reuses them as they are.
+    Returns the line (None when there is nothing to say)."""
+    try:
+        edited = edited_stages(config)
+        line = edited_line(edited, _finished_stages(store)) if edited else None
+    except Exception as exc:  # a check that cannot run must not stop a launch
+        line = f"could not compare the code with tasks/versions.lock.json: {exc!r}"
+    if line:
+        _log().warning(line)
+    return line
+
+
+def _finished_stages(store: RunStore) -> set[str]:
+    """The stages with a finished artifact in the run (any iteration), read from manifests."""
+    paths = store.fs.glob(f"{store.base}/*/*.manifest.json")
+    found = store.fs.cat(list(paths), on_error="return") if paths else {}  # one round on S3
+    stages = set()
+    for data in found.values():
+        try:
+            stages.add(str(json.loads(data)["stage"]))
+        except (TypeError, ValueError, KeyError):
+            continue  # unreadable (the sweep removed those it found) or no stage's
+    return stages
+
+
+def _log() -> logging.Logger | logging.LoggerAdapter:
+    """The flow's logger inside a flow (so the UI shows the line), else eva's."""
+    try:
+        from prefect import get_run_logger
+
+        return get_run_logger()
+    except Exception:
+        return logging.getLogger("eva.launch")
 
 
 def _finished(config: RunConfig | OnlineRunConfig, run: RunContext) -> None:

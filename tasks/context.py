@@ -13,7 +13,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from eva_runtime.errors import StageError
-from tasks.keys import sha
+from eva_runtime.seeds import stage_seed as stage_seed  # a stage's seed
 from tasks.plan import Plan
 from tasks.store import Ref, RunStore
 
@@ -114,8 +114,3 @@ def check_failures(
             f"{artifact}: {what} for {failed} of {total}{at}, more than {setting} = {limit:g} "
             "allows; fix the backend and run again (this stage left no artifact)"
         )
-
-
-def stage_seed(run_seed: int, iteration: int | None, artifact: str) -> int:
-    """A per-stage seed, so re-running one stage reproduces it without replaying the others."""
-    return int(sha(f"{run_seed}/{iteration}/{artifact}")[:8], 16)

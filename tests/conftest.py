@@ -10,9 +10,105 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
 
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.support.openai_server import OpenAICompatibleServer
+
+
+# The end-to-end tests: a run through a flow, the CLI or a recipe, a served deployment or work
+# pool, a Prefect server, a Ray cluster, an accelerate launch, a side install, a training loop
+# over several segments; seconds to minutes each, most of the default suite's time. Marked
+# ``e2e`` here, in one list (a module with None: all of its tests), so that ``make test-fast``
+# (-m "not slow and not e2e") runs everything else in under 3 minutes, and ``make ci`` runs
+# these after it.
+# tests/test_tiers.py checks that every name here is a test.
+E2E: dict[str, tuple[str, ...] | None] = {
+    "test_run_e2e.py": None,
+    "test_creator_install.py": None,
+    "test_work_pool.py": None,
+    "test_bench.py": (
+        "test_quick_arms_produce_well_formed_tables",
+        "test_costs_quick_measures_a_run_its_cached_rerun_and_rollouts",
+    ),
+    "test_bench_arms.py": (
+        "test_fresh_arm_trains_on_a_new_disjoint_seed_split",
+        "test_no_arm_ever_trains_on_a_held_out_prompt",
+    ),
+    "test_bench_matched.py": ("test_arms_generate_the_budget_every_iteration_on_a_tiny_world",),
+    "test_deployment.py": (
+        "test_each_trigger_of_the_served_deployment_advances_the_run",
+        "test_eva_run_reports_to_a_local_server_that_is_already_running",
+        "test_the_probe_finds_a_prefect_api_and_nothing_else",
+    ),
+    "test_k8s_work_pool.py": ("test_the_pool_runs_flow_runs_as_gpu_jobs",),
+    "test_prefect_server.py": (
+        "test_eva_prefect_server_is_a_lasting_server_with_the_same_change",
+        "test_the_temporary_server_stops_with_the_command_even_when_it_is_killed",
+        "test_a_server_that_cannot_start_fails_in_one_message_with_its_log",
+        "test_subflows_opened_after_tasks_are_never_answered_503",
+    ),
+    "test_ray_cluster.py": (
+        "test_rollouts_and_rewards_through_the_cluster_are_byte_identical",
+        "test_an_s3_run_root_through_the_cluster",
+    ),
+    "test_online.py": (  # the module's online run, and what reads it
+        "test_segments_walk_through_the_paper_phases",
+        "test_informativeness_comes_from_the_trainers_rewards_and_children_inherit_it",
+        "test_each_segment_changes_the_weights_and_is_evaluated",
+        "test_online_run_publishes_its_summary_and_charts",
+        "test_rerun_is_cached_and_show_prints_the_segments",
+        "test_kill_9_mid_segment_resumes_to_the_same_buffer_and_prompts",
+        "test_grpo_and_online_dpo_train_on_the_buffer_too",
+    ),
+    "test_corrupt_artifacts.py": (  # the module's run, and what reads it
+        "test_an_unreadable_manifest_is_redone_alone_and_shown_in_one_line",
+        "test_a_manifest_missing_its_key_is_redone_alone",
+        "test_a_truncated_table_is_redone_alone_and_shown_in_one_line",
+    ),
+    "test_own_model.py": None,  # `eva run` in a process of its own, each test
+    "test_online_loop.py": ("test_evolution_overlaps_training_with_lag_and_costs_are_counted",),
+    "test_online_skip_tied.py": ("test_a_resumed_segment_skips_exactly_as_an_uninterrupted_one",),
+    "test_math_rlvr.py": (  # the GRPO recipe, run
+        "test_recipe_runs_two_rounds_on_cpu",
+        "test_recipe_takes_chat_prompts_and_a_users_evolver",
+    ),
+    "test_edge_refusals.py": (
+        "test_online_with_an_all_nan_reward_fails_the_segment_and_keeps_no_policy",
+    ),
+    "test_backend_served_generate.py": ("test_a_run_starts_one_server_per_checkpoint",),
+    "test_backend_launch.py": (
+        "test_stage_trains_through_accelerate_launch",
+        "test_a_failing_launch_raises_with_its_last_lines",
+        "test_a_sigkill_of_eva_leaves_no_training_behind",
+    ),
+    "test_multinode.py": ("test_two_machines_train_together",),
+    "test_adapter_verl.py": ("test_v1_replay_buffer_observes_sampled_groups",),  # a side install
+    "test_run_lock.py": ("test_a_paused_holder_taken_over_stops_before_its_next_write",),
+    "test_terminal.py": (
+        "test_a_run_shows_no_library_bars_and_ends_with_what_to_do_next",
+        "test_a_failing_stage_ends_the_command_with_one_line_and_its_traceback_in_the_run",
+    ),
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "e2e: end-to-end runs in processes of their own (tests/conftest.py lists them); "
+        "make test-fast leaves them out",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        names = E2E.get(item.path.name, ())
+        if names is None or getattr(item, "originalname", item.name) in names:
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -46,12 +142,64 @@ def policy_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory: pytest.TempPathFactory):
     """One real Prefect API server for the suite, on a database of its own: eva's temporary
-    server (Prefect's app; SQLite writes begin IMMEDIATE, see flows/prefect_server.py)."""
+    server (Prefect's app; SQLite writes begin IMMEDIATE, see eva_runtime/prefect_server.py)."""
     from eva_runtime.prefect_server import temporary_server
 
     database = tmp_path_factory.mktemp("prefect") / "prefect.db"
-    with temporary_server(database_url=f"sqlite+aiosqlite:///{database}", say=False):
+    with temporary_server(database_url=f"sqlite+aiosqlite:///{database}"):
         yield
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A random 2-layer Llama with a real (fast, character-level) tokenizer and no chat
+    template, on disk (the GPU tests' checkpoint for vLLM)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from eva_world.tiny_lm import build_char_tokenizer
+
+    path = tmp_path_factory.mktemp("llama")
+    tok = build_char_tokenizer("0123456789+-=:abcdefghij ")
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=1,  # head_dim 64: supported by every vLLM attention backend
+        num_key_value_heads=1, max_position_embeddings=128,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture
+def serve_defaults() -> dict[str, Any]:
+    """The options ``serve`` starts a server with unless a call gives its own; a test module
+    overrides this fixture for defaults of its own (its ``respond``)."""
+    return {}
+
+
+@pytest.fixture
+def serve(
+    serve_defaults: dict[str, Any],
+) -> Iterator[Callable[..., OpenAICompatibleServer]]:
+    """Start real OpenAI-compatible servers on localhost (``tests.support.openai_server``) for
+    one test, each stopped after it: ``serve(*script, **options)``, ``script`` the ``Step`` each
+    request gets in turn, ``options`` the server's (``respond``, ``fail``, ``delay``, ...)."""
+    from tests.support.openai_server import OpenAICompatibleServer
+
+    servers: list[OpenAICompatibleServer] = []
+
+    def start(*script: Any, **options: Any) -> OpenAICompatibleServer:
+        server = OpenAICompatibleServer(script=script, **{**serve_defaults, **options})
+        servers.append(server.__enter__())
+        return server
+
+    yield start
+    for server in servers:
+        server.__exit__()
 
 
 @pytest.fixture

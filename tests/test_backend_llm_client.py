@@ -1,14 +1,11 @@
 """The shared OpenAI-compatible client against a real local HTTP server that answers from a
-script, so every count below is computed by hand from the script."""
+script (``serve``, tests/conftest.py), so every count below is computed by hand from the
+script."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -16,121 +13,15 @@ from pydantic import TypeAdapter, ValidationError
 
 from eva_runtime.llm_client import LLMBatchError, LLMClient, LLMRequestError
 from eva_runtime.llm_config import LLMClientConfig, LLMConfigError, NamedLLMConfig
-
-
-@dataclass
-class Step:
-    """One scripted answer: an HTTP status, extra headers, the ``usage`` of a 200 (None: no
-    usage field), seconds to wait before answering, and whether its content is null."""
-
-    status: int = 200
-    headers: dict[str, str] = field(default_factory=dict)
-    usage: tuple[int, int] | None = (1, 1)
-    delay: float = 0.0
-    null: bool = False
-
-
-class ScriptedServer:
-    """A threaded http.server: the n-th POST gets ``script[n]``, later ones ``Step()``."""
-
-    def __init__(self, *script: Step, delay: float = 0.0):
-        self.script, self.delay = list(script), delay
-        self.times: list[float] = []  # arrival of each request, monotonic
-        self.bodies: list[dict[str, Any]] = []
-        self.headers: list[dict[str, str]] = []
-        self.in_flight = self.max_in_flight = 0
-        self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-
-    @property
-    def base_url(self) -> str:
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}/v1"
-
-    def __enter__(self) -> ScriptedServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with server._lock:
-                    n = len(server.times)
-                    server.times.append(time.monotonic())
-                    server.bodies.append(body)
-                    server.headers.append(dict(self.headers))
-                    server.in_flight += 1
-                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
-                step = server.script[n] if n < len(server.script) else Step()
-                counted = True  # this request is in server.in_flight
-
-                def answered() -> None:
-                    # Before any byte of the answer leaves: a client that has its answer may
-                    # send its next request at once, which must not overlap this one's count.
-                    nonlocal counted
-                    if counted:
-                        counted = False
-                        with server._lock:
-                            server.in_flight -= 1
-
-                try:
-                    time.sleep(step.delay or server.delay)
-                    answer: dict[str, Any] = {"error": {"message": f"scripted {step.status}"}}
-                    if step.status == 200:
-                        content = None if step.null else f"answer {n}"
-                        message = {"role": "assistant", "content": content}
-                        answer = {"choices": [{"index": 0, "message": message}]}
-                        if step.usage is not None:
-                            prompt, completion = step.usage
-                            answer["usage"] = {
-                                "prompt_tokens": prompt,
-                                "completion_tokens": completion,
-                            }
-                    data = json.dumps(answer).encode()
-                    answered()
-                    self.send_response(step.status)
-                    for name, value in step.headers.items():
-                        self.send_header(name, value)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client timed out and left
-                finally:
-                    answered()  # no answer was sent (the client left)
-
-        return Handler
+from tests.support.openai_server import OpenAICompatibleServer, Step, numbered
 
 
 @pytest.fixture
-def serve() -> Iterator[Any]:
-    servers: list[ScriptedServer] = []
-
-    def start(*script: Step, delay: float = 0.0) -> ScriptedServer:
-        servers.append(ScriptedServer(*script, delay=delay).__enter__())
-        return servers[-1]
-
-    yield start
-    for server in servers:
-        server.__exit__()
+def serve_defaults() -> dict[str, Any]:
+    return {"respond": numbered}  # "answer N" from the N-th request: which attempt answered
 
 
-def client(server: ScriptedServer, **fields: Any) -> LLMClient:
+def client(server: OpenAICompatibleServer, **fields: Any) -> LLMClient:
     config = {"base_url": server.base_url, "model": "tiny", "backoff_s": 0.01, **fields}
     return LLMClient(LLMClientConfig(**config))
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,7 +22,7 @@ from tasks.backends.generate.openai import (
 from tasks.backends.generate.transformers import TransformersGeneration
 from tasks.backends.generate.vllm import VLLMGeneration
 from tasks.backends.protocols import Generator
-from tests.support.openai_server import Fail, OpenAICompatibleServer, Respond
+from tests.support.openai_server import Fail, OpenAICompatibleServer
 
 PROMPTS = [f"{a}+{b}=" for a in range(4) for b in range(5)]
 
@@ -35,18 +34,8 @@ def seeded(prompt: str, index: int, request: dict[str, Any]) -> str:
 
 
 @pytest.fixture
-def serve() -> Iterator[Any]:
-    servers: list[OpenAICompatibleServer] = []
-
-    def start(respond: Respond = seeded, fail: Fail | None = None) -> OpenAICompatibleServer:
-        server = OpenAICompatibleServer(respond=respond, fail=fail)
-        server.__enter__()
-        servers.append(server)
-        return server
-
-    yield start
-    for server in servers:
-        server.__exit__()
+def serve_defaults() -> dict[str, Any]:
+    return {"respond": seeded}  # the servers ``serve`` starts (tests/conftest.py) sample
 
 
 LLM_FIELDS = set(LLMClientConfig.model_fields)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -36,7 +35,8 @@ def test_load_without_vllm_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch):
     with pytest.raises(ImportError) as info:
         VLLMGeneration().load("/nowhere")
     message = str(info.value)
-    assert "vllm serve" in message and "'openai'" in message and "eva[vllm]" in message
+    assert "vllm serve" in message and "'served'" in message and "'openai'" in message
+    assert "eva[vllm]" not in message  # no such extra: vLLM cannot share eva's environment
 
 
 def test_in_process_engines_start_their_core_by_spawn(monkeypatch: pytest.MonkeyPatch):
@@ -65,31 +65,6 @@ def test_in_process_engines_start_their_core_by_spawn(monkeypatch: pytest.Monkey
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
     VLLMGeneration().load("/nowhere")
     assert seen == ["spawn", "spawn", "fork"]
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A random 2-layer Llama with a real (fast, character-level) tokenizer on disk."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    path = Path(tmp_path_factory.mktemp("llama"))
-    tok = build_char_tokenizer("0123456789+-=:abcdefghij ")
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=1,  # head_dim 64: supported by every vLLM attention backend
-        num_key_value_heads=1,
-        max_position_embeddings=128,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
 
 
 @pytest.mark.gpu

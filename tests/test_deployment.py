@@ -160,11 +160,11 @@ def test_the_probe_finds_a_prefect_api_and_nothing_else(monkeypatch) -> None:
         assert local_server_url() is None
     # No API configured: the running server is used, unless told to start a temporary one.
     with temporary_settings(updates=at, restore_defaults={PREFECT_API_URL}):
-        with prefect_api(say=False) as url:
+        with prefect_api() as url:
             assert url == f"http://{api.hostname}:{api.port}/api" == PREFECT_API_URL.value()
             assert get_current_settings().flows.heartbeat_frequency == 180  # a lasting server
         monkeypatch.setenv("EVA_PREFECT_SERVER", "temporary")
-        with prefect_api(say=False) as url:
+        with prefect_api() as url:
             assert url != f"http://{api.hostname}:{api.port}/api" and url == PREFECT_API_URL.value()
             assert httpx.get(f"{url}/health", trust_env=False).json() is True
             # Nothing reads heartbeats on the temporary server, and each costs a flow run

@@ -31,27 +31,6 @@ HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 PROMPTS = ["1+2=", "34+5=", "r:abc=", "7-3="]
 
 
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A random 2-layer Llama with a character tokenizer and no chat template, on disk."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from eva_world.tiny_lm import build_char_tokenizer
-
-    path = Path(tmp_path_factory.mktemp("llama"))
-    tok = build_char_tokenizer("0123456789+-=:abcdefghij ")
-    config = LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=128,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(path)
-    tok.save_pretrained(path)
-    return str(path)
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not (HAS_CUDA and VLLM_BIN), reason="needs a CUDA device and a vllm binary")
 def test_vllm_serve_samples_the_checkpoint_reproducibly_and_stops(llama_dir: str):

@@ -160,7 +160,7 @@ def test_the_temporary_server_stops_with_the_command_even_when_it_is_killed(tmp_
     )
     hold = (
         "import time, flows; from eva_runtime.prefect_api import prefect_api\n"
-        "with prefect_api() as url:\n    time.sleep(300)\n"
+        "with prefect_api(lambda line: print(line, flush=True)) as url:\n    time.sleep(300)\n"
     )
     proc = subprocess.Popen(
         [sys.executable, "-c", hold], env=env, cwd=PROJECT, stdout=subprocess.PIPE, text=True
@@ -190,7 +190,7 @@ def test_a_server_that_cannot_start_fails_in_one_message_with_its_log(tmp_path) 
     url = f"sqlite+aiosqlite:///{missing}"
     with (
         pytest.raises(ServerStartError, match="the Prefect server exited with code") as err,
-        temporary_server(database_url=url, say=False),
+        temporary_server(database_url=url),
     ):
         pytest.fail("the body must not run")
     assert "unable to open database file" in str(err.value)

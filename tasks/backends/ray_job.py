@@ -28,15 +28,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from eva_runtime.log import child_logger
 from eva_runtime.progress import progress_line
 from tasks.backends.generate.openai import derive_seed
 from tasks.backends.generate.vllm import VLLMGeneration
 from tasks.backends.protocols import RewardModel
 from tasks.store import RunStore, is_hub_id
 
-# The line the job prints for the stage that follows its log when it fails (responses done are
-# eva_runtime.progress marks).
+# The line the job writes for the stage that follows its log when it fails (responses done are
+# eva_runtime.progress marks). Both go to stdout through ``child_logger`` (eva_runtime.log).
 ERROR_MARK = "eva-ray-error"
+LOGGER = "eva.ray_job"
 VALUE_COLUMN = {"generate": "response", "annotate": "reward"}
 CLUSTER_BACKENDS = ("transformers", "vllm")  # generation backends a cluster can run
 
@@ -195,7 +197,7 @@ class StageWorker:
         else:
             responses = batch.column("responses").to_pylist()
             out = long_form(rows, self.scorer.score(prompts, responses), "reward", pa.float64())
-        print(progress_line(done=out.num_rows), flush=True)  # responses, as the stage counts
+        child_logger(LOGGER).info(progress_line(done=out.num_rows))  # as the stage counts
         return out
 
 
@@ -238,7 +240,7 @@ def fan_out(batch: pa.Table) -> pa.Table:
             "response": batch.column("response").cast(pa.string()).take(take),
         }
     )
-    print(progress_line(done=out.num_rows), flush=True)
+    child_logger(LOGGER).info(progress_line(done=out.num_rows))
     return out
 
 
@@ -282,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         run(spec)
     except Exception as exc:
         traceback.print_exc()
-        print(error_line(exc), flush=True)
+        child_logger(LOGGER).error(error_line(exc))
         return 1
     return 0
 

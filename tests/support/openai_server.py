@@ -19,6 +19,13 @@ Every request is recorded in ``server.requests`` (with headers and the client's 
 connection) so tests can assert retries, concurrency, connection reuse and that an API key was
 sent.
 
+Scripted answers, by arrival (``script``): the n-th request gets ``script[n]``, later ones
+``Step()``, a 200 with the ``respond`` text; a ``Step`` can answer another status (its message:
+``scripted <status>``) with headers of its own, another ``usage`` or none, a null content, or
+wait first (``delay`` waits before every answer). ``numbered`` answers ``answer N`` to the N-th
+request, so a test sees which attempt was answered. The ``serve`` fixture (tests/conftest.py)
+starts servers for a test and stops them after it.
+
 Run as a module it is a stand-in for ``vllm serve`` in its own process (the ``served`` backend's
 tests start it the way that backend starts vLLM)::
 
@@ -38,7 +45,8 @@ import argparse
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -46,6 +54,27 @@ from eva_world import world
 
 Respond = Callable[[str, int, dict[str, Any]], str]
 Fail = Callable[[dict[str, Any]], tuple[str, float] | None]
+
+
+@dataclass
+class Step:
+    """One scripted answer: an HTTP status, extra headers, the ``usage`` of a 200 (None: no
+    usage field), seconds to wait before answering (0: the server's ``delay``), and whether its
+    content is null."""
+
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+    usage: tuple[int, int] | None = (1, 1)
+    delay: float = 0.0
+    null: bool = False
+
+
+_answering = threading.local()  # .n: the arrival number of the request this thread answers
+
+
+def numbered(prompt: str, index: int, request: dict[str, Any]) -> str:
+    """``answer N`` for the server's N-th request (from 0): which attempt got the answer."""
+    return f"answer {_answering.n}"
 
 
 def echo(prompt: str, index: int, request: dict[str, Any]) -> str:
@@ -82,8 +111,11 @@ class OpenAICompatibleServer:
         port: int = 0,
         root: str | None = None,
         keep_alive: bool = False,
+        script: Sequence[Step] = (),
+        delay: float = 0.0,
     ):
         self.respond, self.fail, self.model, self.root = respond, fail, model, root
+        self.script, self.delay = list(script), delay
         # HTTP/1.1: a client may send its next request on the same connection, as to vLLM;
         # HTTP/1.0 (the default) closes it after each answer.
         self.keep_alive = keep_alive
@@ -102,6 +134,19 @@ class OpenAICompatibleServer:
     def base_url(self) -> str:
         host, port = self._httpd.server_address[:2]
         return f"http://{host!s}:{port}/v1"
+
+    @property
+    def times(self) -> list[float]:
+        """When each request arrived (monotonic), in order."""
+        return [r["time"] for r in self.requests]
+
+    @property
+    def bodies(self) -> list[dict[str, Any]]:
+        return [r["body"] for r in self.requests]
+
+    @property
+    def headers(self) -> list[dict[str, str]]:
+        return [r["headers"] for r in self.requests]
 
     def __enter__(self) -> OpenAICompatibleServer:
         self._thread.start()
@@ -202,11 +247,19 @@ class OpenAICompatibleServer:
                     "client_port": self.client_address[1],  # one per connection
                 }
                 with server._lock:
+                    _answering.n = n = len(server.requests)
                     server.requests.append(record)
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                step = server.script[n] if n < len(server.script) else Step()
                 self.counted = True
                 try:
+                    if wait := step.delay or server.delay:
+                        time.sleep(wait)
+                    if step.status != 200:
+                        error = {"error": {"message": f"scripted {step.status}"}}
+                        self._send(step.status, error, step.headers)
+                        return
                     action = server.fail(request) if server.fail else None
                     if action and action[0] == "sleep":
                         time.sleep(action[1])
@@ -227,15 +280,30 @@ class OpenAICompatibleServer:
                         body = self._body(request)
                         self._trickle(200, body, action[1], head=action[0] == "trickle")
                         return
-                    self._answer(request)
+                    self._answer(request, step)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout test); nothing to answer
                 finally:
                     self._answered()  # no answer was sent (the client gave up)
 
-            def _answer(self, request: dict[str, Any]) -> None:
+            def _answer(self, request: dict[str, Any], step: Step) -> None:
                 if self.path.endswith("/completions"):
-                    self._send(200, self._body(request))
+                    body = self._body(request)
+                    for choice in body["choices"] if step.null else []:
+                        if "message" in choice:
+                            choice["message"]["content"] = None
+                        else:
+                            choice["text"] = None
+                    if step.usage is None:
+                        del body["usage"]
+                    else:
+                        prompt, completion = step.usage
+                        body["usage"] = {
+                            "prompt_tokens": prompt,
+                            "completion_tokens": completion,
+                            "total_tokens": prompt + completion,
+                        }
+                    self._send(200, body, step.headers)
                 else:
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
 

@@ -11,7 +11,6 @@ depend on concurrency, scheduling or retries.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
@@ -20,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from eva_runtime.errors import EvaError
 from eva_runtime.llm_client import LLMBatchError, LLMClient, LLMRequestError
 from eva_runtime.llm_config import LLMClientConfig
+from eva_runtime.seeds import derive_seed as derive_seed  # a prompt's request seed
 from tasks.backends.protocols import Progress, no_progress
 
 # Keys the backend sets itself; extra_body may not override them (it would silently change what
@@ -27,13 +27,6 @@ from tasks.backends.protocols import Progress, no_progress
 _MANAGED_KEYS = frozenset(
     {"model", "messages", "prompt", "n", "seed", "temperature", "top_p", "max_tokens", "stream"}
 )
-
-
-def derive_seed(seed: int, prompt_index: int) -> int:
-    """A 30-bit per-prompt seed. vLLM seeds sample ``j`` of an ``n > 1`` request with
-    ``seed + j``; 30 bits leave room for that below 2**31 (servers that parse int32 accept it)."""
-    digest = hashlib.blake2b(f"{seed}:{prompt_index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x3FFFFFFF
 
 
 class GenerationError(EvaError, RuntimeError):

@@ -24,10 +24,11 @@ from tasks.backends.protocols import Progress, no_progress
 
 MISSING_VLLM = (
     "the 'vllm' generation backend needs vLLM, which is not installed in this environment. "
-    "vLLM pins its own torch/transformers/fastapi versions, which conflict with eva's: on a GPU "
-    "machine, install it in a separate environment, run `vllm serve <checkpoint dir>` there, and "
-    "set the stage's backend to kind 'openai' (base_url http://HOST:8000/v1); or pip install "
-    "'eva[vllm]' on a GPU machine where that extra resolves."
+    "vLLM pins its own torch/transformers/fastapi versions, which conflict with eva's (so eva has "
+    "no vllm extra): on a GPU machine, install it in a separate environment and set the stage's "
+    "backend to kind 'served', which starts `vllm serve` from there on the stage's checkpoint; "
+    "or run `vllm serve <checkpoint dir>` yourself and use kind 'openai' (base_url "
+    "http://HOST:8000/v1)."
 )
 
 

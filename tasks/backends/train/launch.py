@@ -11,8 +11,9 @@ package, which the CPU install does not carry.
 This module is the method's side of the launch (what to train, and the entry point that trains
 it); starting, following and stopping the processes, and the multi-node request files, are the
 runtime's (``eva_runtime.accelerate``), which sees the spec only as a JSON string. Progress
-crosses the process boundary as marker lines on rank 0's stdout (``eva_runtime.progress``); the
-metrics as a JSON file rank 0 writes after the checkpoint is saved.
+crosses the process boundary as marker lines on rank 0's stdout (``eva_runtime.progress``,
+written through ``eva_runtime.log.child_logger``); the metrics as a JSON file rank 0 writes after
+the checkpoint is saved.
 
 Several machines (``NodesConfig.machines > 1``): every machine must run ``accelerate launch``
 with its own ``--machine_rank``. The stage is machine 0; before it launches, it writes a launch
@@ -37,6 +38,7 @@ from transformers.utils import logging as hf_logging
 
 from eva_runtime.accelerate import Launch, Nodes, run_launch
 from eva_runtime.errors import EvaError
+from eva_runtime.log import child_logger
 from eva_runtime.progress import progress_line
 from tasks.backends.protocols import Progress, no_progress
 from tasks.backends.train import SolverBackend
@@ -183,8 +185,9 @@ def _plain_launch(
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of every launched process."""
     args = list(sys.argv[1:] if argv is None else argv)
+    log = child_logger("eva.launch")  # stdout, which the stage forwards to its log
     if len(args) != 1:
-        print("usage: python -m tasks.backends.train.launch '<LaunchSpec json>'", file=sys.stderr)
+        log.error("usage: python -m tasks.backends.train.launch '<LaunchSpec json>'")
         return 2
     spec = LaunchSpec.model_validate_json(args[0])
     # Output goes to a log line by line: tqdm bars (checkpoint loading) would only add noise.
@@ -194,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def report(fraction: float) -> None:
         if rank0:
-            print(progress_line(fraction=fraction), flush=True)
+            log.info(progress_line(fraction=fraction))
 
     rows = spec.solver.load().train(
         spec.policy_dir,
