@@ -454,8 +454,10 @@ def transfer_queue(verl: Any) -> Any:
     # ray.init writes ~/.ray/auth_token when there is none, and a token there turns on token
     # auth for every later `ray start` on the machine (tests/test_ray_cluster.py's cluster
     # then refuses eva's readiness check): a token this fixture made goes with it.
+    # ray.init also sets RAY_AUTH_MODE=token in this process's environment, which later
+    # `ray start` children inherit: the environment is restored too.
     token = Path.home() / ".ray" / "auth_token"
-    had_token = token.exists()
+    had_token, environ = token.exists(), dict(os.environ)
     ray.init(
         num_cpus=4, include_dashboard=False, log_to_driver=False,
         runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(paths)}},
@@ -468,6 +470,8 @@ def transfer_queue(verl: Any) -> Any:
         ray.shutdown()
         if not had_token:
             token.unlink(missing_ok=True)
+        os.environ.clear()
+        os.environ.update(environ)
 
 
 def _v1_rollouts(tq: Any, batch: Any, step: int) -> None:
