@@ -35,7 +35,6 @@ from typing import Any, Literal
 
 import numpy as np
 
-from eva_core.informativeness import informativeness
 from eva_core.sampling import select_subset
 
 Phase = Literal["warmup", "mixup", "bootstrap", "seed"]
@@ -210,15 +209,6 @@ class PromptBuffer:
             self.phase = "bootstrap"
 
     # --- feeding back ----------------------------------------------------------------------
-
-    def parents(self, batch: Batch, rewards: np.ndarray) -> tuple[list[int], np.ndarray]:
-        """Rows of ``batch`` to evolve (the top ``top_fraction`` by informativeness, ties to
-        the earlier row) and every row's informativeness, from a (batch, N) reward matrix."""
-        r = np.asarray(rewards, dtype=np.float64)
-        if r.shape[0] != len(batch.records):
-            raise ValueError(f"{r.shape[0]} reward rows for a batch of {len(batch.records)}")
-        info = informativeness(r, self.metric)
-        return self.top_rows(info), info
 
     def top_rows(self, info: np.ndarray) -> list[int]:
         """Rows to evolve: the top ``top_fraction`` by informativeness (ties to the earlier

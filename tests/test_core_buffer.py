@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from eva_core.buffer import PromptBuffer
+from eva_core.informativeness import informativeness
 from eva_core.schema import prompt_id
 from tasks.online_loop import BufferConfig
 
@@ -37,9 +38,15 @@ def seeds(n: int) -> list[dict]:
     return [rec(f"s{i}") for i in range(n)]
 
 
+def parents(buf: PromptBuffer, rewards: np.ndarray) -> tuple[list[int], np.ndarray]:
+    """The rows to evolve and every row's informativeness, as the creator computes them."""
+    info = informativeness(np.asarray(rewards, dtype=np.float64), buf.metric)
+    return buf.top_rows(info), info
+
+
 def feed(buf: PromptBuffer, batch, rewards: np.ndarray, tag: str) -> list[str]:
     """Evolve the chosen parents into named children, as a caller (the online trainer) does."""
-    rows, info = buf.parents(batch, rewards)
+    rows, info = parents(buf, rewards)
     kids, prio = [], []
     for r in rows:
         parent = batch.records[r]
@@ -58,7 +65,7 @@ def test_warmup_adds_only_children_of_the_top_half_then_mixup_starts_at_size():
     assert batch.phase == "warmup" and batch.from_buffer == [False] * 4
     # Rewards: row 2 has the widest max-mean gap, then row 0; rows 1 and 3 are flat.
     rewards = np.array([[1.0, 0.5], [0.3, 0.3], [1.0, 0.0], [0.7, 0.7]])
-    rows, info = buf.parents(batch, rewards)
+    rows, info = parents(buf, rewards)
     assert rows == [2, 0]
     np.testing.assert_allclose(info, [0.25, 0.0, 0.5, 0.0])
     kids = feed(buf, batch, rewards, "a")
@@ -140,7 +147,8 @@ def test_no_evolution_is_the_plain_baseline_with_epochs_over_seeds():
     assert buf.phase == "seed" and buf.entries == []
     assert sorted(seen[:5]) == [f"s{i}" for i in range(5)]  # first epoch covers D once
     assert buf.epoch == 1 and buf.budget == 2.0
-    rows, _ = buf.parents(buf.draw(2), np.ones((2, 2)))
+    buf.draw(2)
+    rows, _ = parents(buf, np.ones((2, 2)))
     assert rows == []
 
 
