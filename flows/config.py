@@ -341,6 +341,38 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+# What a run folder holds besides its config.json once a launch has opened it (tasks/store.py,
+# tasks/run_lock.py): a config.json beside one of them is a run's own.
+RUN_FOLDER_MARKS = ("setup", ".lock.json", ".scratch")
+
+
+def located(path: str, data: dict[str, Any]) -> dict[str, Any]:
+    """``data``, read from ``path``, as the run it belongs to: a run folder's own config.json
+    (``{root}/{run}/config.json``, as a launch writes it) names the run in that folder, whatever
+    ``root`` and ``run`` it recorded. A run copied, renamed or moved (``cp -a runs/demo
+    runs/demo2``) keeps the config of the folder it came from; launched as it reads, it would
+    resume, and write into, that other folder. ``--run``/``--root``/``--set`` still override
+    the result: ``eva run --config runs/demo/config.json --run demo3`` starts a new run from it."""
+    folder = os.path.dirname(os.path.abspath(path))
+    name = os.path.basename(folder)
+    if (
+        os.path.basename(path) != "config.json"
+        or not {"run", "root"} <= data.keys()  # a launch records both: a recipe need not
+        or not RUN_NAME.fullmatch(name)
+        or not _is_run_folder(folder)
+    ):
+        return data
+    return {**data, "run": name, "root": os.path.dirname(folder)}
+
+
+def _is_run_folder(folder: str) -> bool:
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return False
+    return any(n in RUN_FOLDER_MARKS or re.fullmatch(r"iter_\d+", n) for n in names)
+
+
 @overload
 def load_config(path: str | None = None, overrides: list[str] | None = None) -> RunConfig: ...
 @overload
@@ -350,8 +382,9 @@ def load_config(
     overrides: list[str] | None = None,
     model: type[BaseModel] = RunConfig,
 ) -> BaseModel:
-    """Read YAML/JSON (with ``extends``; no path: the embedded world config for ``model``),
-    apply ``a.b.c=value`` overrides, validate.
+    """Read YAML/JSON (with ``extends``; no path: the embedded world config for ``model``; a
+    run folder's config.json: that folder's run, see ``located``), apply ``a.b.c=value``
+    overrides, validate.
 
     An override changes one field of the config that would otherwise run, so it is applied to
     the validated config, not to the file: ``--set train.solver.learning_rate=1e-3`` keeps the
@@ -359,7 +392,7 @@ def load_config(
     """
     if path is None:
         path = WORLD_ONLINE_CONFIG if model is OnlineRunConfig else WORLD_CONFIG
-    data: dict[str, Any] = read_config_file(path)
+    data: dict[str, Any] = located(path, read_config_file(path))
     if overrides:
         data = apply_overrides(validate_config(data, model).model_dump(mode="json"), overrides)
     return validate_config(data, model)

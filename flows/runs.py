@@ -1,8 +1,10 @@
 """Finding an existing run: its stored config, its size, and close matches for what a user typed.
 
 ``eva stage`` and ``eva show`` address a run that a launch left under a root; everything they
-need is read back from the run's folder, at the root given on the command line (a run copied
-elsewhere is shown and rerun where it now is, never where it was first launched).
+need is read back from the run's folder. The folder is the run: its root and its name are those
+given on the command line, never the ones its config.json recorded, so a run copied, renamed or
+moved (``cp -a runs/demo runs/demo2``) is shown and rerun where it now is, and never reads,
+writes or locks the folder it came from.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from tasks.store import RunStore
 def stored_config(
     root: str, run: str, storage_options: dict[str, Any] | None = None
 ) -> RunConfig | OnlineRunConfig:
-    """The config a run was last launched with (an offline or an online run's), at the root
-    given here. ``storage_options`` open the root (an S3 endpoint, credentials) and take
-    precedence over the stored ones."""
+    """The config a run was last launched with (an offline or an online run's), as the run at
+    ``root``/``run``: the stored ``root`` and ``run`` name where the run was when it was last
+    launched (another folder, for a copy) and are replaced by these. ``storage_options`` open
+    the root (an S3 endpoint, credentials) and take precedence over the stored ones."""
     if not RUN_NAME.fullmatch(run):
         raise ConfigError(f"--run {run!r}: a run name (letters, digits, '_', '.', '-'), not a path")
     root = os.path.abspath(root) if "://" not in root else root
@@ -42,7 +45,7 @@ def stored_config(
         raise ConfigError(f"--root {root}: cannot read {where} ({first_line(exc)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"--run {run}: {where} is not a run config (not a mapping)")
-    data["root"] = root
+    data["root"], data["run"] = root, run  # the folder it is in, not the one it was copied from
     data["storage_options"] = {**data.get("storage_options", {}), **given}
     if "online" in data:
         return validate_config(data, OnlineRunConfig)

@@ -16,10 +16,10 @@ from typing import Any
 import fsspec
 import pyarrow as pa
 import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 
 from eva_runtime.errors import first_line
 from tasks.prompt_rows import PromptRows, RowRules, select_cells
+from tasks.store import parquet_table
 
 
 def _read_table(
@@ -29,8 +29,8 @@ def _read_table(
     Arrow would refuse the whole file for one row whose prompt is a number, which
     ``drop_invalid`` must be able to drop)."""
     with fsspec.open(path, "rb", **storage_options) as f:
-        if ext == ".parquet":
-            return pq.read_table(f)
+        if ext == ".parquet":  # from an Arrow-owned copy of its bytes, never from ``f``
+            return parquet_table(f.read())
         if ext == ".csv":
             return pacsv.read_csv(f)
         data = f.read()

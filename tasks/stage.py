@@ -192,10 +192,12 @@ class Stage:
 
         started = time.perf_counter()
         tables = {}
+        read = {}  # what each input table is as read now, for the manifest
         for name, columns in self.inputs.items():
             if columns is MODEL:
                 continue
-            table = store.read_table(refs[name].uri)
+            table, digest = store.read_table_hashed(refs[name].uri)
+            read[name] = _read_input(artifact, iteration, name, refs[name], digest)
             if missing := missing_columns(table, columns):
                 raise StageError(
                     f"{artifact}: input '{name}' ({refs[name].uri}) lacks column(s) "
@@ -249,7 +251,7 @@ class Stage:
             "iteration": iteration, "key": key, "uri": uri, "bytes": nbytes,
             "rows": out.table.num_rows, "content_hash": content_hash, "model_uri": model_uri,
             "config": config_json, "config_hash": sha(json.dumps(config_json, sort_keys=True)),
-            "inputs": {k: {"uri": r.uri, "content_hash": r.content_hash} for k, r in refs.items()},
+            "inputs": {k: read.get(k) or _input(r) for k, r in refs.items()},
             "seconds": round(seconds, 3), "stats": out.stats, "versions": recorded_versions(),
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }  # fmt: skip
@@ -353,6 +355,40 @@ def _inside(path: str, folder: str) -> bool:
     removed after the stage: it can be moved into the run rather than copied)."""
     path, folder = os.path.realpath(path), os.path.realpath(folder)
     return os.path.commonpath([path, folder]) == folder and path != folder
+
+
+def _input(ref: Ref) -> dict[str, Any]:
+    """What a manifest records of an input the stage did not read as a table (a checkpoint):
+    the hash its own manifest gives it."""
+    return {"uri": ref.uri, "content_hash": ref.content_hash}
+
+
+def _read_input(
+    artifact: str, iteration: int | None, name: str, ref: Ref, digest: str
+) -> dict[str, Any]:
+    """What a manifest records of an input table: the hash of the bytes this stage read
+    (``sha256``) and the content hash they make (as the input's own manifest computes it), not
+    the hash that manifest recorded: a table edited by hand since (then said in one line) is
+    what this stage's output comes from. An input that also carries a checkpoint keeps that
+    part of its recorded hash (a checkpoint is not hashed again on every read)."""
+    content_hash = sha(digest) if ref.model_uri is None else ref.content_hash
+    if ref.model_uri is None and content_hash != ref.content_hash:
+        _log(artifact).warning(
+            "%s %s: its input %s (%s) is not the table its manifest recorded (changed since it "
+            "was written): this stage reads it as it is now, and its manifest says so",
+            artifact, iteration_dir(iteration), name, ref.uri,
+        )  # fmt: skip
+    return {"uri": ref.uri, "content_hash": content_hash, "sha256": digest}
+
+
+def _log(artifact: str) -> logging.Logger | logging.LoggerAdapter:
+    """The task run's logger inside a task (the UI shows the line), else the stage's."""
+    try:
+        from prefect import get_run_logger
+
+        return get_run_logger()
+    except Exception:
+        return logging.getLogger(f"eva.{artifact}")
 
 
 def _ref(m: dict[str, Any], rerun: bool = False) -> Ref:

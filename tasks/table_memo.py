@@ -8,7 +8,10 @@ modification time, checked with one ``stat`` on every read (an atomic rewrite is
 so a file replaced, cut short or removed since is read (and its error raised) as before. A
 written table is kept only when the file's schema is the table's own (or a lossless cast gives
 it: Parquet names a list's item ``element``), so what is served equals what reading the file
-gives. Memory is bounded: the least recently used tables go first.
+gives. A table kept with the sha256 of its file's bytes (written, or read whole, by this
+process) serves that hash too: a stage's manifest records the hash of the bytes it read
+(tasks/stage.py) without reading them again. Memory is bounded: the least recently used tables
+go first.
 """
 
 from __future__ import annotations
@@ -24,17 +27,20 @@ LIMIT_BYTES = 256 * 2**20
 
 
 class TableMemo:
-    """Tables by local path, each with its file's identity (device, inode, size, mtime)."""
+    """Tables by local path, each with its file's identity (device, inode, size, mtime) and,
+    where known, the sha256 of its bytes."""
 
     def __init__(self, limit_bytes: int = LIMIT_BYTES):
         self.limit_bytes = limit_bytes
-        self._tables: OrderedDict[str, tuple[pa.Table, tuple[int, ...], int]] = OrderedDict()
+        self._tables: OrderedDict[str, tuple[pa.Table, tuple[int, ...], int, str | None]] = (
+            OrderedDict()
+        )
         self._held = 0
         self._lock = threading.Lock()
 
-    def put(self, path: str, table: pa.Table | None) -> None:
-        """Keep ``table`` as the content of the file at ``path`` as it is now (None: forget
-        what was kept for it)."""
+    def put(self, path: str, table: pa.Table | None, digest: str | None = None) -> None:
+        """Keep ``table`` as the content of the file at ``path`` as it is now, ``digest`` the
+        sha256 of its bytes when known (None: forget what was kept for it)."""
         if table is None:
             with self._lock:
                 self._drop(path)
@@ -48,18 +54,28 @@ class TableMemo:
             self._drop(path)
             if nbytes > self.limit_bytes:
                 return
-            self._tables[path] = (table, _identity(st), nbytes)
+            self._tables[path] = (table, _identity(st), nbytes, digest)
             self._held += nbytes
             while self._held > self.limit_bytes:
                 self._drop(next(iter(self._tables)))
 
     def get(self, path: str) -> pa.Table | None:
         """The table kept for ``path`` if its file is unchanged since, else None."""
+        kept = self._get(path)
+        return kept[0] if kept else None
+
+    def get_hashed(self, path: str) -> tuple[pa.Table, str] | None:
+        """The table kept for ``path`` and its file's sha256, if its file is unchanged since
+        and it was kept with its hash, else None."""
+        kept = self._get(path)
+        return (kept[0], kept[1]) if kept and kept[1] is not None else None
+
+    def _get(self, path: str) -> tuple[pa.Table, str | None] | None:
         with self._lock:
             entry = self._tables.get(path)
             if entry is None:
                 return None
-            table, identity, _ = entry
+            table, identity, _, digest = entry
             try:
                 st = os.stat(path)
             except OSError:
@@ -68,7 +84,7 @@ class TableMemo:
                 self._drop(path)
                 return None
             self._tables.move_to_end(path)
-            return table
+            return table, digest
 
     def clear(self) -> None:
         with self._lock:

@@ -88,6 +88,11 @@ E2E: dict[str, tuple[str, ...] | None] = {
     "test_multinode.py": ("test_two_machines_train_together",),
     "test_adapter_verl.py": ("test_v1_replay_buffer_observes_sampled_groups",),  # a side install
     "test_run_lock.py": ("test_a_paused_holder_taken_over_stops_before_its_next_write",),
+    "test_run_folder.py": (  # `eva` on a copied, renamed or moved run, in processes of its own
+        "test_a_copied_renamed_or_moved_run_is_the_folder_it_is_in",
+        "test_a_forced_rerun_records_the_hash_of_the_input_it_read",
+    ),
+    "test_exit_status.py": ("test_twenty_launches_that_read_a_run_on_s3_all_exit_0",),
     "test_terminal.py": (
         "test_a_run_shows_no_library_bars_and_ends_with_what_to_do_next",
         "test_a_failing_stage_ends_the_command_with_one_line_and_its_traceback_in_the_run",

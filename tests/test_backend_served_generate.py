@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -180,7 +181,8 @@ def test_config_validation_and_the_backend_union():
     default = ServedGeneration()
     assert default.command[:3] == ["vllm", "serve", "{model}"]
     assert default.argv("/ckpt", 1234)[2:] == [
-        "/ckpt", "--port", "1234", "--seed", "0", "--served-model-name", "policy",
+        "/ckpt", "--host", "127.0.0.1", "--port", "1234", "--seed", "0",
+        "--served-model-name", "policy",
     ]  # fmt: skip
     assert default.served_name("/ckpt") == "policy"
     tp = ServedGeneration(command=["v", "serve", "{model}", "--port={port}"], extra_args=["-tp"])
@@ -379,3 +381,61 @@ def test_a_run_starts_one_server_per_checkpoint(tmp_path: Path):
     }  # fmt: skip
     assert manifest(1, "train")["stats"]["engines_stopped"] == 1
     assert ENGINES.stop_all() == 0  # the run stopped the last one itself
+
+
+# A `vllm` on PATH that records its command line, then serves as the stand-in does on the address
+# and port it was given (the stand-in itself listens on 127.0.0.1 and takes no --host).
+FAKE_VLLM = """#!{python}
+import json, sys
+args = sys.argv[1:]
+with open({record!r}, "a") as f:
+    f.write(json.dumps(args) + "\\n")
+value = lambda flag: args[args.index(flag) + 1]
+sys.path.insert(0, {repo!r})
+from tests.support.openai_server import main
+main(["--port", value("--port"), "--model", value("--served-model-name"),
+      "--checkpoint", args[1]])
+"""
+
+
+def test_every_vllm_server_listens_on_loopback_unless_the_config_names_a_host(tmp_path: Path):
+    record = tmp_path / "argv.jsonl"
+    binary = tmp_path / "bin" / "vllm"
+    binary.parent.mkdir()
+    binary.write_text(FAKE_VLLM.format(python=sys.executable, record=str(record), repo=REPO))
+    binary.chmod(0o755)
+    # The command line as configs/world-served.yaml writes it: no {host} in it.
+    line = [str(binary), "serve", "{model}", "--port", "{port}", "--served-model-name", "{name}"]
+    with served(line, reuse=False).load(str(tmp_path)) as gen:
+        assert gen.generate(["1+1="], 1, seed=0) == [["2"]]
+        assert gen.base_url == f"http://127.0.0.1:{gen.port}/v1"
+    started = json.loads(record.read_text().splitlines()[0])
+    assert started[started.index("--host") + 1] == "127.0.0.1" and started.count("--host") == 1
+
+    def host_of(argv: list[str]) -> str:
+        assert argv.count("--host") == 1, argv
+        return argv[argv.index("--host") + 1]
+
+    # Every vLLM command line: the default, a venv's binary, the API server module.
+    assert host_of(ServedGeneration().argv("/c", 1)) == "127.0.0.1"
+    venv = ServedGeneration(command=[".venv-vllm/bin/vllm", "serve", "{model}", "--port={port}"])
+    assert host_of(venv.argv("/c", 1)) == "127.0.0.1"
+    module = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "{model}"]
+    assert host_of(ServedGeneration(command=[*module, "--port", "{port}"]).argv("/c", 1)) == (
+        "127.0.0.1"
+    )
+    # A host the user names: the server listens there, the client calls it (loopback for a
+    # wildcard address).
+    everywhere = ServedGeneration(host="0.0.0.0")
+    assert host_of(everywhere.argv("/c", 1)) == "0.0.0.0"
+    assert everywhere.client_host() == "127.0.0.1"
+    assert ServedGeneration(host="10.1.2.3").client_host() == "10.1.2.3"
+    assert ServedGeneration(host="::1").client_host() == "[::1]"
+    assert ServedGeneration().engine_settings() != everywhere.engine_settings()
+    # Another server's command line says where its address goes; none is added to it.
+    other = ServedGeneration(command=["sglang", "{model}", "--bind={host}", "--port", "{port}"])
+    assert other.argv("/c", 1) == ["sglang", "/c", "--bind=127.0.0.1", "--port", "1"]
+    # --host written into the command is refused: the client would not know to call it.
+    for bad in ({"extra_args": ["--host", "0.0.0.0"]}, {"extra_args": ["--host=0.0.0.0"]}):
+        with pytest.raises(ValidationError, match="set host instead"):
+            ServedGeneration.model_validate(bad)

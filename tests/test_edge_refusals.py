@@ -1,7 +1,8 @@
 """Bad input that used to pass or end in a traceback, each refused in one line naming the field:
 a reward that scores nothing online, a step larger than the whole budget, an accelerator this
-machine lacks, a reward function that exits or raises, an unknown storage option, a held-out set
-made of training prompts, a deployment file that cannot be served."""
+machine lacks, a launcher whose backend is not installed, a reward function that exits or raises,
+an unknown storage option, a held-out set made of training prompts, a deployment file that cannot
+be served."""
 
 from __future__ import annotations
 
@@ -146,6 +147,38 @@ def test_an_accelerator_this_machine_lacks_is_refused_before_writing(
     assert status == 2 and "\n" not in err
     assert err.startswith(f"eva: error: {head}, which this machine does not have")
     assert not root.exists()
+
+
+def test_a_launcher_whose_backend_is_not_installed_is_refused_naming_the_extra(
+    tmp_path, capsys, monkeypatch
+):
+    import importlib.util
+
+    from flows.config import load_config
+    from flows.inputs import check_inputs
+
+    find_spec = importlib.util.find_spec
+
+    def without_deepspeed(name: str, *args: object) -> object:
+        return None if name == "deepspeed" else find_spec(name, *args)  # type: ignore[arg-type]
+
+    if find_spec("deepspeed") is not None:  # a GPU machine with the extra: as if without it
+        monkeypatch.setattr(importlib.util, "find_spec", without_deepspeed)
+    root = tmp_path / "runs"
+    # The default accelerate config, infra/accelerate/zero3.yaml, is DeepSpeed ZeRO-3.
+    status, err = eva(capsys, "run", "--root", str(root), "--set", "train.launcher=accelerate")
+    assert status == 2 and "\n" not in err
+    assert err == (
+        "eva: error: train.accelerate_config: infra/accelerate/zero3.yaml trains with DeepSpeed "
+        "(distributed_type: DEEPSPEED), which is not installed (pip install 'eva[gpu]' on every "
+        "machine that trains, or name an accelerate config without DeepSpeed)"
+    )
+    assert not root.exists()
+    # An accelerate config that needs nothing more passes the check.
+    plain = tmp_path / "cpu.yaml"
+    plain.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\n")
+    sets = ["train.launcher=accelerate", f"train.accelerate_config={plain}", f"root={root}"]
+    check_inputs(load_config(None, sets))
 
 
 # --- 5. a reward function that exits or raises ------------------------------------------------

@@ -151,7 +151,11 @@ def test_a_shared_filesystem_root_is_required(tmp_path: Path) -> None:
     config = load_config(None, [*sets, "root=s3://bucket/runs"])
     with pytest.raises(ConfigError, match=r"^train.nodes.machines=2 needs a run root on a "):
         check_inputs(config)
-    check_inputs(load_config(None, [*sets, f"root={tmp_path}"]))  # a path: fine
+    # A path: fine (with an accelerate config that needs no DeepSpeed, which is not installed
+    # here: tests/test_edge_refusals.py).
+    plain = tmp_path / "multi-gpu.yaml"
+    plain.write_text("distributed_type: MULTI_GPU\n")
+    check_inputs(load_config(None, [*sets, f"train.accelerate_config={plain}", f"root={tmp_path}"]))
 
 
 def test_the_follower_rank_comes_from_flag_env_or_job_index() -> None:

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -14,6 +15,7 @@ from pydantic import ValidationError
 
 from eva_core.schema import seed_records
 from tasks.context import RunContext
+from tasks.keys import sha
 from tasks.mix import MixConfig, mix
 from tasks.plan import Plan
 from tasks.sample import SampleConfig, sample
@@ -34,8 +36,10 @@ def _annotated(n: int = 8) -> pa.Table:
 
 
 def _input(store: RunStore, iteration: int, name: str, table: pa.Table) -> Ref:
+    """A finished input as a stage hands it on: its content hash made from its table's bytes
+    as a stage makes it (a stage reading it records the hash of what it read)."""
     uri, digest, _ = store.write_table(iteration, name, table)
-    return Ref(name, iteration, uri, digest, table.num_rows)
+    return Ref(name, iteration, uri, sha(digest), table.num_rows)
 
 
 def _run(tmp_path, **kw) -> RunContext:
@@ -108,6 +112,38 @@ def test_each_stage_is_its_own_task_and_logs_its_stats_readably(tmp_path, caplog
     # The line shows score's headline stats (tasks.stage.HEADLINE); the manifest keeps them all.
     assert logged and "(8 rows, " in logged[0] and "mean_informativeness 0." in logged[0]
     assert "metric" not in logged[0]
+
+
+def test_a_manifest_records_the_hash_of_the_input_it_read(tmp_path, caplog) -> None:
+    import hashlib
+
+    import pyarrow.parquet as pq
+
+    run = _run(tmp_path)
+    store = run.store()
+    annotated = _input(store, 1, "creator_annotate", _annotated())
+    score(run, 1, ScoreConfig(), annotated=annotated)
+    path = store.resolve(annotated.uri)
+    read = store.read_manifest(1, "score")["inputs"]["annotated"]
+    written = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    assert read == {"uri": annotated.uri, "content_hash": annotated.content_hash, "sha256": written}
+    # The input edited by hand, then a forced rerun: the manifest names what this run read.
+    pq.write_table(_annotated(6), path, compression="zstd")
+    edited = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    forced = _run(tmp_path, plan=Plan(target_iteration=1, target="score", force=True))
+    with caplog.at_level("WARNING"):
+        score(forced, 1, ScoreConfig(), annotated=annotated)
+    read = store.read_manifest(1, "score")["inputs"]["annotated"]
+    assert read == {"uri": annotated.uri, "content_hash": sha(edited), "sha256": edited}
+    assert store.read_manifest(1, "score")["rows"] == 6
+    said = [
+        r.getMessage() for r in caplog.records if "is not the table its manifest" in r.getMessage()
+    ]
+    assert said == [
+        "score iter_1: its input annotated (iter_1/creator_annotate.parquet) is not the table its "
+        "manifest recorded (changed since it was written): this stage reads it as it is now, and "
+        "its manifest says so"
+    ]
 
 
 def test_missing_input_column_is_named_and_nothing_written(tmp_path) -> None:

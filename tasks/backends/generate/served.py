@@ -18,8 +18,8 @@ stop the server after every stage, as before. Engine starts are counted in the s
 Config, e.g. for a stage's ``backend``::
 
     kind: served
-    command: [.venv-vllm/bin/vllm, serve, "{model}", --port, "{port}", --seed, "0",
-              --served-model-name, "{name}"]
+    command: [.venv-vllm/bin/vllm, serve, "{model}", --host, "{host}", --port, "{port}",
+              --seed, "0", --served-model-name, "{name}"]
     extra_args: [--tensor-parallel-size, "8", --max-model-len, "4096"]
     env: {CUDA_VISIBLE_DEVICES: "0,1,2,3,4,5,6,7"}
     client: {temperature: 0.7, top_p: 0.9, max_tokens: 1024, llm: {concurrency: 64}}
@@ -27,7 +27,14 @@ Config, e.g. for a stage's ``backend``::
 Placeholders are replaced wherever they occur inside an argument (other braces are left alone):
 ``{model}`` = the checkpoint directory, ``{port}`` = a free localhost port picked at start,
 ``{name}`` = the served model name, ``policy`` (without ``{name}`` in the command, the client asks
-for the model by its directory, the name ``vllm serve DIR`` uses by default).
+for the model by its directory, the name ``vllm serve DIR`` uses by default), ``{host}`` = the
+address the server listens on (``host``, 127.0.0.1 unless the config names another).
+
+The server is an unauthenticated OpenAI-compatible API on the user's model: it listens on
+loopback only unless ``host`` says otherwise. ``vllm serve`` without ``--host`` listens on every
+interface, so a ``vllm serve`` command line without ``{host}`` gets ``--host <host>`` appended;
+another server's command line puts ``{host}`` where that server takes its address. A ``--host``
+written into the command itself is refused: ``host`` is what the client calls, too.
 
 The server never outlives eva: see ``eva_runtime.engines`` (process groups, the guard that
 stops it on a SIGKILL of eva, logs kept after a failure).
@@ -53,8 +60,12 @@ log = logging.getLogger(__name__)
 
 SERVED_NAME = "policy"
 DEFAULT_COMMAND = (
-    "vllm", "serve", "{model}", "--port", "{port}", "--seed", "0", "--served-model-name", "{name}",
+    "vllm", "serve", "{model}", "--host", "{host}", "--port", "{port}", "--seed", "0",
+    "--served-model-name", "{name}",
 )  # fmt: skip
+LOOPBACK = "127.0.0.1"
+# A wildcard address listens everywhere; the client, on this machine, calls loopback.
+WILDCARDS = ("0.0.0.0", "::", "")
 _LLM_DEFAULTS = LLMClientConfig()
 
 
@@ -70,9 +81,17 @@ class ServedGeneration(BaseModel):
     kind: Literal["served"] = "served"
     command: list[str] = Field(
         default_factory=lambda: list(DEFAULT_COMMAND),
-        description="The server command line, placeholders {model} (checkpoint dir), {port} "
-        "and {name}. Point the first element at the separate environment's binary, e.g. "
-        "'.venv-vllm/bin/vllm'.",
+        description="The server command line, placeholders {model} (checkpoint dir), {port}, "
+        "{name} and {host}. Point the first element at the separate environment's binary, e.g. "
+        "'.venv-vllm/bin/vllm'. A `vllm serve` line without {host} gets `--host <host>` "
+        "appended.",
+    )
+    host: str = Field(
+        default=LOOPBACK,
+        min_length=1,
+        description="The address the server listens on: 127.0.0.1 (this machine only) unless "
+        "another machine must reach it (0.0.0.0: every interface; the server has no "
+        "authentication). The client calls it here (127.0.0.1 for 0.0.0.0 or ::).",
     )
     extra_args: list[str] = Field(
         default_factory=list,
@@ -108,6 +127,11 @@ class ServedGeneration(BaseModel):
         if not self.command:
             raise ValueError("command is empty: give the server command line")
         argv = [*self.command, *self.extra_args]
+        if named := _literal_host(argv):
+            raise ValueError(
+                f"{named!r} in the command line: set host instead (the client calls it too; "
+                "the default, 127.0.0.1, keeps the server to this machine)"
+            )
         for placeholder in ("{model}", "{port}"):
             if not any(placeholder in arg for arg in argv):
                 raise ValueError(
@@ -123,13 +147,23 @@ class ServedGeneration(BaseModel):
         return self
 
     def argv(self, model_dir: str, port: int) -> list[str]:
-        """The command line for ``model_dir`` on ``port``, placeholders filled in."""
+        """The command line for ``model_dir`` on ``port``, placeholders filled in; a ``vllm
+        serve`` line without ``{host}`` listens on ``host`` too (``--host`` appended)."""
+        argv = [*self.command, *self.extra_args]
+        if _is_vllm_serve(argv) and not any("{host}" in arg for arg in argv):
+            argv += ["--host", "{host}"]
         return [
             arg.replace("{model}", model_dir)
             .replace("{port}", str(port))
             .replace("{name}", SERVED_NAME)
-            for arg in [*self.command, *self.extra_args]
+            .replace("{host}", self.host)
+            for arg in argv
         ]
+
+    def client_host(self) -> str:
+        """Where the client calls the server: ``host``, loopback for a wildcard address."""
+        host = LOOPBACK if self.host in WILDCARDS else self.host
+        return f"[{host}]" if ":" in host else host  # an IPv6 address in a URL
 
     def served_name(self, model_dir: str) -> str:
         """The name requests ask for: ``{name}``'s value, else vLLM's default (the path)."""
@@ -138,7 +172,12 @@ class ServedGeneration(BaseModel):
 
     def engine_settings(self) -> Hashable:
         """What makes two stages' servers interchangeable (the client's sampling does not)."""
-        return (tuple(self.command), tuple(self.extra_args), tuple(sorted(self.env.items())))
+        return (
+            tuple(self.command),
+            tuple(self.extra_args),
+            tuple(sorted(self.env.items())),
+            self.host,
+        )
 
     def load(self, model_dir: str, pool: EnginePool = ENGINES) -> ServedGenerator:
         """A generator on a server running ``model_dir``: the pool's, when ``reuse`` and one is
@@ -158,7 +197,7 @@ class ServedGeneration(BaseModel):
         def start() -> Engine:
             port = free_port()
             engine = Engine(self.argv(model_dir, port), self.env, port, self.stop_timeout_s)
-            url = f"http://127.0.0.1:{port}/v1/models"
+            url = f"http://{self.client_host()}:{port}/v1/models"
             # The client's key: a server started with --api-key wants it here too.
             engine.wait_ready(url, model, headers, self.startup_timeout_s)
             log.info("server pid %d ready on port %d", engine.process.pid, port)
@@ -171,10 +210,30 @@ class ServedGeneration(BaseModel):
         else:
             engine, started = start(), True
         llm = self.client.llm.model_copy(
-            update={"base_url": f"http://127.0.0.1:{engine.port}/v1", "model": model}
+            update={"base_url": f"http://{self.client_host()}:{engine.port}/v1", "model": model}
         )
         client = self.client.model_copy(update={"llm": llm}).load(model)
         return ServedGenerator(self, engine, client, started=started)
+
+
+def _literal_host(argv: Sequence[str]) -> str | None:
+    """A ``--host`` in ``argv`` given another value than ``{host}``, as written, else None."""
+    for i, arg in enumerate(argv):
+        flag, eq, value = arg.partition("=")
+        if flag != "--host":
+            continue
+        if not eq:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        if "{host}" not in value:
+            return f"{arg} {value}" if not eq else arg
+    return None
+
+
+def _is_vllm_serve(argv: Sequence[str]) -> bool:
+    """``vllm serve ...`` (any path to the binary) or vLLM's API server module."""
+    return (
+        len(argv) > 1 and os.path.basename(argv[0]) == "vllm" and argv[1] == "serve"
+    ) or "vllm.entrypoints.openai.api_server" in argv
 
 
 class ServedGenerator:
