@@ -181,7 +181,7 @@ def arm_rewards(work: Path, n: int, max_tokens: int) -> dict[str, Any]:
     gc.collect()
     torch.cuda.empty_cache()
     t0 = time.perf_counter()
-    rm = VLLMPoolingReward(model=model, dtype="float32", max_length=256, gpu_memory_utilization=0.3)
+    rm = VLLMPoolingReward(model=model, dtype="float32", max_length=256, gpu_memory_utilization=0.1)
     scorer = rm.load()
     t1 = time.perf_counter()
     got = scorer.score(prompts, responses)

@@ -55,7 +55,7 @@ _ON_DEVICE_NAMES = """
 ON_DEVICE = set(_ON_DEVICE_NAMES.split())
 # vLLM's optional kernels for other chips, models or samplers: imported only when used.
 # (FlashInfer's sampler is imported at engine start unless VLLM_USE_FLASHINFER_SAMPLER=0, which
-# gpu_check.sh sets; xgrammar needs apache-tvm-ffi, so that one travels.)
+# gpu_check.sh sets; xgrammar needs apache-tvm-ffi, named below, so that one travels.)
 OPTIONAL = ("nvidia-", "cuda-", "torch", "triton", "flashinfer", "tilelang", "quack-kernels",
             "tokenspeed", "humming", "fastsafetensors", "z3-solver")  # fmt: skip
 # Files inside the unpacked folder that a dense model on an H100 never loads.
@@ -152,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
         (tmp / "fake").mkdir()
         stand_in_torch(tmp / "fake")
         eva_reqs = [*eva_requirements(), "pytest>=8"]
-        both = resolve([*eva_reqs, f"vllm=={args.vllm}",
+        # xgrammar imports tvm_ffi without declaring apache-tvm-ffi, so the resolver leaves
+        # it out unless named (the lent H200 run found it missing from V).
+        both = resolve([*eva_reqs, f"vllm=={args.vllm}", "apache-tvm-ffi",
                         "prometheus-fastapi-instrumentator>=8.0.1"], tmp, tmp / "fake")  # fmt: skip
         eva = set(resolve(eva_reqs, tmp, tmp / "fake"))
         (tmp / "whl").mkdir()

@@ -31,6 +31,22 @@ HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 PROMPTS = ["1+2=", "34+5=", "r:abc=", "7-3="]
 
 
+def listening_addresses(port: int) -> set[str]:
+    """The IPv4/IPv6 addresses with a socket in LISTEN on ``port``, from /proc/net/tcp{,6}."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state != "0A" or int(hex_port, 16) != port:  # 0A: TCP_LISTEN
+                continue
+            if len(address) == 8:  # IPv4, little-endian bytes
+                found.add(".".join(str(int(address[i : i + 2], 16)) for i in (6, 4, 2, 0)))
+            else:
+                found.add("::" if set(address) == {"0"} else address)
+    return found
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not (HAS_CUDA and VLLM_BIN), reason="needs a CUDA device and a vllm binary")
 def test_vllm_serve_samples_the_checkpoint_reproducibly_and_stops(llama_dir: str):
@@ -50,6 +66,10 @@ def test_vllm_serve_samples_the_checkpoint_reproducibly_and_stops(llama_dir: str
     pool = EnginePool()
     with backend.load(llama_dir, pool=pool) as gen:
         assert gen.engine_starts == 1 and gen.running
+        port = int(gen.base_url.rsplit(":", 1)[1].split("/")[0])
+        # The command names no host: eva appends --host 127.0.0.1, so the unauthenticated
+        # API listens on loopback only (issue 35), as the kernel's socket table shows.
+        assert listening_addresses(port) == {"127.0.0.1"}
         first = gen.generate(PROMPTS, n=4, seed=7)
         again = gen.generate(PROMPTS, n=4, seed=7)
         other = gen.generate(PROMPTS, n=4, seed=8)

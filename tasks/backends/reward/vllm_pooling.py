@@ -52,7 +52,12 @@ class VLLMPoolingReward(BaseModel):
     )
     tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs to shard the model on.")
     gpu_memory_utilization: float = Field(
-        default=0.9, gt=0.0, le=1.0, description="Share of GPU memory vLLM may take."
+        default=0.9,
+        gt=0.0,
+        le=1.0,
+        description="Share of GPU memory vLLM may take. With dtype float32 vLLM attends with "
+        "FlexAttention, whose block map grows with the KV cache: a small model at 0.9 of a "
+        "141 GB card asked for 63 GiB more and died; scoring needs little cache, so lower it.",
     )
     chunk_size: int = Field(
         default=4096,
