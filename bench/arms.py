@@ -134,13 +134,13 @@ def baseline_run(config: RunConfig, arm: Baseline, topup: float = 1.0) -> list[d
     """T iterations of iterative DPO, each on a new split of the arm's prompt source."""
     source = split_source(config, arm, topup)
     with opened_run(config, None) as run:
-        prompts, heldout, policy = setup(run, config)
+        prompts, heldout, policy, answers = setup(run, config)
         if config.iteration0_dpo:
-            policy = dpo_iteration(run, 0, config, prompts, policy, heldout).policy
+            policy = dpo_iteration(run, 0, config, prompts, policy, heldout, answers).policy
         x0 = prompts
         for t in range(1, config.iterations + 1):
             prompts = load_split(run, t, source, artifact="prompts", heldout=heldout, seed_set=x0)
-            policy = dpo_iteration(run, t, config, prompts, policy, heldout).policy
+            policy = dpo_iteration(run, t, config, prompts, policy, heldout, answers).policy
         rows = iteration_summary(run.store(), config)
         publish_summary(config.run, rows, f"{arm} baseline, iteration {config.iterations}")
         return rows

@@ -112,7 +112,7 @@ def matched_eva_run(config: RunConfig, g: int) -> list[int]:
     n = config.generate.n
     sizes: list[int] = []
     with opened_run(config, None) as run:
-        prompts, heldout, policy = setup(run, config)
+        prompts, heldout, policy, answers = setup(run, config)
         step, older = None, None
         for t in range(1, config.iterations + 1):
             last = step.rollouts if step else None
@@ -124,9 +124,7 @@ def matched_eva_run(config: RunConfig, g: int) -> list[int]:
                     "mix": config.mix.model_copy(update={"size": size}),
                     "sample": config.sample.model_copy(update={"fraction": fraction}),
                 })  # fmt: skip
-                step = eva_iteration(
-                    run, t, cfg, prompts, policy, heldout, last, older_rollouts=older
-                )
+                step = eva_iteration(run, t, cfg, prompts, policy, heldout, last, older, answers)
                 spent = creator_responses(run.store(), t)
                 if spent == creator:
                     break

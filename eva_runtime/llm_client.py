@@ -210,6 +210,31 @@ class LLMClient:
     def stats_since(self, before: dict[str, int]) -> dict[str, int]:
         return {k: v - before.get(k, 0) for k, v in self.stats().items()}
 
+    def probe(self, timeout_s: float = 10.0) -> tuple[str | None, list[str] | None]:
+        """One GET of the endpoint's model list, with the key and no retry: why it cannot be
+        used (None when it answered) and the model ids it lists (None when it lists none).
+
+        For checks before a run (``flows.inputs``): no connection, a timeout, a gateway's 502,
+        503 or 504 (a proxy with nothing behind it) or a 401/403 for the key are reasons; any
+        other answer, a server without ``/models`` included, is an endpoint that is up. Not
+        counted in ``stats``: it is no request of a stage."""
+        try:
+            resp = self._http.get("models", timeout=min(timeout_s, self.config.timeout_s))
+        except httpx.HTTPError as exc:
+            said = self._text(exc, DETAIL_CHARS)
+            return f"cannot be reached ({type(exc).__name__}: {said})", None
+        status = resp.status_code
+        if status in (401, 403) or status in (502, 503, 504):
+            said = self._text(_detail(resp), DETAIL_CHARS)
+            what = "refuses the key" if status < 500 else "answers no model"
+            return f"{what} (HTTP {status}: {said})", None
+        try:
+            listed = resp.json().get("data") if resp.is_success else None
+            ids = [str(m["id"]) for m in listed] if isinstance(listed, list) else None
+        except (ValueError, AttributeError, KeyError, TypeError):
+            ids = None  # a list in another shape: it answered, which is what is asked
+        return None, ids or None
+
     def chat(self, messages: list[dict[str, str]], **sampling: Any) -> list[str]:
         """The texts of a chat completion's choices, in ``index`` order ("" for null content)."""
         return self.chat_reply(messages, **sampling).texts

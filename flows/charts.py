@@ -95,13 +95,16 @@ def position_axis(
 @dataclass(frozen=True)
 class LineChart:
     """Lines (dots where few) per named series over shared axes; ``marks`` are vertical
-    boundaries (x, the name of what starts there), e.g. where each iteration's steps begin."""
+    boundaries (x, the name of what starts there), e.g. where each iteration's steps begin;
+    ``bands`` are intervals drawn as error bars in their series' colour (x, low, high), e.g. a
+    win rate's bootstrap interval."""
 
     title: str
     x: Axis
     y: Axis
     series: Mapping[str, Sequence[tuple[float, float]]]
     marks: tuple[tuple[float, str], ...] = ()
+    bands: Mapping[str, Sequence[tuple[float, float, float]]] = field(default_factory=dict)
 
     def svg(self) -> str:
         parts = _frame(self.title, self.x, self.y)
@@ -123,6 +126,7 @@ class LineChart:
             if len(pts) <= 30:
                 parts += [f'<circle cx="{_px(a, self.x):.1f}" cy="{_py(b, self.y):.1f}" r="3" '
                           f'fill="{color}"/>' for a, b in pts]  # fmt: skip
+            parts += _error_bars(self.bands.get(name, ()), self.x, self.y, color)
             parts += _legend(i, name, color)
         return "\n".join([*parts, "</svg>"])
 
@@ -171,13 +175,21 @@ def line_chart(
     ylabel: str = "",
     names: Mapping[float, str] | None = None,
     marks: Sequence[tuple[float, str]] = (),
+    bands: Mapping[str, Sequence[tuple[float, float, float]]] | None = None,
 ) -> LineChart | None:
-    """A line chart of the finite points of each series (None when there are none)."""
+    """A line chart of the finite points of each series (None when there are none), with the
+    finite intervals of ``bands`` (series name -> (x, low, high)) as error bars."""
     points = {k: [(x, y) for x, y in v if math.isfinite(y)] for k, v in series.items()}
     points = {k: v for k, v in points.items() if v}
+    kept = {
+        k: [(x, lo, hi) for x, lo, hi in v if math.isfinite(lo) and math.isfinite(hi)]
+        for k, v in (bands or {}).items()
+        if k in points
+    }
     xs = [x for v in points.values() for x, _ in v]
     ys = [y for v in points.values() for _, y in v]
-    if not ys:
+    ys += [y for v in kept.values() for _, lo, hi in v for y in (lo, hi)]
+    if not xs:
         return None
     return LineChart(
         title,
@@ -185,6 +197,7 @@ def line_chart(
         value_axis(ys, floor_zero, ylabel),
         points,
         tuple(marks),
+        kept,
     )
 
 
@@ -222,6 +235,20 @@ def _frame(title: str, x: Axis, y: Axis) -> list[str]:
         parts.append(f'<text x="12" y="{(_TOP + _H - _BOTTOM) / 2}" text-anchor="middle" '
                      f'transform="rotate(-90 12 {(_TOP + _H - _BOTTOM) / 2})">'
                      f"{escape(y.title)}</text>")  # fmt: skip
+    return parts
+
+
+def _error_bars(
+    bands: Sequence[tuple[float, float, float]], x: Axis, y: Axis, color: str
+) -> list[str]:
+    """A vertical bar from low to high at each x, capped at both ends."""
+    parts = []
+    for at, low, high in bands:
+        px, top, bottom = _px(at, x), _py(high, y), _py(low, y)
+        parts.append(f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{top:.1f}" y2="{bottom:.1f}" '
+                     f'stroke="{color}" stroke-width="1.5"/>')  # fmt: skip
+        parts += [f'<line x1="{px - 4:.1f}" x2="{px + 4:.1f}" y1="{py:.1f}" y2="{py:.1f}" '
+                  f'stroke="{color}" stroke-width="1.5"/>' for py in (top, bottom)]  # fmt: skip
     return parts
 
 

@@ -32,12 +32,13 @@ if TYPE_CHECKING:
 # import every stage: a typo is refused in a fraction of a second instead of after a flow has
 # walked every stage and rewritten the run's config.json. tests/test_cli_first_hour.py holds
 # them to the flows' own stage calls.
-SETUP_ARTIFACTS = ("prompts", "heldout", "bootstrap", "evaluate")
+SETUP_ARTIFACTS = ("prompts", "heldout", "bootstrap", "evaluate", "reference", "judge")
 CREATOR_ARTIFACTS = (
     "creator_generate", "creator_annotate", "score", "sample", "evolve", "mix", "complexity",
 )  # fmt: skip
-SOLVER_ARTIFACTS = ("generate", "annotate", "pairs", "train", "evaluate")
-SEGMENT_ARTIFACTS = ("online", "evaluate")
+SOLVER_ARTIFACTS = ("generate", "annotate", "pairs", "train", "evaluate", "judge")
+SEGMENT_ARTIFACTS = ("online", "evaluate", "judge")
+JUDGE_ARTIFACTS = ("reference", "judge")  # called only where the run has evaluate.judge
 # flows.config.RUN_NAME, repeated because importing flows.config costs seconds; a test keeps the
 # two equal. A run name is checked before it becomes part of a path (`--run ../x`).
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -143,16 +144,19 @@ def stage(args: argparse.Namespace) -> int:
     as it always does, and the plan reuses every other stage and computes none."""
     check_run_name(args.run)
     # A name no step of this run calls is refused before anything heavy is imported.
-    stored_online = _stored_is_online(args.root, args.run)
-    if stored_online is not None:
-        check_stage_name(args.name, args.run, args.iteration, stored_online)
+    stored = _stored_kind(args.root, args.run)
+    if stored is not None:
+        check_stage_name(args.name, args.run, args.iteration, *stored)
     from flows.config import OnlineRunConfig
     from flows.runs import check_iteration, close_match, stored_config
 
     config = stored_config(args.root, args.run, args.storage_options)
     # Again with the validated config (a root on S3 is read only here), then the iteration:
     # all before a flow runs or the config is rewritten.
-    check_stage_name(args.name, args.run, args.iteration, isinstance(config, OnlineRunConfig))
+    judged = config.evaluate.judge is not None
+    check_stage_name(
+        args.name, args.run, args.iteration, isinstance(config, OnlineRunConfig), judged
+    )
     check_iteration(config, args.iteration)
     _refuse_if_held(config)
     from eva_runtime.prefect_api import prefect_api
@@ -182,22 +186,28 @@ def stage(args: argparse.Namespace) -> int:
     return 0
 
 
-def stage_artifacts(iteration: int | None, online: bool) -> tuple[str, ...]:
-    """The artifacts a run's flow can call at ``iteration`` (None: setup), in call order.
-    Which of them it does call depends on the run's config (``complexity``, ``creator_rollouts``,
-    ``prompt_strategy``): ``eva stage`` says so after its flow run for a name it did not meet."""
+def stage_artifacts(iteration: int | None, online: bool, judged: bool = True) -> tuple[str, ...]:
+    """The artifacts a run's flow can call at ``iteration`` (None: setup), in call order; the
+    judge's only where the run has one (``judged``). Which of them it does call depends on the
+    run's config (``complexity``, ``creator_rollouts``, ``prompt_strategy``): ``eva stage`` says
+    so after its flow run for a name it did not meet."""
+    called: tuple[str, ...]
     if iteration is None:
-        return SETUP_ARTIFACTS
-    if online:
-        return SEGMENT_ARTIFACTS
-    if iteration == 0:  # iteration0_dpo: a solver step on X_0 alone
-        return SOLVER_ARTIFACTS
-    return (*CREATOR_ARTIFACTS, *SOLVER_ARTIFACTS)
+        called = SETUP_ARTIFACTS
+    elif online:
+        called = SEGMENT_ARTIFACTS
+    elif iteration == 0:  # iteration0_dpo: a solver step on X_0 alone
+        called = SOLVER_ARTIFACTS
+    else:
+        called = (*CREATOR_ARTIFACTS, *SOLVER_ARTIFACTS)
+    return called if judged else tuple(a for a in called if a not in JUDGE_ARTIFACTS)
 
 
-def check_stage_name(name: str, run: str, iteration: int | None, online: bool) -> None:
+def check_stage_name(
+    name: str, run: str, iteration: int | None, online: bool, judged: bool = True
+) -> None:
     """Refuse a stage name no step of this kind calls, with the one it most likely meant."""
-    called = stage_artifacts(iteration, online)
+    called = stage_artifacts(iteration, online, judged)
     if name in called:
         return
     from flows.explain import close_match
@@ -220,10 +230,11 @@ def check_run_name(run: str) -> None:
         raise ConfigError(f"--run {run!r}: a run name (letters, digits, '_', '.', '-'), not a path")
 
 
-def _stored_is_online(root: str, run: str) -> bool | None:
-    """Whether the run under a local ``root`` is an online run, from its config.json read as
-    plain JSON (validating it imports every stage); None where that cannot be told cheaply: a
-    remote root, no or no readable config.json (``stored_config`` then says why)."""
+def _stored_kind(root: str, run: str) -> tuple[bool, bool] | None:
+    """Whether the run under a local ``root`` is an online run, and whether it has a judge, from
+    its config.json read as plain JSON (validating it imports every stage); None where that
+    cannot be told cheaply: a remote root, no or no readable config.json (``stored_config``
+    then says why)."""
     if "://" in root:
         return None
     try:
@@ -231,7 +242,10 @@ def _stored_is_online(root: str, run: str) -> bool | None:
             data = json.load(f)
     except (OSError, ValueError):
         return None
-    return "online" in data if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    evaluate = data.get("evaluate")
+    return "online" in data, isinstance(evaluate, dict) and bool(evaluate.get("judge"))
 
 
 def show(args: argparse.Namespace) -> int:
@@ -245,7 +259,8 @@ def show(args: argparse.Namespace) -> int:
     store = RunStore(config.root, config.run, config.storage_options)
     if args.stage is None:
         if isinstance(config, OnlineRunConfig):
-            rows = online_summary(store, config.online.segments(seed_count(config)))
+            segments = config.online.segments(seed_count(config))
+            rows = online_summary(store, segments, config.evaluate.judge is not None)
         else:
             rows = iteration_summary(store, config)
         print(summary_table(rows))

@@ -5,7 +5,8 @@ Config fields are validated by pydantic when the config is built; what remains i
 can check alone: that the run names what only its user can (a policy, prompts, a reward model, a
 rewriter), that its components accept its prompts (the built-in world's only know world
 prompts), that every prompt fits the policy's context whenever the policy is known before
-training, that API keys are set and that the run root can be written.
+training, that API keys are set, that an evaluation judge answers and its reference answers
+can be read, and that the run root can be written.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from eva_runtime.errors import ConfigError, first_line
+from eva_runtime.errors import ConfigError, EvaError, first_line
 from eva_runtime.hub import unreachable
 from flows.config import OnlineRunConfig, RunConfig
 from flows.roots import check_root, check_storage_options
@@ -36,9 +37,12 @@ def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
     _check_hub_models(config)
     _check_checkpoint(config.bootstrap.init_checkpoint)
     _check_api_keys(config)
+    _check_judge(config)
     _check_devices(config)
     if isinstance(config, RunConfig) and config.train.launcher == "accelerate":
         _check_accelerate(config)
+    if isinstance(config, RunConfig):
+        _check_reporters(getattr(config.train.solver, "report_to", []))
     components = dict(_loaded_components(config))
     read: dict[str, list[str]] = {}  # the prompt files' texts, by field
     for field in ("prompts", "heldout"):
@@ -291,6 +295,23 @@ def _check_accelerate_backend(named: str, path: str) -> None:
         )
 
 
+def _check_reporters(report_to: list[str]) -> None:
+    """Every tracker ``train.solver.report_to`` names is installed: refused now, in one line
+    naming its package, not by the first training's trainer, hours into a run."""
+    import importlib.util
+
+    from tasks.backends.train.dpo import REPORTERS
+
+    for name in report_to:
+        package, modules = REPORTERS.get(name, ("", ()))
+        if modules and not any(importlib.util.find_spec(m) for m in modules):
+            raise ConfigError(
+                f"{name} needs the {package} package, which is not installed",
+                field="train.solver.report_to",
+                hint=f"pip install {package} on every machine that trains, or drop {name}",
+            )
+
+
 def _check_api_keys(config: Any) -> None:
     """Every LLM endpoint in the config whose key variable is named has it set, checked before
     the run writes anything rather than when its stage is reached."""
@@ -307,6 +328,51 @@ def _check_api_keys(config: Any) -> None:
                 visit(getattr(node, name), f"{path}.{name}" if path else name)
 
     visit(config, "")
+
+
+def _check_judge(config: RunConfig | OnlineRunConfig) -> None:
+    """The evaluation judge answers (one GET of its model list) and its reference answers can be
+    read, before the run writes anything: a judge that is down would otherwise fail the first
+    judge stage, after theta_0 was trained and evaluated."""
+    judged = config.evaluate.judge
+    if judged is None:
+        return
+    from eva_runtime.llm_client import LLMClient
+    from tasks.backends.judge.reference import for_heldout
+
+    client = LLMClient(judged.llm)  # its key's variable is checked before (_check_api_keys)
+    try:
+        problem, models = client.probe()
+    finally:
+        client.close()
+    if problem is not None:
+        if not problem.startswith("refuses the key"):
+            hint = "start the judge's server, or set it to an OpenAI-compatible endpoint that "
+            hint += "answers"
+        elif judged.llm.api_key_env is None:
+            hint = "it asks for a key: set evaluate.judge.llm.api_key_env to its variable"
+        else:
+            hint = f"check the key in {judged.llm.api_key_env}"
+        raise ConfigError(f"{judged.llm.base_url} {problem}", field="evaluate.judge.llm.base_url",
+                          hint=hint)  # fmt: skip
+    if models and judged.llm.model not in models:
+        shown = ", ".join(models[:5]) + (", ..." if len(models) > 5 else "")
+        _warn(
+            f"evaluate.judge.llm.model: {judged.llm.base_url} lists no model "
+            f"{judged.llm.model!r} (it lists {shown}); a request for it may be refused"
+        )
+    try:
+        for_heldout(judged.reference, config.heldout).check()
+    except EvaError as exc:
+        raise ConfigError(exc.message, field=exc.field, hint=exc.hint) from None
+
+
+def _warn(message: str) -> None:
+    """A warning on stderr, once per process (the flow checks inputs again)."""
+    line = f"eva: warning: {message}"
+    if line not in _WARNED:
+        _WARNED.add(line)
+        print(line, file=sys.stderr)
 
 
 def _check_heldout_overlap(prompts: list[str], heldout: list[str]) -> None:

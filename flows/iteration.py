@@ -3,7 +3,8 @@
 Creator step on X_{t-1} with pi_{theta_{t-1}}: generate, annotate, score informativeness,
 sample a subset, evolve it, mix evolved and original prompts into X_t.
 Solver step on X_t: generate, annotate, build best-vs-worst pairs, train theta_t from
-theta_{t-1}, evaluate theta_t on the held-out set.
+theta_{t-1}, evaluate theta_t on the held-out set (and, with ``evaluate.judge``, judge its
+answers against the run's reference answers).
 """
 
 from typing import NamedTuple
@@ -12,16 +13,19 @@ from prefect import flow
 
 from flows.config import OnlineRunConfig, RunConfig
 from tasks.annotate import annotate
+from tasks.backends.judge.reference import for_heldout
 from tasks.bootstrap import bootstrap
 from tasks.complexity import complexity
 from tasks.context import RunContext
 from tasks.evaluate import evaluate
 from tasks.evolve import evolve
 from tasks.generate import generate
+from tasks.judge import judge
 from tasks.mix import mix
 from tasks.pairs import pairs
 from tasks.predict import predict
 from tasks.prompts import load_heldout, load_prompts
+from tasks.reference import reference
 from tasks.sample import sample
 from tasks.score import score
 from tasks.store import Ref
@@ -32,16 +36,22 @@ class Setup(NamedTuple):
     prompts: Ref  # X_0 (online: the seed set D)
     heldout: Ref
     policy: Ref  # theta_0
+    reference: Ref | None  # the reference answers the judge compares with (None: no judge)
 
 
 def setup(run: RunContext, cfg: RunConfig | OnlineRunConfig) -> Setup:
     """X_0, the held-out set (disjoint from it), theta_0, and theta_0's held-out score: what
-    every run starts from."""
+    every run starts from; with a judge, the reference answers and theta_0's win rate."""
     prompts = load_prompts(run, None, cfg.prompts)
     heldout = load_heldout(run, None, cfg.heldout, seed_set=prompts)
     policy = bootstrap(run, None, cfg.bootstrap, heldout=heldout)
-    evaluate(run, None, cfg.evaluation, heldout=heldout, policy=policy)
-    return Setup(prompts, heldout, policy)
+    evaluated = evaluate(run, None, cfg.evaluation.without_judge(), heldout=heldout, policy=policy)
+    answers = None
+    if (judged := cfg.evaluation.judge) is not None:
+        source = for_heldout(judged.reference, cfg.heldout)
+        answers = reference(run, None, source, heldout=heldout)
+        judge(run, None, judged.without_reference(), evaluated=evaluated, reference=answers)
+    return Setup(prompts, heldout, policy, answers)
 
 
 class Step(NamedTuple):
@@ -51,14 +61,23 @@ class Step(NamedTuple):
 
 
 def solver_step(
-    run: RunContext, t: int, cfg: RunConfig, prompts: Ref, policy: Ref, heldout: Ref
+    run: RunContext,
+    t: int,
+    cfg: RunConfig,
+    prompts: Ref,
+    policy: Ref,
+    heldout: Ref,
+    answers: Ref | None = None,
 ) -> Step:
-    """theta_t = solver(theta_{t-1}, pairs on X_t)."""
+    """theta_t = solver(theta_{t-1}, pairs on X_t); ``answers``: the reference answers the
+    judge compares theta_t's with (None: no judge)."""
     rollouts = generate(run, t, cfg.generate, prompts=prompts, policy=policy)
     rewarded = annotate(run, t, cfg.annotate, rollouts=rollouts)
     preference_pairs = pairs(run, t, cfg.pairs, annotated=rewarded)
     new_policy = train(run, t, cfg.train, pairs=preference_pairs, policy=policy)
-    evaluate(run, t, cfg.evaluation, heldout=heldout, policy=new_policy)
+    evaluated = evaluate(run, t, cfg.evaluation.without_judge(), heldout=heldout, policy=new_policy)
+    if (judged := cfg.evaluation.judge) is not None and answers is not None:
+        judge(run, t, judged.without_reference(), evaluated=evaluated, reference=answers)
     return Step(prompts, new_policy, rewarded)
 
 
@@ -74,9 +93,11 @@ def eva_iteration(
     heldout: Ref,
     last_rollouts: Ref | None = None,
     older_rollouts: Ref | None = None,
+    answers: Ref | None = None,
 ) -> Step:
     """Creator then solver on X_t. ``last_rollouts`` are the last solver step's annotated
-    rollouts of X_{t-1}, ``older_rollouts`` the step before's, of X_{t-2}."""
+    rollouts of X_{t-1}, ``older_rollouts`` the step before's, of X_{t-2}; ``answers`` the
+    reference answers of the judge (None: no judge)."""
     # Creator: where is the current policy still learning?
     if cfg.creator_rollouts == "predicted" and last_rollouts is not None:
         # No generation: a posterior over the solver's readings of each prompt (at iteration 1
@@ -107,13 +128,19 @@ def eva_iteration(
     if cfg.complexity is not None:  # inspection only: nothing downstream reads it
         complexity(run, t, cfg.complexity, prompts=next_prompts)
     # Solver: learn on the new prompt set.
-    return solver_step(run, t, cfg, next_prompts, policy, heldout)
+    return solver_step(run, t, cfg, next_prompts, policy, heldout, answers)
 
 
 @flow(name="eva-dpo-iteration", flow_run_name="{run.run}-iter-{t}", validate_parameters=False)
 def dpo_iteration(
-    run: RunContext, t: int, cfg: RunConfig, prompts: Ref, policy: Ref, heldout: Ref
+    run: RunContext,
+    t: int,
+    cfg: RunConfig,
+    prompts: Ref,
+    policy: Ref,
+    heldout: Ref,
+    answers: Ref | None = None,
 ) -> Step:
     """Plain iterative DPO on a given prompt set (iteration 0, the paper's theta_0 -> theta_1,
     and the fresh-seed-split baseline)."""
-    return solver_step(run, t, cfg, prompts, policy, heldout)
+    return solver_step(run, t, cfg, prompts, policy, heldout, answers)

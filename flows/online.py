@@ -17,6 +17,7 @@ from flows.launch import opened_run, publish_summary, run_name
 from flows.run_charts import online_run_charts
 from flows.summary import online_summary
 from tasks.evaluate import evaluate
+from tasks.judge import judge
 from tasks.online import online
 from tasks.plan import Plan
 
@@ -24,15 +25,21 @@ from tasks.plan import Plan
 @flow(name="eva-online", flow_run_name=run_name)
 def eva_online(config: OnlineRunConfig, plan: Plan | None = None) -> list[dict[str, Any]]:
     with opened_run(config, plan) as run:
-        seeds, heldout, policy = setup(run, config)  # D, held-out, theta_0
+        seeds, heldout, policy, answers = setup(run, config)  # D, held-out, theta_0
         for segment in range(1, config.online.segments(seeds.rows) + 1):
             # S steps of RLOO; the buffer's state travels inside the checkpoint.
             policy = online(
                 run, segment, config.online, seeds=seeds, heldout=heldout, policy=policy
             )
-            evaluate(run, segment, config.evaluation, heldout=heldout, policy=policy)
+            evaluated = evaluate(
+                run, segment, config.evaluation.without_judge(), heldout=heldout, policy=policy
+            )
+            if (judged := config.evaluation.judge) is not None and answers is not None:
+                judge(run, segment, judged.without_reference(), evaluated=evaluated,
+                      reference=answers)  # fmt: skip
 
-        rows = online_summary(run.store(), config.online.segments(seeds.rows))
+        segments = config.online.segments(seeds.rows)
+        rows = online_summary(run.store(), segments, config.evaluate.judge is not None)
         publish_summary(config.run, rows, "eva online run")
         charts = online_run_charts(run.store(), config.run, rows)
         publish_markdown(

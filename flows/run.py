@@ -25,15 +25,16 @@ def eva_run(config: RunConfig, plan: Plan | None = None, advance: int = 0) -> li
         reached = finished_iterations(RunStore(config.root, config.run, config.storage_options))
         config = config.model_copy(update={"iterations": reached + advance})
     with opened_run(config, plan) as run:
-        prompts, heldout, policy = setup(run, config)  # X_0, held-out, theta_0
+        # X_0, held-out, theta_0, and the reference answers of the judge (None without one)
+        prompts, heldout, policy, answers = setup(run, config)
 
         step, older = None, None
         if config.iteration0_dpo:
-            step = dpo_iteration(run, 0, config, prompts, policy, heldout)
+            step = dpo_iteration(run, 0, config, prompts, policy, heldout, answers)
             policy = step.policy
         for t in range(1, config.iterations + 1):
             last = step.rollouts if step else None
-            step = eva_iteration(run, t, config, prompts, policy, heldout, last, older)
+            step = eva_iteration(run, t, config, prompts, policy, heldout, last, older, answers)
             prompts, policy, older = step.prompts, step.policy, last
 
         rows = iteration_summary(run.store(), config)

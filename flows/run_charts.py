@@ -2,7 +2,8 @@
 markdown artifact (``{run}-charts``) at the end of every launch.
 
 An eva run: the held-out score and win rate across checkpoints and the held-out score per
-category, the informativeness distribution per iteration (the score table's bins), the
+category (with an LLM judge, its win rate with the bootstrap interval, overall and per
+category), the informativeness distribution per iteration (the score table's bins), the
 curriculum (complexity, category and depth mix of each X_t), and the training loss and reward
 margin over optimizer steps with each iteration's start marked. An online run: the same
 held-out charts per segment, the mean reward and informativeness of the prompts trained on at
@@ -18,6 +19,7 @@ import numpy as np
 
 from flows.charts import Chart, embed, histogram, line_chart
 from flows.config import RunConfig
+from flows.judged import judge_charts
 from tasks.store import RunStore
 
 # The score stage's distribution table splits informativeness into this many equal bins
@@ -162,6 +164,7 @@ def offline_charts(store: RunStore, config: RunConfig, rows: list[dict[str, Any]
         ("curriculum: depth mix", depths),
         ("training loss", loss),
         ("training reward margin", margin),
+        *judge_charts(rows, "iteration", "it", "iteration"),
     ]  # fmt: skip
 
 
@@ -218,6 +221,7 @@ def online_charts(store: RunStore, rows: list[dict[str, Any]]) -> Charts:
         ("reward and informativeness per step", _online_steps(store, done)),
         ("buffer: category mix", categories),
         ("buffer: depth mix", depths),
+        *judge_charts(rows, "segment", "seg", "segment"),
     ]
 
 

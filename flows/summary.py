@@ -7,6 +7,9 @@ from typing import Any
 
 from eva_core.winrate import paired_by_id, win_rate
 from flows.config import RunConfig
+from flows.judged import COLUMNS as JUDGE_COLUMNS
+from flows.judged import judge_columns, judge_lines, judge_markdown, judged
+from flows.markdown import md_table
 from tasks.store import RunStore
 
 COLUMNS = (
@@ -71,12 +74,16 @@ def iteration_summary(store: RunStore, config: RunConfig) -> list[dict[str, Any]
         m = store.read_manifest(it, stage)
         return None if m is None else m["stats"].get(key)
 
+    # Only a run that judges reads judge stages: one a judge was dropped from may have some
+    # left, of checkpoints since retrained.
+    judging = config.evaluate.judge is not None
     rows = [
         {
             "iteration": "theta_0",
             "prompts": stat(None, "prompts", "prompts"),
             "heldout_score": stat(None, "evaluate", "score"),
             "heldout_solved": stat(None, "evaluate", "solved"),
+            **(judge_columns(store, None) if judging else {}),
         }
     ]
     first = 0 if config.iteration0_dpo else 1
@@ -93,6 +100,7 @@ def iteration_summary(store: RunStore, config: RunConfig) -> list[dict[str, Any]
             "heldout_solved": stat(t, "evaluate", "solved"),
             "answers_changed": answers_changed(store, t, t - 1 if t > first else None),
             "win_vs_theta_0": win_vs_theta0(store, t, reference),
+            **(judge_columns(store, t) if judging else {}),
         })  # fmt: skip
     return rows
 
@@ -113,8 +121,9 @@ ONLINE_COLUMNS = (
 )
 
 
-def online_summary(store: RunStore, segments: int) -> list[dict[str, Any]]:
-    """One row per finished segment of an online run (and theta_0)."""
+def online_summary(store: RunStore, segments: int, judging: bool = False) -> list[dict[str, Any]]:
+    """One row per finished segment of an online run (and theta_0); with the judge's columns
+    when the run has a judge (``judging``)."""
 
     def stats(it: int | None, stage: str) -> dict[str, Any]:
         m = store.read_manifest(it, stage)
@@ -123,7 +132,8 @@ def online_summary(store: RunStore, segments: int) -> list[dict[str, Any]]:
     theta0 = stats(None, "evaluate")
     reference = evaluated_rewards(store, None)
     rows = [{"segment": "theta_0", "heldout_score": theta0.get("score"),
-             "heldout_solved": theta0.get("solved")}]  # fmt: skip
+             "heldout_solved": theta0.get("solved"),
+             **(judge_columns(store, None) if judging else {})}]  # fmt: skip
     for s in range(1, segments + 1):
         seg, ev = stats(s, "online"), stats(s, "evaluate")
         if not seg:
@@ -141,6 +151,7 @@ def online_summary(store: RunStore, segments: int) -> list[dict[str, Any]]:
             "heldout_solved": ev.get("solved"),
             "answers_changed": answers_changed(store, s, s - 1 if s > 1 else None),
             "win_vs_theta_0": win_vs_theta0(store, s, reference),
+            **(judge_columns(store, s) if judging else {}),
         })  # fmt: skip
     return rows
 
@@ -148,11 +159,14 @@ def online_summary(store: RunStore, segments: int) -> list[dict[str, Any]]:
 def _fmt(v: Any) -> str:
     if v is None:
         return "-"
+    if isinstance(v, list | tuple):  # an interval
+        return "[" + ", ".join(_fmt(x) for x in v) + "]"
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
 def _columns(rows: list[dict[str, Any]]) -> tuple[str, ...]:
-    return ONLINE_COLUMNS if rows and "segment" in rows[0] else COLUMNS
+    columns = ONLINE_COLUMNS if rows and "segment" in rows[0] else COLUMNS
+    return (*columns, *JUDGE_COLUMNS) if judged(rows) else columns
 
 
 def summary_table(rows: list[dict[str, Any]]) -> str:
@@ -164,7 +178,7 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     table = "\n".join(
         "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells
     )
-    return "\n".join([table, *unmoved(rows)])
+    return "\n".join([table, *unmoved(rows), *judge_lines(rows, columns[0])])
 
 
 def unmoved(rows: list[dict[str, Any]]) -> list[str]:
@@ -192,17 +206,16 @@ def summary_markdown(run: str, rows: list[dict[str, Any]], title: str = "eva run
     its right-hand ones (``win_vs_theta_0``) on a 1400-1600 px screen."""
     columns = _columns(rows)
     key = columns[0]
-    heldout = (key, *HELDOUT_COLUMNS)
+    heldout = (key, *HELDOUT_COLUMNS, *(JUDGE_COLUMNS if judged(rows) else ()))
     work = tuple(c for c in columns if c not in heldout[1:])
     what = "segment" if key == "segment" else "iteration"
     done = [r for r in rows if any(r.get(c) is not None for c in work[1:])]
     return (
         f"## {title} `{run}`\n\n### Held-out, per checkpoint\n\n{_markdown_table(rows, heldout)}"
         + (f"\n### What each {what} did\n\n{_markdown_table(done, work)}")
+        + judge_markdown(rows, key)
     )
 
 
 def _markdown_table(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
-    head = "| " + " | ".join(columns) + " |\n|" + "---|" * len(columns)
-    body = "\n".join("| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |" for r in rows)
-    return f"{head}\n{body}\n"
+    return "\n".join(md_table(columns, ([_fmt(r.get(c)) for c in columns] for r in rows))) + "\n"

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.backends.generate import GenerationBackend
 from tasks.backends.generate.transformers import TransformersGeneration
+from tasks.backends.judge.llm import JudgeConfig
 from tasks.backends.protocols import close_after, engine_stats, stats_of
 from tasks.backends.reward import PointwiseRewardBackend
 from tasks.context import StageContext, StageOutput
@@ -37,6 +38,20 @@ class EvaluateConfig(BaseModel):
         "drop; a held-out prompt without one is unscored and counted). Pairwise judges do not "
         "apply. None: the run's own reward model.",
     )
+    judge: JudgeConfig | None = Field(
+        default=None,
+        # Added after runs were keyed: left out of the key when off (tasks/keys.py); the
+        # evaluate stage itself never sees it (the judge is its own stage).
+        json_schema_extra={"key": "unless default"},
+        description="An LLM judge's win rate against reference answers, as the paper reports "
+        "(Arena-Hard: gpt-4-1106-preview judging against gpt-4-0314's answers): {llm: {base_url, "
+        "model, api_key_env}, reference: {kind: column|file|generate, ...}}. null (the "
+        "default): no judge.",
+    )
+
+    def without_judge(self) -> EvaluateConfig:
+        """The evaluate stage's config: the judge runs as stages of its own (tasks.judge)."""
+        return self.model_copy(update={"judge": None})
 
 
 @stage(

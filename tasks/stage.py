@@ -281,6 +281,8 @@ HEADLINE: dict[str, tuple[str, ...]] = {
     "pairs": ("pairs", "skipped_tied"),
     "train": ("pairs", "steps", "loss"),
     "evaluate": ("score", "solved"),
+    "reference": ("references", "missing"),
+    "judge": ("win_rate", "ci_low", "ci_high", "unjudged"),
     "online": ("steps", "mean_reward", "mean_informativeness", "budget"),
 }
 

@@ -15,6 +15,8 @@ characters before it redacted would show the key's first ten);
 ``("trickle", seconds)`` sends the whole answer, status line first, one byte every ``seconds``;
 ``("trickle_body", seconds)`` sends the head at once, then the body one byte every ``seconds``;
 ``("hang", 0)`` never answers, holding the connection until the server stops.
+``judging(verdict)`` is a ``respond`` for the evaluation judge: it reads the prompt and both
+answers out of eva's judging template and answers what ``verdict`` scripts.
 Every request is recorded in ``server.requests`` (with headers and the client's port, one per
 connection) so tests can assert retries, concurrency, connection reuse and that an API key was
 sent.
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -95,6 +98,26 @@ def mixed_answer(prompt: str, index: int, request: dict[str, Any]) -> str:
 
 
 ANSWERS: dict[str, Respond] = {"world": world_answer, "echo": echo, "mixed": mixed_answer}
+
+
+def judging(verdict: Callable[[str, str, str], str]) -> Respond:
+    """A judge: each request laid out by eva's judging template (``DEFAULT_TEMPLATE`` of
+    tasks.backends.judge.llm) is answered ``verdict(prompt, answer_a, answer_b)``, a judgment
+    the test scripts (a fair label, a position bias, garbage); any other request is echoed."""
+    from tasks.backends.judge.llm import DEFAULT_TEMPLATE
+
+    pattern = re.escape(DEFAULT_TEMPLATE)
+    for name in ("prompt", "answer_a", "answer_b"):
+        pattern = pattern.replace(re.escape("{" + name + "}"), f"(?P<{name}>.*)")
+    layout = re.compile(pattern, re.DOTALL)
+
+    def respond(prompt: str, index: int, request: dict[str, Any]) -> str:
+        asked = layout.fullmatch(prompt)
+        if asked is None:
+            return echo(prompt, index, request)
+        return verdict(asked["prompt"], asked["answer_a"], asked["answer_b"])
+
+    return respond
 
 
 class _Server(ThreadingHTTPServer):
