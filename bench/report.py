@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from flows.markdown import md_table
+
 Results = dict[str, dict[str, Any]]  # seed -> arm -> result
 
 
@@ -16,15 +18,6 @@ def mean_std(values: list[float]) -> str:
     """'mean ± sample std' over seeds (just the mean for one seed)."""
     a = np.asarray(values, dtype=float)
     return f"{a.mean():.3f} ± {a.std(ddof=1):.3f}" if len(a) > 1 else f"{a.mean():.3f}"
-
-
-def md_table(head: list[str], rows: list[list[str]]) -> list[str]:
-    """The lines of a markdown table: header, separator, one line per row."""
-    return [_md_row(head), "|" + "---|" * len(head), *map(_md_row, rows)]
-
-
-def _md_row(cells: list[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
 
 
 def _rows(results: Results, arm: str, t: int | None) -> list[dict[str, Any]]:

@@ -14,6 +14,8 @@ import os
 import statistics
 from typing import Any
 
+from flows.markdown import md_row, md_table
+
 ARMS = ("replace", "filter", "off", "baseline-off", "baseline-filter")
 LEVEL = 0.55  # the pre-registered held-out level
 
@@ -66,8 +68,9 @@ def main() -> None:
     parser.add_argument("--out", default="docs/bench/skip_tied.json")
     args = parser.parse_args()
     report: dict[str, Any] = {"level": LEVEL, "arms": {}}
-    print(f"| arm | seeds | final held-out | responses | skipped | replaced | steps to {LEVEL} | "
-          f"responses to {LEVEL} |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
+    head = ["arm", "seeds", "final held-out", "responses", "skipped", "replaced",
+            f"steps to {LEVEL}", f"responses to {LEVEL}"]  # fmt: skip
+    print("\n".join(md_table(head, [])))  # the rows follow as each arm is read
     for arm in ARMS:
         runs = {s: read_run(args.root, f"{arm}-s{s}") for s in range(args.seeds)
                 if os.path.exists(os.path.join(args.root, f"{arm}-s{s}", "iter_8"))}  # fmt: skip
@@ -90,10 +93,11 @@ def main() -> None:
         def fmt(x: dict[str, float] | None) -> str:
             return "-" if x is None else f"{x['mean']:g} ± {x['sd']:g}"
 
-        print(f"| {arm} | {len(runs)} | {fmt(summary['final_score'])} | "
-              f"{fmt(summary['responses'])} | {fmt(summary['skipped'])} | "
-              f"{fmt(summary['replaced'])} | {fmt(summary['steps_to_level'])} "
-              f"({len(reached)}/{len(runs)}) | {fmt(summary['responses_to_level'])} |")  # fmt: skip
+        print(md_row([arm, str(len(runs)), fmt(summary["final_score"]),
+                      fmt(summary["responses"]), fmt(summary["skipped"]),
+                      fmt(summary["replaced"]),
+                      f"{fmt(summary['steps_to_level'])} ({len(reached)}/{len(runs)})",
+                      fmt(summary["responses_to_level"])]))  # fmt: skip
     # Paired by seed (each seed's arms share a theta_0): arm minus its reference.
     report["paired"] = {}
     for arm, ref in (("filter", "replace"), ("filter", "off"), ("baseline-filter", "baseline-off")):

@@ -1,4 +1,5 @@
-"""Whether a Hugging Face Hub model can be loaded at all, answered in seconds.
+"""Whether a Hugging Face Hub model can be loaded at all, answered in seconds; and which commit
+of it the local Hub cache holds.
 
 Offline (a cluster node without egress, a laptop on a plane), ``from_pretrained`` on a Hub id
 that is not in the local cache retries each file it looks for before it gives up: about 50 s
@@ -10,6 +11,8 @@ answers (the libraries then say what is wrong); no answer in ``TIMEOUT_S`` is no
 """
 
 from __future__ import annotations
+
+import os
 
 import httpx
 
@@ -34,3 +37,34 @@ def unreachable(model_id: str) -> str | None:
     except httpx.HTTPError as exc:
         return f"{missing} {endpoint} cannot be reached ({str(exc).strip() or type(exc).__name__})"
     return None
+
+
+def cached_revision(model_id: str) -> str | None:
+    """The commit of ``model_id``'s main branch that the local Hugging Face cache holds (the
+    ``refs/main`` huggingface_hub writes beside the snapshot it downloads), read offline; None
+    when the cache holds none."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(model_id, "config.json")
+    except ValueError:  # an id the Hub would refuse: nothing of it is cached
+        return None
+    # The cache's layout: models--org--name/snapshots/<commit>/config.json
+    return os.path.basename(os.path.dirname(found)) if isinstance(found, str) else None
+
+
+def record_revision(model_id: str) -> str | None:
+    """``cached_revision``, fetching the model's ``config.json`` first when the cache holds no
+    commit and the Hub may be asked: a few kilobytes that record the commit every later stage
+    loads (they would fetch it anyway), so a run's keys name it from its first launch on. None
+    when it cannot be known (offline, or the Hub refuses: the stage that loads the model says
+    why)."""
+    from huggingface_hub import constants, hf_hub_download
+
+    if (commit := cached_revision(model_id)) is not None or constants.HF_HUB_OFFLINE:
+        return commit
+    try:
+        hf_hub_download(model_id, "config.json")
+    except Exception:  # unreachable, gated, missing: loading it will say so in its own words
+        return None
+    return cached_revision(model_id)

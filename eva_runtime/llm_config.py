@@ -78,9 +78,9 @@ class LLMClientConfig(BaseModel):
     breaker_failures: int | None = Field(
         default=BREAKER_FAILURES,
         ge=1,
-        # Left out of dumps at its default, so configs (and the cache keys of stages that
-        # hold one) written before the field existed keep their hash.
-        exclude_if=lambda value: value == BREAKER_FAILURES,
+        # Keyed only when set (tasks/keys.py): the cache keys of stages that hold an endpoint
+        # config written before the field existed hold.
+        json_schema_extra={"key": "unless default"},
         description="The endpoint is down once this many requests in a row failed for good "
         "(retries spent) on timeouts, refused or dropped connections, 408, 429 or 5xx while it "
         "answered nothing else: the client then stops, and every later request fails at once. "

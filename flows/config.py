@@ -77,8 +77,11 @@ RunName = Annotated[str, AfterValidator(_run_name)]
 RootPath = Annotated[str, AfterValidator(_absolute_root)]
 
 
-class RunConfig(BaseModel):
-    """An eva run: T iterations of creator + solver on a prompt set (Algorithm 1)."""
+class _RunBase(BaseModel):
+    """What every run names, offline or online: its folder, its seed and threads, its prompts,
+    held-out set and starting policy. Each run adds its method's sections after these, and
+    its own ``evaluate`` last (see ``RunConfig``), so config.json and ``eva config --explain``
+    read in the order the run works."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     run: RunName = Field(default="demo", description="Run name: the folder under root.")
@@ -97,6 +100,26 @@ class RunConfig(BaseModel):
         description="torch CPU threads (None: torch's default). The built-in world sets 1: its "
         "tiny model spins on a second thread whenever another process is busy.",
     )
+    prompts: PromptsConfig = Field(
+        default_factory=PromptsConfig, description="The seed prompt set X_0 (required)."
+    )
+    heldout: PromptsConfig = Field(
+        default_factory=PromptsConfig,
+        description="The held-out prompts every checkpoint is scored on (required).",
+    )
+    bootstrap: BootstrapConfig = Field(
+        default_factory=BootstrapConfig, description="theta_0: the policy (required)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _extends(cls, data: Any) -> Any:
+        return _inline_extends(data)
+
+
+class RunConfig(_RunBase):
+    """An eva run: T iterations of creator + solver on a prompt set (Algorithm 1)."""
+
     iterations: int = Field(default=2, ge=0, description="eva iterations T after iteration 0.")
     iteration0_dpo: bool = Field(
         default=True, description="Iteration 0: plain DPO on the seed set (the paper's theta_0->1)."
@@ -113,16 +136,6 @@ class RunConfig(BaseModel):
         "off-policy, no extra generation. predicted: no extra generation either; each prompt's "
         "informativeness is a posterior over the solver's readings of it (older ones count "
         "less) or, without one, its parent's shifted by its evolution method (see `predict`).",
-    )
-    prompts: PromptsConfig = Field(
-        default_factory=PromptsConfig, description="The seed prompt set X_0 (required)."
-    )
-    heldout: PromptsConfig = Field(
-        default_factory=PromptsConfig,
-        description="The held-out prompts every checkpoint is scored on (required).",
-    )
-    bootstrap: BootstrapConfig = Field(
-        default_factory=BootstrapConfig, description="theta_0: the policy (required)."
     )
     generate: GenerateConfig = Field(default_factory=GenerateConfig)
     annotate: AnnotateConfig = Field(default_factory=AnnotateConfig)
@@ -141,12 +154,9 @@ class RunConfig(BaseModel):
     )
     pairs: PairsConfig = Field(default_factory=PairsConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    # Declared by each run, not the base: pydantic lists a base's fields first, and evaluation
+    # reads last, after the stages whose checkpoints it scores.
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _extends(cls, data: Any) -> Any:
-        return _inline_extends(data)
 
     @property
     def evaluation(self) -> EvaluateConfig:
@@ -162,34 +172,17 @@ class RunConfig(BaseModel):
         return self.predict.model_copy(update={"metric": self.score.metric})
 
 
-class OnlineRunConfig(BaseModel):
+class OnlineRunConfig(_RunBase):
     """Online eva: theta_0, then RLOO whose prompts come from the prioritized generative buffer,
     in cached segments of S steps (paper appendix A/B)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Redeclared where online eva differs; each keeps its place among the base's fields.
     run: RunName = Field(default="online", description="Run name: the folder under root.")
-    root: RootPath = Field(
-        default="runs", validate_default=True, description="Run root: a local path or fsspec URL."
-    )
-    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options.")
-    seed: int = Field(default=0, description="Seeds every stage (each derives its own).")
-    torch_threads: int | None = Field(
-        default=None, ge=1, description="torch CPU threads (None: torch's default)."
-    )
     prompts: PromptsConfig = Field(
         default_factory=PromptsConfig, description="The seed set D (required)."
     )
-    heldout: PromptsConfig = Field(
-        default_factory=PromptsConfig, description="The held-out prompts (required)."
-    )
-    bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig)
     online: OnlineConfig = Field(default_factory=OnlineConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _extends(cls, data: Any) -> Any:
-        return _inline_extends(data)
 
     @property
     def evaluation(self) -> EvaluateConfig:
@@ -233,7 +226,12 @@ def validate_config(data: dict[str, Any], model: type[BaseModel] = RunConfig) ->
             near = close_field(model, data, field)
             msg = "not a field of this section"
             hint = f"did you mean {near}?" if near else "eva config --explain lists the fields"
-        raise ConfigError(f"{head}{msg}{got}{more}", hint=hint) from None
+        elif field.endswith(".factory"):  # a component of yours (tasks/backends/python.py)
+            hint = (
+                "name it 'package.module:Name', importable where eva runs (pip install -e your "
+                "package, or add its folder to PYTHONPATH)"
+            )
+        raise ConfigError(f"{head}{msg}{got}{more}", field=field, hint=hint) from None
 
 
 def _settable_path(data: Any, loc: tuple[Any, ...]) -> list[str]:

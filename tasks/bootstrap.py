@@ -2,7 +2,8 @@
 
 Either the user's checkpoint (``init_checkpoint``: a local directory ``from_pretrained`` can
 load, used in place and keyed on its bytes, or a Hugging Face Hub id ``org/name``, loaded through
-the Hub's cache wherever a stage needs it), or a policy built by code the config names
+the Hub's cache wherever a stage needs it and keyed on the commit that cache holds), or a
+policy built by code the config names
 (``builder``, e.g. the built-in world's SFT from scratch, ``eva_world.bootstrap:WorldSFT``). A
 checkpoint given on top of a config with a builder (``--set bootstrap.init_checkpoint=...``)
 replaces the builder.
@@ -16,6 +17,7 @@ import time
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from eva_runtime.hub import record_revision
 from tasks.backends.protocols import stats_of
 from tasks.backends.python import PythonComponent
 from tasks.context import StageContext, StageOutput
@@ -65,6 +67,9 @@ def bootstrap(ctx: StageContext, config: BootstrapConfig, heldout: pa.Table) -> 
         table = pa.table({"step": pa.array([], pa.int64()), "loss": pa.array([], pa.float64())})
         ref = config.init_checkpoint
         if is_hub_id(ref):
+            # The commit the later stages load, recorded in the Hub's cache now: the content
+            # hash of theta_0 names it (tasks.store.checkpoint_hash) from the first launch on.
+            record_revision(ref)
             ref = hub_ref(ref)  # never a path inside the run: loaded through the Hub's cache
         elif "://" not in ref:
             ref = os.path.abspath(ref)  # manifests resolve relative paths inside the run

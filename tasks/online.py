@@ -66,16 +66,16 @@ class OnlineConfig(BaseModel):
         default=0.5,
         ge=0.0,
         le=1.0,
-        # Left out of dumps at their defaults: the keys of segments cached before they existed
+        # Keyed only when set (tasks/keys.py): the keys of segments cached before they existed
         # hold (the same rules as annotate's, which an online segment had none of).
-        exclude_if=lambda value: value == 0.5,
+        json_schema_extra={"key": "unless default"},
         description="Fail the segment when more than this share of the prompts it trained on "
         "got no finite reward at all (a reward that is broken or down); its policy is not "
         "kept. Fewer are counted in the stats (annotate.max_unscored_share offline).",
     )
     fail_on_no_signal: bool = Field(
         default=False,
-        exclude_if=lambda value: value is False,
+        json_schema_extra={"key": "unless default"},
         description="Fail the segment when every scored prompt's rewards were all equal (no "
         "signal: RLOO's advantages are all 0, the policy does not move); by default this is "
         "reported (tied_prompts) and the run goes on.",

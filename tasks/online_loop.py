@@ -59,10 +59,10 @@ class BufferConfig(BaseModel):
     n_new: int = Field(default=4, ge=0, description="Children per parent in warm-up and mix-up.")
     n_new_bootstrap: int = Field(default=2, ge=0, description="Children per parent in bootstrap.")
     metric: Metric = Field(default="a_avg", description="Informativeness (online: max - mean).")
-    # Left out of dumps at its default, so the keys of segments cached before it existed hold.
+    # Keyed only when set (tasks/keys.py): the keys of segments cached before it existed hold.
     skip_tied: bool = Field(
         default=False,
-        exclude_if=lambda value: value is False,
+        json_schema_extra={"key": "unless default"},
         description="Pre-rollout filter: skip a drawn prompt whose own past groups predict that "
         "all its responses will tie (eva_core.predicted.TiePosterior: after two tied groups in "
         "a row, re-read 1 time in 10) and draw another in its place; counted as `skipped`.",

@@ -417,10 +417,16 @@ def hub_ref(model_id: str) -> str:
 
 
 def checkpoint_hash(ref: str) -> str:
-    """Content hash of a local checkpoint; a Hub id is keyed by the id itself."""
+    """Content hash of a local checkpoint; a Hub id's is its id and the commit the local Hub
+    cache holds for it (the id alone while it holds none), so a newer download of the model
+    reruns what used the older one."""
     model_id = ref.removeprefix(HUB)
     if ref.startswith(HUB) or is_hub_id(ref):
-        return hashlib.sha256(f"hub:{model_id}".encode()).hexdigest()
+        from eva_runtime.hub import cached_revision
+
+        commit = cached_revision(model_id)
+        named = f"hub:{model_id}" if commit is None else f"hub:{model_id}@{commit}"
+        return hashlib.sha256(named.encode()).hexdigest()
     return hash_directory(ref)
 
 

@@ -18,32 +18,37 @@ from __future__ import annotations
 
 import os
 import threading
-from collections import OrderedDict
+from typing import NamedTuple
 
 import pyarrow as pa
+from cachetools import LRUCache
 
 # What the kept tables may hold in memory together (their buffers), in bytes.
 LIMIT_BYTES = 256 * 2**20
 
 
+class _Kept(NamedTuple):
+    table: pa.Table
+    identity: tuple[int, ...]  # the file's, when the table was kept
+    nbytes: int
+    digest: str | None  # the sha256 of the file's bytes, where known
+
+
 class TableMemo:
     """Tables by local path, each with its file's identity (device, inode, size, mtime) and,
-    where known, the sha256 of its bytes."""
+    where known, the sha256 of its bytes: cachetools' LRU, bounded on the tables' bytes."""
 
     def __init__(self, limit_bytes: int = LIMIT_BYTES):
         self.limit_bytes = limit_bytes
-        self._tables: OrderedDict[str, tuple[pa.Table, tuple[int, ...], int, str | None]] = (
-            OrderedDict()
-        )
-        self._held = 0
-        self._lock = threading.Lock()
+        self._tables: LRUCache[str, _Kept] = LRUCache(limit_bytes, getsizeof=_size)
+        self._lock = threading.Lock()  # cachetools' caches are not thread-safe
 
     def put(self, path: str, table: pa.Table | None, digest: str | None = None) -> None:
         """Keep ``table`` as the content of the file at ``path`` as it is now, ``digest`` the
         sha256 of its bytes when known (None: forget what was kept for it)."""
         if table is None:
             with self._lock:
-                self._drop(path)
+                self._tables.pop(path, None)
             return
         nbytes = table.get_total_buffer_size()
         try:
@@ -51,53 +56,45 @@ class TableMemo:
         except OSError:
             return
         with self._lock:
-            self._drop(path)
-            if nbytes > self.limit_bytes:
-                return
-            self._tables[path] = (table, _identity(st), nbytes, digest)
-            self._held += nbytes
-            while self._held > self.limit_bytes:
-                self._drop(next(iter(self._tables)))
+            self._tables.pop(path, None)
+            if nbytes <= self.limit_bytes:  # a larger one is never kept (LRUCache refuses it)
+                self._tables[path] = _Kept(table, _identity(st), nbytes, digest)
 
     def get(self, path: str) -> pa.Table | None:
         """The table kept for ``path`` if its file is unchanged since, else None."""
         kept = self._get(path)
-        return kept[0] if kept else None
+        return kept.table if kept else None
 
     def get_hashed(self, path: str) -> tuple[pa.Table, str] | None:
         """The table kept for ``path`` and its file's sha256, if its file is unchanged since
         and it was kept with its hash, else None."""
         kept = self._get(path)
-        return (kept[0], kept[1]) if kept and kept[1] is not None else None
+        return (kept.table, kept.digest) if kept and kept.digest is not None else None
 
-    def _get(self, path: str) -> tuple[pa.Table, str | None] | None:
+    def _get(self, path: str) -> _Kept | None:
         with self._lock:
-            entry = self._tables.get(path)
-            if entry is None:
+            kept = self._tables.get(path)  # a hit is the most recently used from now on
+            if kept is None:
                 return None
-            table, identity, _, digest = entry
             try:
                 st = os.stat(path)
             except OSError:
                 st = None
-            if st is None or _identity(st) != identity:
-                self._drop(path)
+            if st is None or _identity(st) != kept.identity:
+                self._tables.pop(path, None)
                 return None
-            self._tables.move_to_end(path)
-            return table, digest
+            return kept
 
     def clear(self) -> None:
         with self._lock:
             self._tables.clear()
-            self._held = 0
 
     def __len__(self) -> int:
         return len(self._tables)
 
-    def _drop(self, path: str) -> None:
-        entry = self._tables.pop(path, None)
-        if entry is not None:
-            self._held -= entry[2]
+
+def _size(kept: _Kept) -> int:
+    return kept.nbytes
 
 
 def _identity(st: os.stat_result) -> tuple[int, ...]:

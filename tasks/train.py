@@ -5,6 +5,10 @@ checkpoint, which is also the reference model of the DPO-family objectives.
 
 Optionally the chosen responses are first rewritten by an LLM (appendix H.2.1), and training can
 run in this process or under ``accelerate launch`` (several GPUs, DeepSpeed ZeRO-3).
+
+The solver is one of the TRL objectives or one of yours (``kind: python``), called through the
+``Solver`` protocol either way. A TRL solver's metrics reach the trackers its ``report_to``
+names; TensorBoard's event files are kept in the run, beside the iteration's artifacts.
 """
 
 from __future__ import annotations
@@ -17,22 +21,27 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eva_runtime.engines import ENGINES
+from eva_runtime.errors import StageError
 from eva_runtime.follow import request_dir
 from eva_runtime.progress import ScaledProgress
-from tasks.backends.train import SolverBackend
-from tasks.backends.train.dpo import DPOSolverConfig, batch_layout
+from tasks.backends.python import PythonComponent
+from tasks.backends.train import SolverBackend, load_solver
+from tasks.backends.train.dpo import DPOSolverConfig, TRLSolverConfig, batch_layout
 from tasks.backends.train.launch import DEFAULT_ACCELERATE_CONFIG, NodesConfig, launch_train
 from tasks.backends.train.rewriter import RewriterConfig
 from tasks.context import StageContext, StageOutput
 from tasks.stage import MODEL, stage
-from tasks.store import HUB
+from tasks.store import HUB, RunStore
 
 
 class TrainConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     solver: SolverBackend = Field(
         default_factory=DPOSolverConfig,
-        description='Objective by "kind": dpo (default), simpo, orpo, sppo, dpo_nll.',
+        description='Objective by "kind": dpo (default), simpo, orpo, sppo, dpo_nll; or python, '
+        'a solver of yours: {kind: python, factory: "package.module:Name", options: {...}}, '
+        "whose factory(**options) has train(policy_dir, prompts, chosen, rejected, output_dir, "
+        "seed, progress).",
     )
     rewrite_chosen: RewriterConfig | None = Field(
         default=None, description="Rewrite chosen responses with an LLM before training."
@@ -83,8 +92,9 @@ class TrainConfig(BaseModel):
         # Checked here, at the edge, so a recipe that cannot make its batch fails before any GPU
         # hour is spent; the trainer derives the same layout again from its WORLD_SIZE.
         solver = self.solver
-        per_device = solver.per_device_train_batch_size
-        batch_layout(solver.effective_batch_size, per_device, self.processes)
+        if isinstance(solver, TRLSolverConfig):  # a solver of yours lays out its own batches
+            per_device = solver.per_device_train_batch_size
+            batch_layout(solver.effective_batch_size, per_device, self.processes)
         return self
 
 
@@ -127,14 +137,21 @@ def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutpu
     progress = ScaledProgress(ctx.progress, 1.0 - train_share, train_share)
 
     solver = config.solver
-    per_device, accumulation = batch_layout(
-        solver.effective_batch_size, solver.per_device_train_batch_size, config.processes
-    )
-    ctx.log.info(
-        "%s: effective batch %d = %d per device x %d accumulation x %d processes",
-        solver.kind, solver.effective_batch_size, per_device, accumulation, config.processes,
-    )  # fmt: skip
+    layout: dict[str, int] = {}
+    if isinstance(solver, TRLSolverConfig):
+        per_device, accumulation = batch_layout(
+            solver.effective_batch_size, solver.per_device_train_batch_size, config.processes
+        )
+        layout = {"effective_batch": solver.effective_batch_size,
+                  "gradient_accumulation": accumulation}  # fmt: skip
+        ctx.log.info(
+            "%s: effective batch %d = %d per device x %d accumulation x %d processes",
+            solver.kind, solver.effective_batch_size, per_device, accumulation, config.processes,
+        )  # fmt: skip
+    else:
+        ctx.log.info("python solver %s: %d pairs", solver.factory, pairs.num_rows)
     out_dir = os.path.join(ctx.scratch, "model")
+    logs = _tensorboard_dir(ctx, solver)
     if config.launcher == "accelerate":
         log = ctx.log
         metrics = launch_train(
@@ -153,11 +170,22 @@ def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutpu
             request_dir=request_dir(ctx.store.base) if config.nodes.machines > 1 else None,
             log=lambda line: log.info("%s", line),
             progress=progress,
+            logging_dir=logs,
         )
     else:
-        metrics = config.solver.load().train(
+        metrics = load_solver(config.solver, logs).train(
             policy_dir, prompts, chosen, rejected, out_dir, ctx.seed, progress
         )
+    if isinstance(solver, PythonComponent) and not os.path.isfile(
+        os.path.join(out_dir, "config.json")
+    ):
+        raise StageError(
+            f"train: the solver {solver.factory} saved no checkpoint (no config.json in the "
+            "output_dir it was given)",
+            hint="save the trained model and tokenizer there (save_pretrained)",
+        )
+    if logs is not None and not ctx.store.is_local:
+        _upload_logs(ctx.store, logs, ctx.store.path(ctx.iteration, f"{ctx.artifact}_logs"))
     seconds = time.perf_counter() - started
     table = (
         pa.Table.from_pylist(metrics) if metrics else pa.table({"step": pa.array([], pa.int64())})
@@ -166,8 +194,7 @@ def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutpu
     stats = {
         "pairs": pairs.num_rows,
         "steps": int(last.get("step", 0)),
-        "effective_batch": solver.effective_batch_size,
-        "gradient_accumulation": accumulation,
+        **layout,
         "backend_seconds": round(seconds, 3),
         **rewrite_stats,
         **({"engines_stopped": engines_stopped} if engines_stopped else {}),
@@ -184,3 +211,20 @@ def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutpu
         },
     }
     return StageOutput(table, stats=stats, model_dir=out_dir)
+
+
+def _tensorboard_dir(ctx: StageContext, solver: SolverBackend) -> str | None:
+    """Where TensorBoard's event files go when the solver reports to it: the run's
+    ``{iteration}/train_logs``, which ``tensorboard --logdir`` can watch during training; a run
+    on a remote root writes them in the stage's scratch and uploads them after training."""
+    if "tensorboard" not in getattr(solver, "report_to", ()):
+        return None
+    name = f"{ctx.artifact}_logs"
+    if ctx.store.is_local:
+        return ctx.store.path(ctx.iteration, name)
+    return os.path.join(ctx.scratch, name)
+
+
+def _upload_logs(store: RunStore, local: str, dest: str) -> None:
+    if os.path.isdir(local):
+        store.fs.put(local.rstrip("/") + "/", dest, recursive=True)

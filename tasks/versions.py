@@ -21,10 +21,14 @@ artifacts the new code would not make. This module fingerprints that code and co
   not the client's retries, breaker, threads or logs.
 
 A fingerprint is the code's syntax tree without docstrings: comments, formatting and
-docstrings never count. When one changed, ``python -m tasks.versions`` (and the test suite)
-fails naming it and what to do: bump its ``version`` if what it writes can change, then
-``python -m tasks.versions --write``; if it cannot (a rename, a log line), ``--write`` alone
-records the new fingerprint, visibly, in the lock file's diff.
+docstrings never count. The check reads the code and imports none of it (``tasks.source``,
+``tasks.code_index``), so it never loads torch, TRL or vLLM. When a fingerprint
+changed, ``python -m tasks.versions`` (and the test suite) fails naming the entry and the
+functions whose code changed since it was recorded (the lock keeps a short hash of each
+function its fingerprints cover, so its diff shows them too), and what to do: bump its
+``version`` if what it writes can change, then ``python -m tasks.versions --write``; if it
+cannot (a rename, a log line, a refactor), ``--write`` alone records the new code, visibly, in
+the lock file's diff.
 
 A launch runs the cheap half of the check (``edited_stages``): the stages its config calls
 whose code, or whose selected components' code, differs from the lock while the version is
@@ -35,13 +39,9 @@ line (``flows.launch``).
 from __future__ import annotations
 
 import argparse
-import ast
 import hashlib
-import importlib
-import importlib.util
 import inspect
 import json
-import pkgutil
 import sys
 from collections.abc import Iterator
 from functools import cache
@@ -49,6 +49,11 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+
+from tasks import code_index, source
+from tasks.source import code_of
+
+__all__ = ["code_of"]  # the syntax-tree form a fingerprint reads (tests compare with it)
 
 LOCK = Path(__file__).with_name("versions.lock.json")
 # Where stages and components live: the method's stages and backends, the world, the bench arms.
@@ -64,6 +69,8 @@ FRAMEWORK = (
     "tasks.plan",
     "tasks.store",
     "tasks.versions",
+    "tasks.source",
+    "tasks.code_index",
 )
 SKIP = ("tasks.versions",)  # not stage or component code
 # Code outside a fingerprint's modules that decides what a stage writes, as module -> the
@@ -90,56 +97,89 @@ OUTPUT_CODE: dict[str, tuple[str, ...]] = {
 
 def declared() -> dict[str, tuple[int, str]]:
     """Every stage and component: name -> (declared version, code fingerprint)."""
-    from tasks.keys import is_component
-    from tasks.stage import Stage
+    return {name: (version, code) for name, (version, code, _) in _entries().items()}
 
-    out: dict[str, tuple[int, str]] = {}
-    for module in _modules():
-        for name, obj in vars(module).items():
-            if isinstance(obj, Stage) and obj.fn.__module__ == module.__name__:
-                out[_stage_key(obj)] = (obj.version, stage_code(module.__name__))
-            elif _is_component_class(obj, module.__name__, is_component):
-                key = f"component:{module.__name__}:{name}"
-                version = getattr(obj, "version", None)
-                if not isinstance(version, int):
-                    version = -1  # refused by check(): a component must declare one
-                out[key] = (version, component_code(module.__name__))
+
+def _entries() -> dict[str, tuple[int, str, dict[str, tuple[str, ...]]]]:
+    """Every stage and component: name -> (version, fingerprint, the code it covers: module ->
+    the functions of it that count, () for all), read from the source, nothing imported."""
+    out = {}
+    for module in code_index.modules(PACKAGES, MODULES, SKIP):
+        for item in code_index.declared_in(module):
+            if item.kind == "stage":
+                name, covered = f"stage:{item.name}@{module}", _stage_parts(module)
+            else:
+                name, covered = f"component:{module}:{item.name}", _component_parts(module)
+            out[name] = (item.version, _fingerprint(covered), covered)
     return dict(sorted(out.items()))
 
 
 def stage_code(module: str) -> str:
     """The fingerprint of the stages defined in ``module``."""
-    return fingerprint(module, STAGE_CLOSURE, (*FRAMEWORK, "tasks.backends"))
+    return _fingerprint(_stage_parts(module))
 
 
 def component_code(module: str) -> str:
     """The fingerprint of the components defined in ``module`` (or ``module:Class``)."""
-    return fingerprint(module.partition(":")[0], COMPONENT_CLOSURE, FRAMEWORK)
+    return _fingerprint(_component_parts(module.partition(":")[0]))
+
+
+def _stage_parts(module: str) -> dict[str, tuple[str, ...]]:
+    return _covered(module, STAGE_CLOSURE, (*FRAMEWORK, "tasks.backends"))
+
+
+def _component_parts(module: str) -> dict[str, tuple[str, ...]]:
+    return _covered(module, COMPONENT_CLOSURE, FRAMEWORK)
+
+
+# What `check` says after each stale entry: the command that records an edit that cannot change
+# what the code writes (a rename, a message, a refactor).
+RECORD = "python -m tasks.versions --write"
 
 
 def check() -> list[str]:
-    """What is stale or undeclared, one line each (empty when everything matches the lock)."""
+    """What is stale or undeclared, one line each (empty when everything matches the lock). A
+    stale entry names the functions whose code differs from the recorded code."""
     lock = _lock()
     try:
-        entries = declared()
+        entries = _entries()
     except OutputCodeMissing as exc:
         return [str(exc)]
     problems = []
-    for name, (version, code) in entries.items():
+    for name, (version, code, covered) in entries.items():
         recorded = lock.get(name)
         if version < 0:
             problems.append(f"{name}: declares no version (add `version = 1`)")
         elif recorded is None:
             problems.append(f"{name}: not in {LOCK.name}")
         elif recorded["code"] != code and recorded["version"] == version:
+            changed = changed_code(lock, covered)
+            where = f" ({', '.join(changed)})" if changed else ""
             problems.append(
-                f"{name}: its code changed but its version is still {version}: bump it if "
-                "what it writes can change, then record it"
+                f"{name}: its code changed but its version is still {version}{where}: bump it "
+                f"if what it writes can change; if it cannot, record it: {RECORD}"
             )
         elif recorded["version"] != version:
             problems.append(f"{name}: version {version} is not recorded (lock: {recorded})")
-    problems += [f"{name}: in {LOCK.name} but gone" for name in set(lock) - set(entries)]
+    gone = {k for k in lock if not k.startswith(MODULE)} - set(entries)
+    problems += [f"{name}: in {LOCK.name} but gone" for name in sorted(gone)]
     return problems
+
+
+def changed_code(lock: dict[str, Any], covered: dict[str, tuple[str, ...]]) -> list[str]:
+    """``module:qualname`` of each function, class or module's other code in ``covered`` whose
+    code is not the recorded code (a module the lock does not hold: ``module (new)``)."""
+    out = []
+    for module, functions in sorted(covered.items()):
+        recorded = lock.get(MODULE + module)
+        if recorded is None:
+            out.append(f"{module} (new)")
+            continue
+        now = _definitions(module, functions)
+        if functions:
+            recorded = {k: v for k, v in recorded.items() if k in functions}
+        out += [f"{module}:{q}" for q in sorted({*now, *recorded}) if now.get(q) != recorded.get(q)]
+    return out
 
 
 def edited_stages(config: BaseModel) -> dict[str, list[str]]:
@@ -179,8 +219,7 @@ def edited_line(edited: dict[str, list[str]], finished: set[str]) -> str | None:
     return (
         f"code edited without a version bump ({what}): this launch reuses the finished "
         f"artifacts of {', '.join(reused)} as they are (keys follow versions, not code); bump "
-        "the version if the edit changes what they write, else record it: python -m "
-        "tasks.versions --write"
+        f"the version if the edit changes what they write, else record it: {RECORD}"
     )
 
 
@@ -227,12 +266,28 @@ def _stage_key(stage: Any) -> str:
     return f"stage:{stage.name}@{stage.fn.__module__}"
 
 
+# The lock holds, beside each entry's version and fingerprint, the code each fingerprint
+# covers, module by module, function by function (``module:<name>``: qualified name -> a
+# short hash): what `check` names when a fingerprint changed, and what the lock's diff shows.
+MODULE = "module:"
+
+
 def _lock() -> dict[str, Any]:
     return json.loads(LOCK.read_text()) if LOCK.exists() else {}
 
 
 def write() -> None:
-    lock = {k: {"version": v, "code": c} for k, (v, c) in declared().items()}
+    entries = _entries()
+    lock: dict[str, Any] = {k: {"version": v, "code": c} for k, (v, c, _) in entries.items()}
+    covered: dict[str, set[str] | None] = {}  # None: the whole module
+    for _, _, parts in entries.values():
+        for module, named in parts.items():
+            if not named or covered.get(module, set()) is None:
+                covered[module] = None
+            else:
+                covered[module] = {*(covered.get(module) or set()), *named}
+    for module, functions in covered.items():
+        lock[MODULE + module] = _definitions(module, tuple(sorted(functions or ())))
     LOCK.write_text(json.dumps(lock, indent=1, sort_keys=True) + "\n")
 
 
@@ -240,21 +295,39 @@ def fingerprint(module: str, within: tuple[str, ...], outside: tuple[str, ...] =
     """The code of ``module`` and of the modules it imports under ``within`` (and not under
     ``outside``), with the code that decides outputs from elsewhere (``OUTPUT_CODE``),
     docstrings and comments left out."""
-    h = hashlib.sha256()
+    return _fingerprint(_covered(module, within, outside))
+
+
+def _covered(
+    module: str, within: tuple[str, ...], outside: tuple[str, ...]
+) -> dict[str, tuple[str, ...]]:
+    """What a fingerprint of ``module`` covers, in the order it hashes them: the modules of the
+    closure of its imports (each ``()``: all of it), then the ``OUTPUT_CODE`` they import that
+    is not among them (module -> the functions that count, ``()`` for all)."""
     modules = _closure(module, within, outside)
-    for name in sorted(modules):
-        h.update(name.encode())
-        h.update(_tree(name).encode())
+    covered: dict[str, tuple[str, ...]] = dict.fromkeys(sorted(modules), ())
     for name, functions in sorted(_output_code(modules).items()):
-        if name in modules:
-            continue  # hashed whole already
+        covered.setdefault(name, functions)
+    return covered
+
+
+def _fingerprint(covered: dict[str, tuple[str, ...]]) -> str:
+    h = hashlib.sha256()
+    for name, functions in covered.items():
         h.update(name.encode())
         if not functions:
-            h.update(_tree(name).encode())
+            h.update(source.tree(name).encode())
         for qualname in functions:
             h.update(qualname.encode())
             h.update(_function(name, qualname).encode())
     return h.hexdigest()[:16]
+
+
+def _definitions(module: str, functions: tuple[str, ...]) -> dict[str, str]:
+    """The short hash of each function of ``module`` that counts (``()``: each of them)."""
+    if not functions:
+        return dict(source.definitions(module))
+    return {q: source.short_hash(_function(module, q)) for q in functions}
 
 
 class OutputCodeMissing(LookupError):
@@ -267,30 +340,11 @@ def _output_code(modules: frozenset[str]) -> dict[str, tuple[str, ...]]:
     found = {SEEDS}
     todo = [*modules, SEEDS]
     while todo:
-        for name in _imports(todo.pop()):
+        for name in source.imports(todo.pop()):
             if name in OUTPUT_CODE and name not in found:
                 found.add(name)
                 todo.append(name)
     return {name: OUTPUT_CODE[name] for name in found}
-
-
-def _is_component_class(obj: Any, module: str, is_component: Any) -> bool:
-    if not isinstance(obj, type) or obj.__module__ != module:
-        return False
-    if issubclass(obj, BaseModel):
-        return bool(is_component(obj)) and not inspect.isabstract(obj)
-    # A class a config builds by import path (the world's): it declares its version.
-    return module.startswith("eva_world") and "version" in vars(obj)
-
-
-def _modules() -> Iterator[Any]:
-    for package in PACKAGES:
-        root = importlib.import_module(package)
-        yield root
-        for info in pkgutil.walk_packages(root.__path__, f"{package}."):
-            if info.name not in SKIP:
-                yield importlib.import_module(info.name)
-    yield from (importlib.import_module(name) for name in MODULES)
 
 
 @cache
@@ -301,111 +355,28 @@ def _closure(module: str, within: tuple[str, ...], outside: tuple[str, ...]) -> 
         if name in seen:
             continue
         seen.add(name)
-        todo += [f for f in _imports(name) if _under(f, within) and not _under(f, outside)]
+        todo += [f for f in source.imports(name) if _under(f, within) and not _under(f, outside)]
     return frozenset(seen)
 
 
-@cache
-def _imports(module: str) -> frozenset[str]:
-    """The modules ``module`` imports (any import, also one inside a function)."""
-    found: list[str] = []
-    for node in ast.walk(_parsed(module)):
-        if isinstance(node, ast.Import):
-            found += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-    return frozenset(f for f in found if _is_module(f))
-
-
-def _under(name: str, packages: tuple[str, ...]) -> bool:
-    return any(name == p or name.startswith(p + ".") for p in packages)
-
-
-@cache
-def _tree(module: str) -> str:
-    return ast.dump(_parsed(module), include_attributes=False)
-
-
 def _function(module: str, qualname: str) -> str:
-    """The code of one function or class of ``module`` (``Class.method``; a class nested in a
-    function is found too)."""
-    first, *rest = qualname.split(".")
-    nodes = [n for n in ast.walk(_parsed(module)) if getattr(n, "name", None) == first]
-    for part in rest:
-        nodes = [n for p in nodes for n in getattr(p, "body", []) if getattr(n, "name", 0) == part]
-    if len(nodes) != 1:
-        raise OutputCodeMissing(
-            f"{module} has {'no' if not nodes else 'more than one'} {qualname}: update "
-            "OUTPUT_CODE in tasks/versions.py to name the code that decides what is written"
-        )
-    return ast.dump(nodes[0], include_attributes=False)
-
-
-@cache
-def _parsed(module: str) -> ast.Module:
-    """``module``'s syntax tree without docstrings (parsed once, never changed after)."""
-    return _without_docstrings(ast.parse(_source(module)))
-
-
-def _source(module: str) -> str:
-    """The one place the check reads code (tests hand it edited copies)."""
-    return Path(_file(module)).read_text()
-
-
-def code_of(source: str) -> str:
-    """Python source as its syntax tree, without docstrings, comments or layout."""
-    return ast.dump(_without_docstrings(ast.parse(source)), include_attributes=False)
-
-
-def _without_docstrings(tree: ast.Module) -> ast.Module:
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list) and body and _is_docstring(body[0]):
-            node.body = body[1:] or [ast.Pass()]  # type: ignore[attr-defined]
-    return tree
-
-
-def _is_docstring(node: ast.stmt) -> bool:
-    return (
-        isinstance(node, ast.Expr)
-        and isinstance(node.value, ast.Constant)
-        and isinstance(node.value.value, str)
-    )
-
-
-@cache
-def _is_module(name: str) -> bool:
-    return _find(name) is not None
-
-
-def _file(name: str) -> str:
-    found = _find(name)
-    assert found is not None, name
-    return str(found)
-
-
-@cache
-def _find(name: str) -> Path | None:
-    """The source file of module ``name``, found without importing anything (an import of a
-    backend module would import torch or TRL); None when ``name`` is no module (an object
-    imported from one) or not Python source."""
-    top, *rest = name.split(".")
     try:
-        spec = importlib.util.find_spec(top)  # a top-level name: searched, not imported
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    if not rest:
-        return Path(spec.origin) if spec.origin and spec.origin.endswith(".py") else None
-    for folder in spec.submodule_search_locations or ():
-        path = Path(folder).joinpath(*rest[:-1])
-        if rest[:-1] and not (path / "__init__.py").is_file():
-            continue
-        for candidate in (path / rest[-1] / "__init__.py", path / f"{rest[-1]}.py"):
-            if candidate.is_file():
-                return candidate
-    return None
+        return source.definition(module, qualname)
+    except LookupError as exc:
+        raise OutputCodeMissing(
+            f"{exc}: update OUTPUT_CODE in tasks/versions.py to name the code that decides "
+            "what is written"
+        ) from None
+
+
+def clear_caches() -> None:
+    """Forget what was read (tests that hand the check edited code call it)."""
+    source.clear_caches()
+    code_index.clear_caches()
+    _closure.cache_clear()
+
+
+_under = source.under
 
 
 def main(argv: list[str] | None = None) -> int:

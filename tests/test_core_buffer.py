@@ -16,7 +16,7 @@ from tasks.online_loop import BufferConfig
 
 def settings(**overrides) -> dict:
     """The buffer's knobs: the config's defaults (the paper's), with ``overrides``."""
-    return BufferConfig(**overrides).model_dump()
+    return BufferConfig(**overrides).model_dump(exclude={"skip_tied"})  # the creator's, not B's
 
 
 def rec(text: str, depth: int = 0, parent: str | None = None) -> dict:

@@ -16,6 +16,7 @@ from eva_runtime.errors import ConfigError
 from eva_runtime.llm_client import LLMClient, LLMEndpointDown
 from eva_runtime.llm_config import BREAKER_FAILURES, LLMClientConfig
 from flows.config import load_config
+from tasks.keys import keyed_config
 from tests.support.openai_server import OpenAICompatibleServer
 
 PROMPTS = [f"prompt {i}" for i in range(200)]
@@ -82,9 +83,9 @@ def test_an_endpoint_that_still_answers_now_and_then_never_trips_it():
     assert llm.stats()["failures"] == 8
 
 
-def test_breaker_off_and_its_default_stays_out_of_dumps():
-    assert "breaker_failures" not in LLMClientConfig().model_dump()  # old cache keys hold
-    assert LLMClientConfig(breaker_failures=5).model_dump()["breaker_failures"] == 5
+def test_breaker_off_and_its_default_stays_out_of_keys():
+    assert "breaker_failures" not in keyed_config(LLMClientConfig())  # old cache keys hold
+    assert keyed_config(LLMClientConfig(breaker_failures=5))["breaker_failures"] == 5
     assert LLMClientConfig().breaker_failures == BREAKER_FAILURES == 3
     with OpenAICompatibleServer(fail=lambda request: ("status", 500)) as server:
         llm = client(server.base_url, max_retries=0, concurrency=1, breaker_failures=None)

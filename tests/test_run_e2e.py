@@ -679,3 +679,29 @@ def test_a_dead_evolver_fails_the_run_and_is_retried_once_it_answers(
         assert main(["run", "--config", str(path)]) == 0
     evolved = store.read_manifest(1, "evolve")
     assert evolved["stats"]["kept"] > 0 and evolved["stats"]["parents_without_rewrite"] == 0
+
+
+def test_a_solver_of_your_own_trains_the_run(tmp_path, monkeypatch) -> None:
+    """``train.solver: {kind: python}`` through ``eva run``: the user's module, written here,
+    makes iteration 0's checkpoint; editing it reruns train and what reads its checkpoint."""
+    from tests.test_own_solver import NUDGE
+
+    (tmp_path / "code").mkdir()
+    module = tmp_path / "code" / "eva_e2e_nudge.py"
+    module.write_text(NUDGE)
+    monkeypatch.syspath_prepend(str(tmp_path / "code"))
+    solver = {"kind": "python", "factory": "eva_e2e_nudge:Nudge", "options": {"step": 0.01}}
+    root = str(tmp_path / "runs")
+    path = tmp_path / "own.yaml"
+    path.write_text(
+        yaml.safe_dump(tiny_run_config(root, run="own", iterations=0, train={"solver": solver}))
+    )
+    assert main(["run", "--config", str(path)]) == 0
+    store = RunStore(root, "own")
+    trained = store.read_manifest(0, "train")
+    assert trained["stats"]["pairs"] > 0 and trained["stats"]["loss"] == 0.25
+    generated = store.read_manifest(0, "generate")
+    module.write_text(NUDGE.replace("self.step * len(prompts)", "self.step"))
+    assert main(["run", "--config", str(path)]) == 0
+    assert store.read_manifest(0, "train")["key"] != trained["key"]
+    assert store.read_manifest(0, "generate") == generated  # upstream of the solver: reused

@@ -320,7 +320,7 @@ def test_a_code_change_without_a_version_bump_is_caught(tmp_path, monkeypatch) -
     lock.write_text(json.dumps(recorded))
     assert versions.check() == [
         "stage:score@tasks.score: its code changed but its version is still 1: bump it if what "
-        "it writes can change, then record it"
+        "it writes can change; if it cannot, record it: python -m tasks.versions --write"
     ]
     recorded["stage:score@tasks.score"]["version"] = 0  # bumped in code, not yet recorded
     lock.write_text(json.dumps(recorded))

@@ -14,6 +14,7 @@ import pytest
 from eva_runtime.errors import ConfigError, EvaError
 from eva_world.components import match
 from tasks.backends.reward.verifiable import AnswersError, VerifiableReward, read_answers
+from tasks.keys import keyed_config
 
 MATCH = "eva_world.components:match"
 
@@ -118,12 +119,12 @@ def test_run_config_names_the_bad_field_in_one_line(tmp_path: Path) -> None:
     assert "(set answer_column to the column that holds it)" in line and "\n" not in line
     with pytest.raises(ConfigError, match=r"annotate\.reward\.function: .*no attribute"):
         config(function="eva_world.components:nope")
-    # Valid: the file's hash is recorded (it keys annotate), whatever a config said.
+    # Valid: the file's hash keys annotate (tasks.keys), whatever a recorded config said.
     ok = config(function=MATCH, answers=answers, answers_sha256="stale")
-    first = ok.annotate.reward.answers_sha256
+    first = keyed_config(ok.annotate)["reward"]["answers_sha256"]
     assert first is not None and first != "stale" and len(first) == 64
     _jsonl(tmp_path / "a.jsonl", [{"prompt": "1+2=", "answer": "4"}])
-    assert config(function=MATCH, answers=answers).annotate.reward.answers_sha256 != first
+    assert keyed_config(ok.annotate)["reward"]["answers_sha256"] != first
     # It needs a prompt's N responses: evaluation does not inherit it and asks for its own.
     assert ok.evaluation.reward is None
     with pytest.raises(ConfigError, match=r"annotate\.reward is verifiable and cannot score"):

@@ -1,47 +1,48 @@
-"""What the version check sees beyond a stage's own modules, and what a launch says about it.
+"""What the version check sees beyond a stage's own modules, what it says when it fails, how it
+reads code, and what a launch says about it.
 
-Edits are made to copies of the source, handed to the check through ``tasks.versions._source``
-(the one place it reads code): the real files are never touched.
+Edits are made to copies of the source, handed to the check through ``tasks.source.read`` (the
+one place it reads code): the real files are never touched.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
-from tasks import versions
+from tasks import source, versions
 
 SEEDS = versions.SEEDS
 CLIENT = "eva_runtime.llm_client"
-
-
-def _clear_caches() -> None:
-    for cached in (versions._parsed, versions._tree, versions._imports, versions._closure):
-        cached.cache_clear()
+PROJECT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def edit(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[str, str, str], None]]:
     """``edit(module, old, new)``: the check reads ``module`` with ``old`` replaced by ``new``."""
-    real = versions._source
+    real = source.read
     edited: dict[str, str] = {}
 
-    def source(module: str) -> str:
+    def read(module: str) -> str:
         return edited.get(module, real(module))
 
     def apply(module: str, old: str, new: str) -> None:
         text = edited.get(module, real(module))
         assert text.count(old) == 1, f"{old!r} is not once in {module}"
         edited[module] = text.replace(old, new)
-        _clear_caches()
+        versions.clear_caches()
 
-    monkeypatch.setattr(versions, "_source", source)
-    _clear_caches()
+    monkeypatch.setattr(source, "read", read)
+    versions.clear_caches()
     yield apply
-    _clear_caches()
+    versions.clear_caches()
 
 
 @pytest.fixture
@@ -74,7 +75,8 @@ def test_editing_a_seed_derivation_fails_the_check_for_every_entry(lock, edit) -
     assert _changed(problems) == entries
     assert (
         "component:tasks.backends.generate.openai:OpenAIGeneration: its code changed but its "
-        "version is still 1: bump it if what it writes can change, then record it"
+        "version is still 1 (eva_runtime.seeds:content_seed): bump it if what it writes can "
+        "change; if it cannot, record it: python -m tasks.versions --write"
     ) in problems
 
 
@@ -140,14 +142,88 @@ def test_every_named_output_function_exists_and_a_moved_one_is_named(lock, edit)
 
 def test_the_check_reads_code_without_importing_it() -> None:
     """Resolving imports never imports a module (a backend's would import torch or TRL)."""
-    import sys
-
-    assert versions._find("tasks.backends.train.dpo") is not None
-    assert versions._find("tasks.backends.train.dpo.DPOSolverConfig") is None  # a name in it
-    assert versions._find("eva_runtime.seeds") is not None
-    assert versions._find("no_such_package.module") is None
+    assert source.find("tasks.backends.train.dpo") is not None
+    assert source.find("tasks.backends.train.dpo.DPOSolverConfig") is None  # a name in it
+    assert source.find("eva_runtime.seeds") is not None
+    assert source.find("no_such_package.module") is None
     name = "tasks.backends.nothing_here"
-    assert versions._find(name) is None and name not in sys.modules
+    assert source.find(name) is None and name not in sys.modules
+
+
+def test_the_whole_check_imports_no_stage_or_backend() -> None:
+    """``python -m tasks.versions`` finds every stage and component by reading the code: no
+    stage, backend, torch or TRL is imported."""
+    code = (
+        "import sys; from tasks import versions; versions.check(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'trl', 'transformers', 'vllm', 'prefect') or m.startswith('tasks.backends') "
+        "or m in ('tasks.score', 'tasks.stage', 'tasks.keys')))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(PROJECT)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=PROJECT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
+def test_reading_finds_what_importing_finds() -> None:
+    """Every stage and component, and its version, as importing every module finds them (how
+    the check found them before it read code)."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    from pydantic import BaseModel
+
+    from tasks.keys import is_component
+    from tasks.stage import Stage
+
+    imported: dict[str, int] = {}
+    names = [*versions.PACKAGES]
+    for package in versions.PACKAGES:
+        root = importlib.import_module(package)
+        names += [i.name for i in pkgutil.walk_packages(root.__path__, f"{package}.")]
+    for name in [*names, *versions.MODULES]:
+        if name in versions.SKIP:
+            continue
+        module = importlib.import_module(name)
+        for attr, obj in vars(module).items():
+            if isinstance(obj, Stage) and obj.fn.__module__ == name:
+                imported[f"stage:{obj.name}@{name}"] = obj.version
+            elif isinstance(obj, type) and obj.__module__ == name:
+                if issubclass(obj, BaseModel):
+                    found = is_component(obj) and not inspect.isabstract(obj)
+                else:
+                    found = name.startswith("eva_world") and "version" in vars(obj)
+                if found:
+                    version = getattr(obj, "version", None)
+                    imported[f"component:{name}:{attr}"] = (
+                        version if isinstance(version, int) else -1
+                    )
+    assert {k: v for k, (v, _) in versions.declared().items()} == imported
+
+
+def test_a_stale_entry_names_the_functions_that_changed(lock, edit) -> None:
+    edit("tasks.score", "def score(", "def score(  # a comment is no change\n")
+    assert versions.check() == []
+    # A method's arithmetic, imported by score; and a constant beside the stage.
+    edit("eva_core.informativeness", "return r.mean(axis=1)", "return r.mean(axis=1) + 0")
+    edit("tasks.score", "\n@stage(", "\nEXTRA = 2\n\n\n@stage(")
+    problems = [p for p in versions.check() if p.startswith("stage:score@")]
+    assert problems == [
+        "stage:score@tasks.score: its code changed but its version is still 1 "
+        "(eva_core.informativeness:_row_mean, tasks.score:<module>): bump it if what it writes "
+        "can change; if it cannot, record it: python -m tasks.versions --write"
+    ]
+    edited = versions.check()
+    versions.write()  # recorded as a refactor: the lock names each function it covers
+    assert versions.check() == [] != edited
+    recorded = json.loads(lock.read_text())
+    assert set(recorded["module:tasks.score"]) >= {"score", "<module>"}
+    assert set(recorded["module:eva_runtime.llm_client"]) == set(
+        versions.OUTPUT_CODE["eva_runtime.llm_client"]
+    )
 
 
 # -- the launch -------------------------------------------------------------------------------

@@ -116,7 +116,8 @@ class Evolver(Protocol):
 
 @runtime_checkable
 class Solver(Protocol):
-    """Updates a policy on preference pairs, starting from a checkpoint directory."""
+    """Updates a policy on preference pairs, starting from a checkpoint directory: each TRL
+    objective, and a solver of yours (``train.solver: {kind: python, factory: ...}``)."""
 
     def train(
         self,

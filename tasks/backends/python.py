@@ -1,6 +1,6 @@
 """A component of your own, named by import path: how eva plugs in code it does not ship.
 
-Every role (reward, evolver, complexity judge, a prompt source, a policy builder) accepts
+Every role (reward, evolver, complexity judge, solver, a prompt source, a policy builder) accepts
 ``{kind: python, factory: "package.module:name", options: {...}}``: ``factory(**options)``
 builds an object that satisfies the role's protocol (``tasks.backends.protocols``). The
 built-in demo world plugs in this way (``configs/world.yaml`` names ``eva_world.components``),
@@ -9,7 +9,8 @@ so the method never imports it.
 A factory may declare
 
 * ``version``: an int bumped when its output can change; it keys the stages that use it. Code
-  that declares none is keyed by the text of its module, so editing it reruns what calls it;
+  that declares none is keyed by the text of its module and of the modules of your project it
+  imports (``tasks.keys``), so editing either reruns what calls it;
 * ``libraries``: the packages it computes with, whose versions key those stages too;
 * ``check_prompts(prompts)`` on the object it builds: raise ``ValueError`` naming the first
   prompt it cannot handle; ``eva run`` calls it on prompt files before anything runs.

@@ -132,12 +132,6 @@ class VerifiableReward(BaseModel):
         "its label (empty responses count in N). TTRL labels by plain majority; higher is "
         "fewer, surer labels.",
     )
-    answers_sha256: str | None = Field(
-        default=None,
-        description="Filled in when the config is read: the answers file's hash, which keys "
-        "the stages that use this reward, so editing the file reruns them. A value given is "
-        "replaced.",
-    )
 
     @field_validator("function", "extract")
     @classmethod
@@ -146,17 +140,28 @@ class VerifiableReward(BaseModel):
             resolve_function(value)
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _recorded_hash(cls, data: Any) -> Any:
+        # Configs written before the hash moved into the key (a run folder's config.json) carry
+        # it: it was always recomputed from the file, so a value given is dropped.
+        if isinstance(data, dict) and "answers_sha256" in data:
+            data = {k: v for k, v in data.items() if k != "answers_sha256"}
+        return data
+
     @model_validator(mode="after")
     def _read(self) -> VerifiableReward:
-        if self.answers is None:
-            object.__setattr__(self, "answers_sha256", None)
-            return self
-        try:
-            read_answers(self.answers, self.prompt_column, self.answer_column)
-        except AnswersError as exc:  # pydantic names the field; the hint stays in the line
-            raise ValueError(f"{exc.message} ({exc.hint})") from None
-        object.__setattr__(self, "answers_sha256", hash_file(self.answers))
+        if self.answers is not None:
+            try:
+                read_answers(self.answers, self.prompt_column, self.answer_column)
+            except AnswersError as exc:  # pydantic names the field; the hint stays in the line
+                raise ValueError(f"{exc.message} ({exc.hint})") from None
         return self
+
+    def extra_key(self) -> dict[str, str | None]:
+        """What the config points at, in its part of the key (``tasks.keys``): the answers
+        file's hash, so editing the file reruns the stages that use this reward."""
+        return {"answers_sha256": hash_file(self.answers) if self.answers is not None else None}
 
     def load(self) -> VerifiableScorer:
         known: dict[str, str] = {}

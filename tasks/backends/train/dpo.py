@@ -18,6 +18,8 @@ Pitfalls met with TRL 1.16 / transformers 5.23:
   the rows are conversational so TRL templates them as generation does (``chat``).
 - The training arguments are built *before* the model: under ``accelerate launch`` with ZeRO-3
   that order lets ``from_pretrained`` load the weights already partitioned.
+- transformers 5 dropped ``logging_dir``: TensorBoard's callback would write under the trainer's
+  temporary ``output_dir``, so it is pointed at the run's folder once the trainer is built.
 - ``Trainer.save_model`` gathers ZeRO-3 shards; the pickled ``training_args.bin`` it adds (full
   of temporary paths) is removed so checkpoints stay byte-reproducible.
 """
@@ -49,6 +51,31 @@ MAX_LENGTH_HELP = (
     "Cap on prompt + response tokens (the response is cut). Lowered to the model's position "
     "table when that is smaller."
 )
+REPORT_TO_HELP = (
+    "Trackers that receive TRL's training metrics (loss, rewards, learning rate per logged "
+    'step), by transformers\' names: "tensorboard" (event files in the run, '
+    '{run}/iter_t/train_logs), "wandb", "mlflow", ...; [] (the default) reports to none. Each '
+    "needs its package installed; wandb and mlflow read their project or server from their "
+    "own environment variables. Naming one retrains: a cached step logged nothing."
+)
+# transformers' reporter names (report_to): the package to install and the modules it provides
+# (any one will do), checked at the edge (flows/inputs.py). Names not listed here are checked
+# against transformers' own list when a config is read.
+REPORTERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "tensorboard": ("tensorboard", ("tensorboard", "tensorboardX")),  # transformers takes either
+    "wandb": ("wandb", ("wandb",)),
+    "mlflow": ("mlflow", ("mlflow",)),
+    "comet_ml": ("comet-ml", ("comet_ml",)),
+    "clearml": ("clearml", ("clearml",)),
+    "dvclive": ("dvclive", ("dvclive",)),
+    "swanlab": ("swanlab", ("swanlab",)),
+    "trackio": ("trackio", ("trackio",)),
+    "neptune": ("neptune", ("neptune",)),
+    "codecarbon": ("codecarbon", ("codecarbon",)),
+    "azure_ml": ("azureml-core", ("azureml",)),
+    "dagshub": ("dagshub", ("dagshub",)),
+    "flyte": ("flytekit", ("flytekit",)),
+}
 MAX_PROMPT_HELP = (
     "Cap on prompt tokens (the chat template's own included), applied before TRL sees the text "
     "by keeping the end of the prompt; also held below max_length so a response token always "
@@ -91,6 +118,12 @@ class TRLSolverConfig(BaseModel):
     )
     device: Device = Field(default="auto", description='"auto" = cuda when available, else "cpu".')
     chat_template: ChatTemplate = Field(default="auto", description=CHAT_TEMPLATE_HELP)
+    # Added after runs were keyed: left out of the key while empty (tasks/keys.py).
+    report_to: list[str] = Field(
+        default_factory=list,
+        description=REPORT_TO_HELP,
+        json_schema_extra={"key": "unless default"},
+    )
 
     @field_validator("optim")
     @classmethod
@@ -116,6 +149,23 @@ class TRLSolverConfig(BaseModel):
             raise ValueError(f"unknown scheduler {value!r}; one of {', '.join(names)}")
         return value
 
+    @field_validator("report_to")
+    @classmethod
+    def _known_reporters(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if name in ("all", "none"):
+                raise ValueError(
+                    f"{name!r}: name each tracker (e.g. [tensorboard]); [] reports to none"
+                )
+            if name in REPORTERS or name == "kubeflow":
+                continue
+            from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+            if name not in INTEGRATION_TO_CALLBACK:
+                known = ", ".join(sorted(INTEGRATION_TO_CALLBACK))
+                raise ValueError(f"unknown tracker {name!r}; one of {known}")
+        return value
+
     def trainer_args(self, common: dict[str, Any]) -> TrainingArguments:
         """TRL's config object for this objective, from the shared ``common`` arguments."""
         raise NotImplementedError
@@ -123,11 +173,12 @@ class TRLSolverConfig(BaseModel):
     def trainer_class(self) -> type[Trainer]:
         raise NotImplementedError  # a class per objective, so tests can call it directly
 
-    def load(self) -> TRLSolver:
-        """A solver with this configuration (models are loaded per ``train`` call)."""
+    def load(self, logging_dir: str | None = None) -> TRLSolver:
+        """A solver with this configuration (models are loaded per ``train`` call); a tracker
+        of ``report_to`` that writes files (TensorBoard) writes them to ``logging_dir``."""
         from tasks.backends.train.trl_solver import TRLSolver
 
-        return TRLSolver(self)
+        return TRLSolver(self, logging_dir)
 
 
 def batch_layout(effective: int, per_device: int | None, processes: int) -> tuple[int, int]:

@@ -41,7 +41,7 @@ from eva_runtime.errors import EvaError
 from eva_runtime.log import child_logger
 from eva_runtime.progress import progress_line
 from tasks.backends.protocols import Progress, no_progress
-from tasks.backends.train import SolverBackend
+from tasks.backends.train import SolverBackend, load_solver
 
 DEFAULT_ACCELERATE_CONFIG = "infra/accelerate/zero3.yaml"
 ENTRY_MODULE = "tasks.backends.train.launch"  # what every launched process runs: main below
@@ -102,6 +102,7 @@ class LaunchSpec(BaseModel):
     output_dir: str
     seed: int
     metrics_path: str
+    logging_dir: str | None = None  # TensorBoard's event files (rank 0 writes them)
 
 
 def launch_train(
@@ -121,6 +122,7 @@ def launch_train(
     log: Callable[[str], None] = print,
     progress: Progress = no_progress,
     tail_lines: int = 40,
+    logging_dir: str | None = None,
 ) -> list[dict[str, float]]:
     """Train like ``solver.load().train(...)``, but in ``num_processes`` processes started by
     ``accelerate launch``; ``scratch`` receives the pairs file and the metrics file. With several
@@ -134,12 +136,12 @@ def launch_train(
         output_dir=os.path.abspath(output_dir),
         seed=seed,
         metrics_path=os.path.join(scratch, "metrics.json"),
+        logging_dir=logging_dir,
     )
     table = pa.table({"prompt": list(prompts), "chosen": list(chosen), "rejected": list(rejected)})
     pq.write_table(table, spec.pairs_path)
-    launch = _plain_launch(
-        spec.model_dump_json(), accelerate_config, num_processes, solver.bf16, nodes
-    )
+    bf16 = getattr(solver, "bf16", False)  # a solver of yours sets up its own precision
+    launch = _plain_launch(spec.model_dump_json(), accelerate_config, num_processes, bf16, nodes)
     returncode, tail = run_launch(
         launch, cwd=scratch, request_dir=request_dir, log=log, progress=progress,
         tail_lines=tail_lines,
@@ -199,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if rank0:
             log.info(progress_line(fraction=fraction))
 
-    rows = spec.solver.load().train(
+    rows = load_solver(spec.solver, spec.logging_dir).train(
         spec.policy_dir,
         pairs.column("prompt").to_pylist(),
         pairs.column("chosen").to_pylist(),

@@ -23,6 +23,7 @@ from transformers import (
     Trainer,
     TrainerCallback,
 )
+from transformers.integrations import TensorBoardCallback
 
 from tasks.backends.protocols import Progress, no_progress
 from tasks.backends.train.chat import assistant_turn, template_overhead, use_template, user_turn
@@ -57,11 +58,13 @@ def build_trainer(
     trainer_dir: str,
     seed: int,
     callbacks: Sequence[TrainerCallback] = (),
+    logging_dir: str | None = None,
 ) -> Trainer:
     """A ready-to-``train()`` TRL trainer; split out of ``TRLSolver.train`` so tests can inspect
     the exact trainer (its batches, its ``compute_loss``) that training uses. With a chat
     template its rows are conversational, so TRL templates them as generation did
-    (``tasks.backends.train.chat``)."""
+    (``tasks.backends.train.chat``). Its ``report_to`` trackers get the logged metrics;
+    TensorBoard's event files go to ``logging_dir``."""
     if not (len(prompts) == len(chosen) == len(rejected)):
         raise ValueError(
             f"prompts/chosen/rejected lengths differ: {len(prompts)}/{len(chosen)}/{len(rejected)}"
@@ -112,7 +115,7 @@ def build_trainer(
         use_cpu=use_cpu,
         seed=seed,
         data_seed=seed,
-        report_to=[],
+        report_to=list(config.report_to),  # transformers' "none" is []: never its "all"
         save_strategy="no",
         disable_tqdm=True,
     )
@@ -135,14 +138,27 @@ def build_trainer(
         )
     # disable_tqdm swaps the progress bar for PrinterCallback, which prints every log dict.
     trainer.remove_callback(PrinterCallback)
+    if logging_dir is not None:
+        _log_tensorboard_to(trainer, logging_dir)
     return trainer
+
+
+def _log_tensorboard_to(trainer: Trainer, logging_dir: str) -> None:
+    """Point the trainer's TensorBoard callback at ``logging_dir``. transformers 5 dropped the
+    ``logging_dir`` argument: the callback's default is a folder under the trainer's
+    ``output_dir``, a temporary one here, removed with the event files in it."""
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, TensorBoardCallback):
+            # Its own setting (read from TENSORBOARD_LOGGING_DIR when built), set per trainer
+            # rather than through the process's environment, which other stages share.
+            callback.logging_dir = logging_dir
 
 
 class TRLSolver:
     """Satisfies the ``Solver`` protocol for any ``TRLSolverConfig``."""
 
-    def __init__(self, config: TRLSolverConfig):
-        self.config = config
+    def __init__(self, config: TRLSolverConfig, logging_dir: str | None = None):
+        self.config, self.logging_dir = config, logging_dir
 
     def train(
         self,
@@ -165,8 +181,9 @@ class TRLSolver:
         ) as trainer_dir:
             callbacks = [ProgressCallback(progress)]
             trainer = build_trainer(
-                self.config, policy_dir, prompts, chosen, rejected, trainer_dir, seed, callbacks
-            )
+                self.config, policy_dir, prompts, chosen, rejected, trainer_dir, seed, callbacks,
+                self.logging_dir,
+            )  # fmt: skip
             with quiet():
                 trainer.train()
             rows = [numeric_row(e) for e in trainer.state.log_history if "loss" in e]
