@@ -50,7 +50,7 @@ from eva_core.answers import answer_rewards, majority_answers, normalize_answer
 from eva_core.schema import prompt_id
 from eva_world import world
 from eva_world.components import match
-from flows.config import deep_merge
+from flows.config_layers import deep_merge
 
 ITERATIONS = 2
 MATCH = "eva_world.components:match"

@@ -41,8 +41,10 @@ from bench.arms import baseline_run, sft_steps, start_from, world_sizes
 from eva_runtime.poll import PollTimeout, wait_until
 from eva_runtime.prefect_api import prefect_api
 from eva_runtime.prefect_server import counting_retries
-from flows.config import RunConfig, deep_merge, load_config, validate_config
-from tasks.store import RunStore, iteration_dir
+from flows.config import RunConfig, load_config, validate_config
+from flows.config_layers import deep_merge
+from tasks.run_paths import iteration_dir
+from tasks.store import RunStore
 
 # The world's own config (deep-merged: a partial section would start from paper defaults).
 DEMO = validate_config(

@@ -38,7 +38,8 @@ from prefect import flow
 from bench.arms import WINDOW, Baseline
 from bench.method import _model, _offline, arm_config, generated, seed_base
 from eva_runtime.errors import EvaError
-from flows.config import RunConfig, deep_merge
+from flows.config import RunConfig
+from flows.config_layers import deep_merge
 from flows.iteration import eva_iteration, setup
 from flows.launch import opened_run, run_name
 

@@ -49,14 +49,8 @@ import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
 from bench.arms import WINDOW, Baseline, baseline_run, bench_world, start_from, world_sizes
 from eva_core.informativeness import METRICS, reward_matrix
 from eva_world import world
-from flows.config import (
-    ConfigError,
-    OnlineRunConfig,
-    apply_overrides,
-    deep_merge,
-    load_config,
-    validate_config,
-)
+from flows.config import ConfigError, OnlineRunConfig, load_config, validate_config
+from flows.config_layers import apply_overrides, deep_merge
 
 PAIR_BUDGET = 320  # K: every arm trains exactly this many pairs an iteration (topped up if short)
 TOPUP_FACTORS = (1.0, 1.5, 2.0, 3.0)  # how far an arm's own source grows to reach K

@@ -36,9 +36,10 @@ from eva_world.tiny_lm import (
 )
 from tasks.backends.generate.transformers import TransformersGeneration
 from tasks.backends.ray_cluster import RayJob
+from tasks.content_hashes import hash_directory
 from tasks.context import RunContext, StageContext
 from tasks.generate import GenerateConfig, generate
-from tasks.store import Ref, hash_directory
+from tasks.store import Ref
 
 BACKEND = TransformersGeneration(max_new_tokens=10, batch_size=512)  # configs/world.yaml's
 

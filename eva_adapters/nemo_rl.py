@@ -62,132 +62,34 @@ What this relies on, in NeMo-RL at commit 7ea279a (2026-08-22):
 ``ratio_evol``, ``top_fraction``, ``n_new``, ``n_new_bootstrap``, ``metric``, ``seed``,
 ``max_chars``, ``skip_tied``, ``inherit``, ``state_path``). A child's reference answer is empty
 unless ``inherit`` names ``answer`` (a rewritten question has its own answer).
+
+This module is the dataset; the sampler is ``eva_adapters.nemo_rl_sampler`` (named from here
+by ``target``), and the creator the two find, with the state file, ``eva_adapters.nemo_rl_shared``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
-import logging
-import math
-import os
-import threading
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping
+from typing import Any
 
-import numpy as np
-from nemo_rl.algorithms.async_utils.staleness_sampler import (
-    BaseSampler,
-    ReadyFirstSampler,
-    WindowedSampler,
-)
 from nemo_rl.data.datasets.raw_dataset import RawDataset
 from nemo_rl.data.datasets.utils import load_dataset_from_path
 
 from eva_adapters.common import build_creator
-from eva_core.creator import Creator, Observation
-from eva_core.informativeness import informativeness
 
-logger = logging.getLogger(__name__)
+# async_rl.sampler.target names the sampler here (docs/trainers.md); it lives in its own module.
+from eva_adapters.nemo_rl_sampler import EvaSampler as EvaSampler
+from eva_adapters.nemo_rl_shared import SharedCreator, prompt_key, register, shared
 
-Record = dict[str, Any]
-Key = tuple[int, ...]
-REWARD = "total_reward"  # the DataPlane fields a committed group has (payload.py)
-PROMPT = "prompt_ids_for_adv"
 ANSWER = "answer"  # the seed column holding the reference answer
 PROMPT_ID = "eva_prompt_id"  # the row key naming the prompt, for the processor
-
-_REGISTRY: dict[str, _Shared] = {}
-
-
-class _Shared:
-    """The creator both seams use, with what ties a group back to its prompt: the token ids of
-    each prompt handed out (a queue per key: the same prompt may be out twice)."""
-
-    def __init__(self, name: str, creator: Creator, batch: int, state_path: str | None):
-        self.name = name
-        self.creator = creator
-        self.batch = batch
-        self.state_path = state_path
-        self.lock = threading.Lock()
-        self.queue: deque[Record] = deque()  # drawn, not handed to the dataloader yet
-        self.keys: dict[Key, deque[str]] = {}  # handed out, not observed yet
-        self.pending: list[tuple[str, list[float]]] = []  # finished, not observed yet
-        self.last: Observation | None = None  # the latest observation
-        self.unmatched = 0  # finished groups of prompts eva did not hand out
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "lock"}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        # Unpickled in another process (the SingleController actor): the live copy there.
-        self.__dict__.update(state)
-        self.lock = threading.Lock()
-        _REGISTRY[self.name] = self
-
-    def next_record(self) -> Record:
-        with self.lock:
-            if not self.queue:
-                self.queue.extend(self.creator.draw(self.batch))
-            if not self.queue:
-                raise IndexError("the creator has nothing left to draw")
-            return self.queue.popleft()
-
-    def handed_out(self, key: Key, prompt_id: str) -> None:
-        with self.lock:
-            self.keys.setdefault(key, deque()).append(prompt_id)
-
-    def finished(self, key: Key, rewards: list[float]) -> None:
-        with self.lock:
-            ids = self.keys.get(key)
-            if not ids:
-                self.unmatched += 1
-                return
-            self.pending.append((ids.popleft(), rewards))
-            if not ids:
-                del self.keys[key]
-
-    def observe_due(self) -> list[Observation]:
-        """Observe the finished groups in creator batches (``batch`` groups each)."""
-        done = []
-        with self.lock:
-            while len(self.pending) >= self.batch:
-                rows, self.pending = self.pending[: self.batch], self.pending[self.batch :]
-                done.append(self.creator.observe(rows))
-            if done and self.state_path:
-                self.creator.flush()
-                _write_json(self.state_path, {**self.creator.state(), "nemo_rl": self._extra()})
-        if done:
-            self.last = done[-1]
-        return done
-
-    def _extra(self) -> dict[str, Any]:
-        return {
-            "queue": list(self.queue),
-            "keys": [[list(k), list(ids)] for k, ids in self.keys.items()],
-            "pending": [[pid, rewards] for pid, rewards in self.pending],
-        }
-
-    def restore(self, extra: Mapping[str, Any]) -> None:
-        self.queue = deque(extra.get("queue", []))
-        self.keys = {tuple(k): deque(ids) for k, ids in extra.get("keys", [])}
-        self.pending = [(pid, list(r)) for pid, r in extra.get("pending", [])]
-
-
-def shared(name: str = "eva") -> _Shared | None:
-    """The creator this process's eva dataset registered under ``name``, if any."""
-    return _REGISTRY.get(name)
-
-
-# --- the dataset -----------------------------------------------------------------------------
 
 
 class _Rows:
     """The map-style rows ``AllTaskProcessedDataset`` indexes: each index gets the next prompt
     eva draws (a pass over the seeds is one epoch for the dataloader)."""
 
-    def __init__(self, state: _Shared, length: int, task_name: str):
+    def __init__(self, state: SharedCreator, length: int, task_name: str):
         self.state = state
         self.length = length
         self.task_name = task_name
@@ -217,7 +119,7 @@ class _RecordingProcessor:
     def __call__(self, datum: dict[str, Any], spec: Any, tokenizer: Any, max_len: Any,
                  idx: int) -> Any:  # fmt: skip
         out = self.inner(datum, spec, tokenizer, max_len, idx)
-        state = _REGISTRY.get(self.name)
+        state = shared(self.name)
         if state is not None and PROMPT_ID in datum:
             state.handed_out(prompt_key(out["message_log"]), datum[PROMPT_ID])
         return out
@@ -254,12 +156,9 @@ class EvaPromptDataset(RawDataset):
                  for r in rows]  # fmt: skip
         options = dict(eva or {})
         creator = build_creator(seeds, options)
-        state = _Shared(eva_name, creator, num_prompts_per_step, options.get("state_path"))
-        path = options.get("state_path")
-        if path and os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                state.restore(json.load(f).get("nemo_rl", {}))
-        _REGISTRY[eva_name] = state
+        state = SharedCreator(eva_name, creator, num_prompts_per_step, options.get("state_path"))
+        state.restore()
+        register(state)
         self.eva_name = eva_name
         self.shared = state
         self.dataset = _Rows(state, len(seeds), self.task_name)
@@ -270,149 +169,5 @@ class EvaPromptDataset(RawDataset):
         self.processor = _RecordingProcessor(self.processor, self.eva_name)
 
 
-# --- the sampler -----------------------------------------------------------------------------
-
-
-class EvaSampler(BaseSampler):
-    """NeMo-RL's ``PromptGroupSampler`` that observes every finished group into eva's creator
-    and selects the most informative eligible groups first (module doc)."""
-
-    POLICIES: ClassVar[dict[str, type[BaseSampler]]] = {
-        "ready_first": ReadyFirstSampler,
-        "windowed": WindowedSampler,
-    }
-
-    def __init__(
-        self,
-        buffer: Any,
-        *,
-        staleness: str = "ready_first",
-        max_staleness_versions: int = 1,
-        order: str = "informative",
-        eva_name: str = "eva",
-        metric: str | None = None,
-    ):
-        super().__init__(buffer)
-        if staleness not in self.POLICIES:
-            raise ValueError(
-                f"eva selects among the groups a policy allows; staleness must be one of "
-                f"{sorted(self.POLICIES)} (in_order and weight_fifo select whole dispatch "
-                f"batches), got {staleness!r}"
-            )
-        if order not in ("informative", "fifo"):
-            raise ValueError(f"order must be 'informative' or 'fifo', got {order!r}")
-        self.staleness = staleness
-        self.max_staleness_versions = max_staleness_versions
-        self.policy = self.POLICIES[staleness](
-            buffer, max_staleness_versions=max_staleness_versions
-        )
-        self.order = order
-        self.eva_name = eva_name
-        self._metric = metric
-        self.info: dict[str, float] = {}  # group (its first sample id) -> informativeness
-        if shared(eva_name) is None:
-            logger.warning(
-                f"eva: no EvaPromptDataset named {eva_name!r} in this process; the sampler "
-                "orders groups by informativeness but nothing is evolved"
-            )
-
-    @property
-    def metric(self) -> str:
-        state = shared(self.eva_name)
-        if self._metric is not None:
-            return self._metric
-        return state.creator.buffer.metric if state is not None else "a_avg"
-
-    # NeMo-RL's staleness policy, unchanged.
-    async def admit(self, *, trainer_version_fn: Callable[[], int]) -> int | None:
-        return await self.policy.admit(trainer_version_fn=trainer_version_fn)
-
-    def set_dispatch_index(self, resume_from_step: int) -> None:
-        self.policy.set_dispatch_index(resume_from_step)
-
-    def should_abort_inflight(self, *, start_weight_version: int,
-                              current_train_weight: int) -> bool:  # fmt: skip
-        return self.policy.should_abort_inflight(
-            start_weight_version=start_weight_version, current_train_weight=current_train_weight
-        )
-
-    @property
-    def is_on_policy(self) -> bool:
-        return self.policy.is_on_policy
-
-    def required_buffer_capacity(self, groups_per_step: int) -> int | None:
-        return self.policy.required_buffer_capacity(groups_per_step)
-
-    async def evict(self, *, current_train_weight: int) -> int:
-        await self.read_finished()  # before any is dropped
-        return await self.policy.evict(current_train_weight=current_train_weight)
-
-    async def select(
-        self, *, current_train_weight: int, min_prompt_groups: int, max_prompt_groups: int
-    ) -> tuple[Any, int]:
-        self._validate_group_bounds(min_prompt_groups, max_prompt_groups)
-        await self.read_finished()
-        buf = self._buffer
-        low = max(0, current_train_weight - self.max_staleness_versions)
-        eligible = [
-            i for i, weight in enumerate(buf.start_weight_list)
-            if buf.ready_list[i] and weight <= current_train_weight
-            and (self.staleness == "ready_first" or weight >= low)
-        ]  # fmt: skip
-        if self.order == "informative":
-            eligible.sort(key=lambda i: (-self._priority(i), i))
-        return await self._finalize_selection(eligible, min_prompt_groups, max_prompt_groups)
-
-    def _priority(self, i: int) -> float:
-        value = self.info.get(self._buffer.meta_list[i].sample_ids[0], math.nan)
-        return -math.inf if math.isnan(value) else value
-
-    async def read_finished(self) -> list[Observation]:
-        """Read the rewards and prompt of every ready group not read yet; observe the finished
-        groups in creator batches. Returns the observations made."""
-        buf = self._buffer
-        live = set()
-        state = shared(self.eva_name)
-        for i, ready in enumerate(buf.ready_list):
-            meta = buf.meta_list[i]
-            if not ready or meta is None:
-                continue
-            group = meta.sample_ids[0]
-            live.add(group)
-            if group in self.info:
-                continue
-            fields = await buf._call_dp(
-                "get_samples", sample_ids=list(meta.sample_ids), partition_id=meta.partition_id,
-                select_fields=[REWARD, PROMPT],
-            )  # fmt: skip
-            rewards = [float(r) for r in fields[REWARD].reshape(len(meta.sample_ids), -1)[:, 0]]
-            self.info[group] = float(informativeness(np.array([rewards]), self.metric)[0])
-            if state is not None:
-                state.finished(tuple(int(t) for t in _rows(fields[PROMPT])[0]), rewards)
-        self.info = {g: v for g, v in self.info.items() if g in live}
-        if state is None or len(state.pending) < state.batch:
-            return []
-        return await asyncio.to_thread(state.observe_due)  # the rewriter may be slow
-
-
-def prompt_key(message_log: Sequence[Mapping[str, Any]]) -> Key:
-    """A prompt's token ids, as ``prompt_ids_for_adv`` holds them (its messages' in order)."""
-    return tuple(int(t) for m in message_log for t in m["token_ids"].reshape(-1).tolist())
-
-
-def _rows(value: Any) -> list[list[Any]]:
-    """A DataPlane field's rows as lists (a nested tensor's too)."""
-    return [row.reshape(-1).tolist() for row in value.unbind(0)]
-
-
 def _text(value: Any) -> str:
     return "" if value is None else str(value)
-
-
-def _write_json(path: str, state: Mapping[str, Any]) -> None:
-    """Write ``state`` to ``path`` atomically (a crash leaves the old file whole)."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(state, f)
-    os.replace(tmp, path)

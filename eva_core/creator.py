@@ -32,30 +32,28 @@ response is generated, and another is drawn in its place.
 
 Costs: a draw is O(batch + |B|) (D's shuffle is computed once per pass over D, |B| is bounded
 by ``size``); an observation is O(groups) plus the rewriter.
+
+The records the creator takes in and makes are ``eva_core.creator_records``; what it carries
+from call to call (its counts, prompts drawn and not observed, evolutions not joined yet) is
+``eva_core.creator_state``.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Executor, Future
-from dataclasses import dataclass, field
+from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-import pyarrow as pa
 
 from eva_core.buffer import PromptBuffer
-from eva_core.evolution import EvolveStats, clean_rewrite, evolved_records
+from eva_core.creator_records import Evolved, Record, Rewriter, as_records, evolve_children
+from eva_core.creator_state import CreatorStats, EvolutionQueue, Outstanding
 from eva_core.informativeness import informativeness
 from eva_core.predicted import TiePosterior
-from eva_core.schema import PROMPT_SCHEMA, prompt_id, seed_records
-
-Record = dict[str, Any]
-Rewrite = str | tuple[str, str]
-Rewriter = Callable[[list[Record], int, int], Sequence[Sequence[Rewrite]]]
 
 
 @dataclass
@@ -69,23 +67,6 @@ class Observation:
     parents: list[int]
     joined: int = 0
     evicted: int = 0
-
-
-@dataclass
-class CreatorStats:
-    """Counts over the creator's life (saved with its state)."""
-
-    drawn: int = 0
-    observed: int = 0  # groups observed
-    tied: int = 0  # observed groups whose finite rewards were all equal
-    skipped: int = 0  # drawn prompts the tie filter skipped before rollout
-    released: int = 0  # drawn prompts the trainer dropped unfinished (never observed)
-    duplicate_seeds: int = 0  # seed rows dropped as repeats (``duplicates="drop"``)
-    parents: int = 0
-    failed_parents: int = 0  # parents the rewriter returned nothing usable for
-    children: int = 0  # children that joined the buffer
-    evicted: int = 0
-    dropped: dict[str, int] = field(default_factory=dict)  # rewrites dropped, by reason
 
 
 class Creator:
@@ -132,10 +113,9 @@ class Creator:
         self.inherit = tuple(inherit)  # a framework's own columns a child copies from its parent
         self.stats = CreatorStats()
         self.observations = 0  # observe calls so far: the clock evolutions join by
-        self.outstanding: dict[str, list[Record]] = {}  # drawn, not observed yet, by id
+        self.outstanding = Outstanding()  # drawn, not observed yet
         self.stats.duplicate_seeds = len(seeds) - len(records)
-        # Evolutions not joined yet: (observation, the job's arguments, its future if submitted).
-        self._evolutions: deque[tuple[int, tuple[Any, ...], Future[Any] | None]] = deque()
+        self._evolutions = EvolutionQueue()  # submitted, not joined yet
         # draw, observe, release and state may come from different threads of one trainer
         # (a data loader's and a sampler's): each runs whole.
         self._lock = threading.RLock()
@@ -175,7 +155,7 @@ class Creator:
     def flush(self) -> int:
         """Join every outstanding evolution now; returns the children joined."""
         with self._lock:
-            return self._join(math.inf)[0]  # type: ignore[arg-type]
+            return self._join(math.inf)[0]
 
     def state(self) -> dict[str, Any]:
         """JSON-ready state. Prompts drawn but not observed are kept, so observing them after
@@ -187,8 +167,8 @@ class Creator:
                 "observations": self.observations,
                 "evolve_lag": self.evolve_lag,
                 "stats": {**self.stats.__dict__},
-                "outstanding": [r for drawn in self.outstanding.values() for r in drawn],
-                "evolutions": [list(job) for _, job, _ in self._evolutions],
+                "outstanding": self.outstanding.records(),
+                "evolutions": self._evolutions.state(),
                 **({"ties": self.ties.state()} if self.ties is not None else {}),
             }
 
@@ -206,8 +186,7 @@ class Creator:
         fill = skipped[: k - len(out)]
         out += fill
         self.stats.skipped += len(skipped) - len(fill)
-        for record in out:
-            self.outstanding.setdefault(record["prompt_id"], []).append(record)
+        self.outstanding.add(out)
         self.stats.drawn += len(out)
         return out
 
@@ -258,13 +237,7 @@ class Creator:
     def _release(self, prompt_ids: Iterable[str]) -> int:
         """Forget drawn prompts the trainer will never report (a rollout aborted unfinished);
         returns how many were outstanding."""
-        released = 0
-        for pid in prompt_ids:
-            if drawn := self.outstanding.get(pid):
-                drawn.pop(0)
-                released += 1
-                if not drawn:
-                    del self.outstanding[pid]
+        released = sum(self.outstanding.take(pid) is not None for pid in prompt_ids)
         self.stats.released += released
         return released
 
@@ -274,12 +247,10 @@ class Creator:
         """The drawn records the groups answer, and their rewards as a NaN-padded matrix."""
         records = []
         for pid, _ in groups:
-            drawn = self.outstanding.get(pid)
-            if not drawn:
+            record = self.outstanding.take(pid)
+            if record is None:
                 raise KeyError(f"prompt {pid!r} was not drawn (or was already observed)")
-            records.append(drawn.pop(0))
-            if not drawn:
-                del self.outstanding[pid]
+            records.append(record)
         width = max((len(r) for _, r in groups), default=0)
         rewards = np.full((len(groups), width), np.nan)
         for i, (_, row) in enumerate(groups):
@@ -288,42 +259,24 @@ class Creator:
 
     def _evolve(
         self, parents: list[Record], priorities: list[float], n: int, seed: int, at: int
-    ) -> tuple[list[Record], list[float], EvolveStats, int]:
-        """Children of ``parents`` as prompt records with lineage, each starting at its parent's
-        informativeness as priority, made at observation ``at`` (their ``iteration``); and the
-        parents the rewriter gave nothing usable."""
+    ) -> Evolved:
+        """The rewriter's children of ``parents`` (``evolve_children``). The rewriter is read
+        when the evolution runs: a trainer may wrap it after construction (to time it)."""
         assert self.rewriter is not None
-        raw = [[(r, "rewrite") if isinstance(r, str) else r for r in rewrites]
-               for rewrites in self.rewriter(parents, n, seed)]  # fmt: skip
-        if len(raw) != len(parents):
-            raise ValueError(f"the rewriter returned {len(raw)} lists for {len(parents)} parents")
-        failed = sum(not any(clean_rewrite(text) for text, _ in rewrites) for rewrites in raw)
-        table = pa.Table.from_pylist(
-            [{name: p.get(name) for name in PROMPT_SCHEMA.names} for p in parents],
-            schema=PROMPT_SCHEMA,
-        )
-        children, stats = evolved_records(
-            table, raw, at, self.max_chars, self.categorize,
-            exclude_ids=self.exclude_ids,
+        return evolve_children(
+            self.rewriter, parents, priorities, n, seed, at, max_chars=self.max_chars,
+            categorize=self.categorize, exclude_ids=self.exclude_ids, inherit=self.inherit,
         )  # fmt: skip
-        by_parent = dict(zip((p["prompt_id"] for p in parents), priorities, strict=True))
-        extra = {p["prompt_id"]: {k: p[k] for k in self.inherit if k in p} for p in parents}
-        records = [{**extra[r["parent_id"]], **r} for r in children.to_pylist()]
-        return records, [by_parent[r["parent_id"]] for r in records], stats, failed
 
     def _submit(self, job: tuple[Any, ...]) -> None:
         """Queue an evolution to join at its observation + lag; in the executor if there is
         one (else it runs when joined)."""
-        future = self.executor.submit(self._evolve, *job) if self.executor else None
-        self._evolutions.append((job[-1], job, future))
+        self._evolutions.submit(job, self._evolve, self.executor)
 
-    def _join(self, upto: int) -> tuple[int, int]:
+    def _join(self, upto: float) -> tuple[int, int]:
         """Add the children of every evolution submitted at an observation <= ``upto``."""
         joined = evicted = 0
-        while self._evolutions and self._evolutions[0][0] <= upto:
-            _, job, future = self._evolutions.popleft()
-            done = future.result() if future is not None else self._evolve(*job)
-            records, priorities, stats, failed = done
+        for records, priorities, stats, failed in self._evolutions.due(upto, self._evolve):
             evicted += self.buffer.add_children(records, priorities)
             joined += len(records)
             self.stats.failed_parents += failed
@@ -358,34 +311,10 @@ class Creator:
         creator.buffer = PromptBuffer.from_state(creator.buffer.seeds, state["buffer"])
         creator.observations = state["observations"]
         creator.stats = CreatorStats(**state["stats"])
-        for record in state["outstanding"]:
-            creator.outstanding.setdefault(record["prompt_id"], []).append(record)
+        creator.outstanding.add(state["outstanding"])
         for job in state.get("evolutions", []):
             creator._submit(tuple(job))
         return creator
-
-
-def as_records(
-    seeds: Sequence[str] | Sequence[Mapping[str, Any]],
-    duplicates: Literal["refuse", "drop"] = "refuse",
-) -> list[Record]:
-    """Seed prompt records from texts, or from dicts with a ``prompt`` (other keys are kept,
-    so a framework's own columns, such as a ground truth, travel with the prompt). A prompt
-    that repeats an earlier one after normalization is refused, naming its row, or with
-    ``duplicates="drop"`` dropped (the first one is kept)."""
-    if not seeds:
-        raise ValueError("the seed set is empty")
-    rows = [{"prompt": s} if isinstance(s, str) else dict(s) for s in seeds]
-    if missing := [i for i, r in enumerate(rows) if not isinstance(r.get("prompt"), str)]:
-        raise ValueError(f"seed row {missing[0]} has no text 'prompt'")
-    if duplicates == "drop":
-        firsts: dict[str, dict[str, Any]] = {}
-        for row in rows:
-            if row["prompt"].strip():  # an empty prompt is refused below, with its row
-                firsts.setdefault(prompt_id(row["prompt"]), row)
-        rows = list(firsts.values()) + [r for r in rows if not r["prompt"].strip()]
-    table = seed_records([r["prompt"] for r in rows], [r.get("category") for r in rows])
-    return [{**row, **record} for row, record in zip(rows, table.to_pylist(), strict=True)]
 
 
 def _tied(rewards: np.ndarray) -> bool:

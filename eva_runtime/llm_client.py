@@ -2,7 +2,7 @@
 TGI, a hosted API): policy rollouts, the pairwise and complexity judges, the chosen-response
 rewriter, the paper evolver, and distilabel's tasks through the adapter in
 ``eva_runtime.distilabel_llm``. Its config, the key lookup and the model name live in
-``eva_runtime.llm_config``.
+``eva_runtime.llm_config``; when it retries and when it stops, in ``eva_runtime.llm_retry``.
 
 It is synchronous and runs requests on threads: a sync client avoids fighting over an event loop
 with Prefect, which runs sync tasks in worker threads. What it guarantees, for every caller:
@@ -12,47 +12,37 @@ with Prefect, which runs sync tasks in worker threads. What it guarantees, for e
   own timeouts bound each socket operation only, so a server that trickles a byte a second would
   hold a request forever; here the caller waits for the attempt's thread until the deadline, and
   the attempt cuts its own timeouts to the time it has left (``LLMClient._attempt``);
-- retries after timeouts, dropped connections, 408, 429 and 5xx (never after another 4xx, which
-  no retry fixes: a bad key, an unknown model, a prompt over the context length), each delayed
-  by ``backoff_s * 2**attempt`` with jitter, capped by ``max_backoff_s``, and never sooner than
-  the server's ``Retry-After`` up to that cap (a longer one is logged once, with the cap);
+- retries after timeouts, dropped connections, 408, 429 and 5xx, never after another 4xx, with
+  a backoff that heeds the server's ``Retry-After`` (``eva_runtime.llm_retry``);
 - the API key is read from the variable *named* by ``api_key_env`` when the client is built and
   lives only in its HTTP headers: never in the config, so never in manifests or config hashes.
   A named variable that is unset or empty is an error then, before any request is sent. Every
   text the client makes from an answer or an exception (errors it raises, lines it logs) passes
-  through ``redact``: the key, bearer tokens, header values and ``sk-...`` keys are replaced,
-  since some proxies echo the request's headers in an error body;
+  through ``eva_runtime.llm_config.redact``, since some proxies echo the request's headers in an
+  error body;
 - one set of counts (``stats()``): HTTP requests sent, retries, requests that failed for good,
   and prompt/completion tokens from each answer's ``usage``;
 - a request that fails for good raises ``LLMRequestError``, which says whether it was transient
   (retries spent), a timeout, or a configuration error (401/403/404) no later request can avoid;
-- a circuit breaker: once ``breaker_failures`` requests in a row spent their retries (on
-  timeouts, refused or dropped connections, 408, 429 or 5xx) while the endpoint answered nothing
-  else (no 2xx, no other 4xx) meanwhile, it is down or refuses everything. That request and
-  every later one (retries in flight included) raise ``LLMEndpointDown``, one line naming the
-  endpoint and what it last answered. It is no ``LLMRequestError``, so no caller that tolerates
-  a failed request (an empty rewrite, a lost comparison) swallows it: a dead endpoint ends the
-  stage after about ``(max_retries + 1) * (timeout_s + max_backoff_s)`` seconds, times
-  ``breaker_failures / concurrency`` rounded up, instead of spending every request's retries.
+- a circuit breaker: once ``breaker_failures`` requests in a row spent their retries while the
+  endpoint answered nothing else, that request and every later one raise ``LLMEndpointDown``,
+  which no caller that tolerates a failed request swallows (``eva_runtime.llm_retry``).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import random
-import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, NamedTuple, TypeVar
-from urllib.parse import quote
 
 import httpx
 
 from eva_runtime.errors import EvaError
-from eva_runtime.llm_config import LLMClientConfig, api_key, auth_headers, model_name
+from eva_runtime.llm_config import LLMClientConfig, api_key, auth_headers, model_name, redact
+from eva_runtime.llm_retry import Backoff, Breaker, retried, retry_after
 from eva_runtime.seeds import content_seed as content_seed  # a request's seed
 
 _log = logging.getLogger(__name__)
@@ -68,47 +58,8 @@ STATS = ("requests", "retries", "failures", "prompt_tokens", "completion_tokens"
 # Errors of the endpoint's configuration (key, permissions, model or URL): every request will hit
 # them, so callers that tolerate a failed request still stop on these.
 CONFIG_STATUS = frozenset({401, 403, 404})
-# Answers that are no answer: the server (or a proxy) is up but serves nothing. Retried, and for
-# the breaker the same as no answer at all, so a quota that refuses every request stops the stage.
-REFUSED_STATUS = frozenset({408, 429})
 # The longest text a server said that an error quotes (vLLM says why, e.g. max_model_len).
 DETAIL_CHARS = 300
-
-BREAKER_HINT = "start or fix the server; llm.breaker_failures sets how many failures stop it"
-REFUSED_HINT = (
-    "the endpoint refuses every request (a rate limit or a spent quota): wait, lower "
-    "llm.concurrency or raise the quota; llm.breaker_failures sets how many failures stop it"
-)
-TIMEOUT_HINT = (
-    "start or fix the server, or raise llm.timeout_s if its answers are only slow; "
-    "llm.breaker_failures sets how many failures stop it"
-)
-
-REDACTED = "[redacted]"
-# Secrets by their shape, in text eva did not write (an error body, an exception): the value of
-# an Authorization or API-key header or parameter whatever its scheme (first, so that its scheme
-# goes with it), a bearer token, an OpenAI-style key. A value never starts with "[", so text
-# already redacted stays as it is.
-_SECRET_SHAPES = (
-    re.compile(
-        r"(?i)((?:proxy-)?authorization|api[-_]?key)(['\"]?\s*[:=]\s*['\"]?)"
-        r"(?:(?:bearer|basic|token)\s+)?[^\s'\",;&{}\[\]]+"
-    ),
-    re.compile(r"(?i)(\bbearer\s+)[\w.~+/=-]+"),
-    re.compile(r"(?<![\w-])sk-[\w-]{8,}"),
-)
-
-
-def redact(text: str, secrets: Iterable[str] = ()) -> str:
-    """``text`` with each of ``secrets`` (as is, JSON-escaped or URL-quoted, as a body or a URL
-    may carry it) and every secret-shaped value (see ``_SECRET_SHAPES``) replaced by
-    ``[redacted]``. The one place the client turns what it was told into text it shows."""
-    forms = {form for s in secrets if s for form in (s, json.dumps(s)[1:-1], quote(s, safe=""))}
-    for form in sorted(forms, key=len, reverse=True):  # a longer form may contain a shorter
-        text = text.replace(form, REDACTED)
-    for shape in _SECRET_SHAPES:
-        text = shape.sub(lambda m: "".join(g for g in m.groups() if g) + REDACTED, text)
-    return text
 
 
 def no_progress(_: float) -> None:
@@ -148,10 +99,6 @@ class LLMBatchError(EvaError, RuntimeError):
         self.completed = completed
 
 
-class LLMEndpointDown(EvaError, RuntimeError):
-    """The circuit breaker is open: the endpoint is down (see the module docstring)."""
-
-
 class _Aborted(Exception):
     """Another item of the same ``map`` failed: stop retrying, the batch fails anyway."""
 
@@ -186,14 +133,8 @@ class LLMClient:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(STATS, 0)
         self._local = threading.local()  # the abort event of the ``map`` a thread works for
-        # The breaker: answers so far (any status below 500: the server is up), requests that
-        # failed for good in a row with no answer at all while they were retrying, the verdict.
-        self._answers = 0
-        self._down_streak = 0
-        self._down: str | None = None  # the breaker's message once open
-        self._down_hint = BREAKER_HINT  # what to do about it, by what the endpoint last did
-        self._tripped = threading.Event()  # wakes retries waiting out a backoff
-        self._capped_said = False  # a Retry-After over max_backoff_s was logged (once a client)
+        self._backoff = Backoff(config)
+        self._breaker = Breaker(config)
 
     def __repr__(self) -> str:
         return f"LLMClient(model={self.model!r}, base_url={self.config.base_url!r})"
@@ -276,12 +217,12 @@ class LLMClient:
         """POST ``body`` (plus the model) with retries; the answer's JSON object."""
         cfg, body = self.config, {**body, "model": self.model}
         abort: threading.Event | None = getattr(self._local, "abort", None)
-        answers_before = self._answers
+        answers_before = self._breaker.answers
         for attempt in range(cfg.max_retries + 1):
             if abort is not None and abort.is_set():
                 raise _Aborted
-            self._check_breaker()
-            status, retry_after, timed_out = None, None, False
+            self._breaker.check()
+            status, asked_wait, timed_out = None, None, False
             self._count(requests=1)
             try:
                 # The deadline starts once a slot is ours: waiting for one is no server's fault.
@@ -297,21 +238,21 @@ class LLMClient:
             else:
                 status = resp.status_code
                 if resp.is_success:
-                    self._answered()
+                    self._breaker.answered()
                     return self._parsed(resp)
                 error = f"HTTP {status}: {self._text(_detail(resp), DETAIL_CHARS)}"
-                if status not in REFUSED_STATUS and status < 500:
-                    self._answered()  # up: it refused this request, and would others
+                if not retried(status):
+                    self._breaker.answered()  # up: it refused this request, and would others
                     self._count(failures=1)
                     raise LLMRequestError(f"{error} (not retried)", status)
-                retry_after = _retry_after(resp)
+                asked_wait = retry_after(resp)
             if attempt == cfg.max_retries:
                 self._count(failures=1)
-                self._failed_for_good(error, answers_before, timed_out, status)
+                self._breaker.failed_for_good(error, answers_before, timed_out, status)
                 message = f"{error} (gave up after {attempt + 1} attempts)"
                 raise LLMRequestError(message, status, transient=True, timed_out=timed_out)
             self._count(retries=1)
-            delay = self._delay(attempt, retry_after)
+            delay = self._backoff.delay(attempt, asked_wait)
             _log.debug(
                 "%s %s: %s; retry %d of %d in %.2f s",
                 cfg.base_url, path, error, attempt + 1, cfg.max_retries, delay,
@@ -319,7 +260,7 @@ class LLMClient:
             if abort is not None and abort.wait(delay):
                 raise _Aborted
             if abort is None:
-                self._tripped.wait(delay)  # cut short when the breaker opens meanwhile
+                self._breaker.wait(delay)  # cut short when the breaker opens meanwhile
         raise AssertionError("unreachable")
 
     def _attempt(self, path: str, body: dict[str, Any]) -> httpx.Response:
@@ -396,42 +337,6 @@ class LLMClient:
         then cut to ``limit`` characters, in that order, so no cut leaves half a key."""
         return redact(str(said), self._secrets)[:limit]
 
-    def _check_breaker(self) -> None:
-        if self._down is not None:
-            raise LLMEndpointDown(self._down, field="llm.base_url", hint=self._down_hint)
-
-    def _answered(self) -> None:
-        with self._lock:
-            self._answers += 1
-            self._down_streak = 0
-
-    def _failed_for_good(
-        self, error: str, answers_before: int, timed_out: bool, status: int | None
-    ) -> None:
-        """A request spent its retries on timeouts, refused or dropped connections, 408, 429 or
-        5xx. It counts towards the breaker only if the endpoint answered nothing at all while it
-        retried (a prompt the server fails on, or one too long to finish in time, while it
-        answers others, is no outage); the breaker opens at ``breaker_failures`` in a row, and
-        this request reports it."""
-        cfg = self.config
-        with self._lock:
-            if self._answers == answers_before:
-                self._down_streak += 1
-            limit = cfg.breaker_failures
-            if self._down is None and limit is not None and self._down_streak >= limit:
-                self._down = (
-                    f"{cfg.base_url} is down or refuses every request: {self._down_streak} "
-                    f"requests in a row failed after {cfg.max_retries + 1} attempts each, and "
-                    f"it answered nothing else meanwhile; last: {error}"
-                )
-                if timed_out:
-                    self._down_hint = TIMEOUT_HINT
-                elif status in REFUSED_STATUS:
-                    self._down_hint = REFUSED_HINT
-        if self._down is not None:
-            self._tripped.set()
-            self._check_breaker()
-
     def map(
         self, fn: Callable[[T], R], items: Sequence[T], progress: Progress = no_progress
     ) -> list[R]:
@@ -498,36 +403,6 @@ class LLMClient:
             )
         return results
 
-    def _delay(self, attempt: int, retry_after: float | None) -> float:
-        cfg = self.config
-        # "Equal jitter": half fixed, half random, so clients that failed together spread out
-        # without any of them retrying almost at once.
-        delay = min(cfg.max_backoff_s, cfg.backoff_s * 2**attempt) * random.uniform(0.5, 1.0)
-        if retry_after is not None:  # the server knows best, within our cap
-            delay = max(delay, min(retry_after, cfg.max_backoff_s))
-            if retry_after > cfg.max_backoff_s:
-                self._say_capped(retry_after)
-        return delay
-
-    def _say_capped(self, retry_after: float) -> None:
-        """Log, once a client, that a Retry-After was cut to ``max_backoff_s``: an hour's wait
-        asked of every request would otherwise be silently shortened, or stall the stage."""
-        with self._lock:
-            if self._capped_said:
-                return
-            self._capped_said = True
-        cfg = self.config
-        stop = (
-            f"stops once llm.breaker_failures = {cfg.breaker_failures} requests in a row were "
-            "refused"
-            if cfg.breaker_failures is not None
-            else "retries every request (llm.breaker_failures is null)"
-        )
-        _log.warning(
-            "%s asks to wait %g s before a retry (Retry-After); eva waits at most "
-            "llm.max_backoff_s = %g s, and %s", cfg.base_url, retry_after, cfg.max_backoff_s, stop,
-        )  # fmt: skip
-
     def _count(self, **deltas: int) -> None:
         with self._lock:
             for key, value in deltas.items():
@@ -579,10 +454,3 @@ def _detail(resp: httpx.Response) -> str:
     except (ValueError, AttributeError):
         pass
     return resp.text or resp.reason_phrase
-
-
-def _retry_after(resp: httpx.Response) -> float | None:
-    try:
-        return max(0.0, float(resp.headers["retry-after"]))
-    except (KeyError, ValueError):
-        return None  # absent, or an HTTP date: fall back to our own backoff

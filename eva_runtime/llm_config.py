@@ -1,5 +1,6 @@
 """Where an OpenAI-compatible endpoint is and how to reach it: the ``llm:`` block every
-LLM-backed backend takes, and the helpers that turn it into a model name and request headers.
+LLM-backed backend takes, the helpers that turn it into a model name and request headers, and
+``redact``, which keeps the key out of every text the client shows.
 
 Kept apart from the client (``eva_runtime.llm_client``) so that code which only validates or
 inspects configs (``flows.inputs`` checks every key before a run writes anything) needs no HTTP
@@ -10,15 +11,20 @@ client. What it guarantees:
 - the API key is read from the variable *named* by ``api_key_env``, when asked for, and is never
   a config field: never in manifests, config hashes or reprs. A named variable that is unset or
   empty is an ``LLMConfigError`` (one line naming the variable), before any request is sent;
+- ``redact`` cuts the key, and anything shaped like a secret (bearer tokens, header values,
+  ``sk-...`` keys), out of text the client shows;
 - ``NamedLLMConfig`` for users that have no checkpoint to fall back on, so a missing model fails
   when the config is validated rather than at the first request.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+from collections.abc import Iterable
 from typing import Annotated
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
@@ -137,3 +143,30 @@ def model_name(config: LLMClientConfig, default: str | None = None) -> str:
     if not name:
         raise LLMConfigError("llm.model: no model name; set it to the endpoint's model")
     return name
+
+
+REDACTED = "[redacted]"
+# Secrets by their shape, in text eva did not write (an error body, an exception): the value of
+# an Authorization or API-key header or parameter whatever its scheme (first, so that its scheme
+# goes with it), a bearer token, an OpenAI-style key. A value never starts with "[", so text
+# already redacted stays as it is.
+_SECRET_SHAPES = (
+    re.compile(
+        r"(?i)((?:proxy-)?authorization|api[-_]?key)(['\"]?\s*[:=]\s*['\"]?)"
+        r"(?:(?:bearer|basic|token)\s+)?[^\s'\",;&{}\[\]]+"
+    ),
+    re.compile(r"(?i)(\bbearer\s+)[\w.~+/=-]+"),
+    re.compile(r"(?<![\w-])sk-[\w-]{8,}"),
+)
+
+
+def redact(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` with each of ``secrets`` (as is, JSON-escaped or URL-quoted, as a body or a URL
+    may carry it) and every secret-shaped value (see ``_SECRET_SHAPES``) replaced by
+    ``[redacted]``. The one place the client turns what it was told into text it shows."""
+    forms = {form for s in secrets if s for form in (s, json.dumps(s)[1:-1], quote(s, safe=""))}
+    for form in sorted(forms, key=len, reverse=True):  # a longer form may contain a shorter
+        text = text.replace(form, REDACTED)
+    for shape in _SECRET_SHAPES:
+        text = shape.sub(lambda m: "".join(g for g in m.groups() if g) + REDACTED, text)
+    return text

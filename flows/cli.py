@@ -19,7 +19,7 @@ import os
 import sys
 from typing import Any, NoReturn
 
-from flows import commands
+from flows import commands, inspect_commands
 
 # The project's own files, wherever eva is started from.
 PROJECT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -234,10 +234,10 @@ def main(argv: list[str] | None = None) -> int:
         "run": commands.run,
         "online": commands.online,
         "stage": commands.stage,
-        "show": commands.show,
+        "show": inspect_commands.show,
         "serve": commands.serve,
         "train-node": commands.train_node,
-        "config": commands.config,
+        "config": inspect_commands.config,
         "bench": commands.bench,
     }
     try:  # the commands that run flows open a Prefect API once their input is checked
@@ -246,8 +246,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as exc:
-        # A stage that failed: one line naming it, its traceback in the run (tasks.stage).
-        failed = getattr(exc, "eva_failure", None)  # tasks.stage.FAILURE
+        # A stage that failed: one line naming it, its traceback in the run (tasks.stage_log).
+        failed = getattr(exc, "eva_failure", None)  # tasks.stage_log.FAILURE
         if failed is not None:
             print(f"eva: error: {failed}", file=sys.stderr)
             return 2 if isinstance(exc, EvaError) else 1

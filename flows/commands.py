@@ -1,4 +1,6 @@
-"""What each ``eva`` command does, once ``flows.cli`` has parsed its arguments.
+"""What each ``eva`` command that runs something does (a run, a stage, a served deployment,
+a machine of multi-node training, the benchmarks), once ``flows.cli`` has parsed its arguments;
+the commands that only read, ``eva show`` and ``eva config``, are ``flows.inspect_commands``.
 
 Every handler takes the parsed arguments and returns the exit status. Heavy imports happen
 inside the handlers, never at the top of this module: ``flows.config`` alone pulls in every
@@ -15,15 +17,12 @@ import re
 import shlex
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from eva_runtime.errors import ConfigError, EvaError
+from eva_runtime.errors import ConfigError
 
 if TYPE_CHECKING:
-    import pyarrow as pa
-
     from flows.config import OnlineRunConfig, RunConfig
-    from tasks.store import RunStore
 
     T = TypeVar("T", RunConfig, OnlineRunConfig)
 
@@ -248,108 +247,6 @@ def _stored_kind(root: str, run: str) -> tuple[bool, bool] | None:
     return "online" in data, isinstance(evaluate, dict) and bool(evaluate.get("judge"))
 
 
-def show(args: argparse.Namespace) -> int:
-    check_run_name(args.run)  # before the imports that take seconds
-    from flows.config import OnlineRunConfig
-    from flows.runs import close_match, is_online, seed_count, stored_config
-    from flows.summary import iteration_summary, online_summary, summary_table
-    from tasks.store import RunStore
-
-    config = stored_config(args.root, args.run, args.storage_options)
-    store = RunStore(config.root, config.run, config.storage_options)
-    if args.stage is None:
-        if isinstance(config, OnlineRunConfig):
-            segments = config.online.segments(seed_count(config))
-            rows = online_summary(store, segments, config.evaluate.judge is not None)
-        else:
-            rows = iteration_summary(store, config)
-        print(summary_table(rows))
-        return 0
-    manifest = store.read_manifest(args.iteration, args.stage)
-    if manifest is None:
-        step = "segment" if is_online(config) else "iteration"
-        where = "setup" if args.iteration is None else f"{step} {args.iteration}"
-        here = store.artifacts(args.iteration)
-        later = [i for i in store.iterations() if args.stage in store.artifacts(i)]
-        if args.iteration is None and later:
-            hint = f"it is made in every {step}: add --iteration N (e.g. --iteration {later[0]})"
-        elif near := close_match(args.stage, here):
-            hint = f"did you mean {near}?"
-        else:
-            hint = f"{where} has {', '.join(here) or 'no artifacts'}"
-        raise ConfigError(
-            f"--stage {args.stage}: no such artifact in {where} of {args.run}", hint=hint
-        )
-    print(
-        json.dumps(
-            {k: manifest[k] for k in ("uri", "rows", "seconds", "stats", "content_hash")},
-            indent=2,
-            default=str,
-        )
-    )
-    table = store.read_table(manifest["uri"]).slice(0, args.rows)
-    for row in with_parents(store, manifest, table):
-        print(json.dumps(shorten(row, args.chars), default=str))
-    return 0
-
-
-def with_parents(store: RunStore, manifest: dict[str, Any], table: pa.Table) -> list[dict]:
-    """The rows of ``table``, each that has a ``parent_id`` with its parent's text beside its
-    own (``parent_prompt``, after ``prompt``): the only way to judge an evolution is to read the
-    two together. Parents are looked up in the stage's own inputs (evolve's subset, mix's
-    X_{t-1}); one found in none of them is left out, not guessed."""
-    rows = table.to_pylist()
-    wanted = {row.get("parent_id") for row in rows} - {None}
-    texts: dict[str, str] = {}
-    for ref in manifest.get("inputs", {}).values() if wanted else ():
-        try:
-            parents = store.read_table(ref["uri"])
-        except (EvaError, KeyError, TypeError):  # an input gone or damaged: rows without it
-            continue
-        if {"prompt_id", "prompt"} <= set(parents.column_names):
-            ids = parents.column("prompt_id").to_pylist()
-            for pid, text in zip(ids, parents.column("prompt").to_pylist(), strict=True):
-                if pid in wanted:
-                    texts.setdefault(pid, text)
-    return [_with_parent(row, texts.get(row.get("parent_id"))) for row in rows]
-
-
-def _with_parent(row: dict[str, Any], parent: str | None) -> dict[str, Any]:
-    if parent is None or "parent_prompt" in row:
-        return row
-    out: dict[str, Any] = {}
-    for key, value in row.items():
-        out[key] = value
-        if key == "prompt":
-            out["parent_prompt"] = parent
-    out.setdefault("parent_prompt", parent)
-    return out
-
-
-def shorten(value: Any, chars: int) -> Any:
-    """``value`` with each text cut to ``chars`` characters and each list to the items that fit
-    in about as many, saying what was cut: a row then stays one line of valid JSON whatever
-    its cells hold (cutting the line itself broke the JSON). ``chars`` 0 keeps everything."""
-    if not chars:
-        return value
-    if isinstance(value, str):
-        return value if len(value) <= chars else f"{value[:chars]}... (+{len(value) - chars} chars)"
-    if isinstance(value, dict):
-        return {key: shorten(item, chars) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        kept: list[Any] = []
-        size = 0
-        for i, item in enumerate(value):
-            item = shorten(item, chars)
-            size += len(json.dumps(item, default=str))
-            if kept and size > chars:
-                kept.append(f"... (+{len(value) - i} more)")
-                break
-            kept.append(item)
-        return kept
-    return value
-
-
 def train_node(args: argparse.Namespace) -> int:  # runs no flow: no Prefect API
     from eva_runtime.follow import follow, request_dir
 
@@ -369,23 +266,6 @@ def serve(args: argparse.Namespace) -> int:
     check(args.file)  # refused in one line before a Prefect API is opened
     with prefect_api(_say):
         serve_deployment(args.file)
-    return 0
-
-
-def config(args: argparse.Namespace) -> int:
-    """What a recipe and its overrides amount to, before any GPU hour is spent on them."""
-    import yaml
-
-    from flows.config import OnlineRunConfig, RunConfig, load_config
-
-    model = OnlineRunConfig if args.online else RunConfig
-    resolved = load_config(args.config, list(args.set), model)
-    if args.explain:
-        from flows.explain import explain
-
-        print("\n".join(explain(resolved)))
-        return 0
-    print(yaml.safe_dump(resolved.model_dump(mode="json"), sort_keys=False))
     return 0
 
 

@@ -16,7 +16,6 @@ import os
 import re
 from typing import Annotated, Any, Literal, TypeVar, overload
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -27,6 +26,7 @@ from pydantic import (
 )
 
 from eva_runtime.errors import ConfigError
+from flows.config_layers import apply_overrides, read_config_file, resolve_extends
 from tasks.annotate import AnnotateConfig
 from tasks.bootstrap import BootstrapConfig
 from tasks.complexity import ComplexityConfig
@@ -246,97 +246,6 @@ def _settable_path(data: Any, loc: tuple[Any, ...]) -> list[str]:
         out.append(str(part))
         node = node.get(part) if isinstance(node, dict) else None
     return out
-
-
-def read_config_file(path: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A YAML/JSON config as a dict; ``extends: base.yaml`` (relative to the file) is read
-    first and deep-merged under it, so recipes share one base."""
-    path = os.path.abspath(path)
-    if path in _seen:
-        raise ConfigError(f"{path}: extends itself (through {' -> '.join(_seen)})")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f) or {}
-    except FileNotFoundError:
-        named_by = f"{_seen[-1]}: extends" if _seen else "--config"
-        raise ConfigError(f"{named_by}: no file at {path}") from None
-    except IsADirectoryError:
-        raise ConfigError(f"--config: {path} is a directory, not a YAML/JSON file") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(f"{path}:{where}: {problem}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
-    return resolve_extends(data, os.path.dirname(path), (*_seen, path))
-
-
-def resolve_extends(
-    data: dict[str, Any], base_dir: str, _seen: tuple[str, ...] = ()
-) -> dict[str, Any]:
-    """``data`` deep-merged over the file its ``extends:`` names (relative to ``base_dir``),
-    recursively; ``data`` itself when it extends nothing. A deployment's inline config layers
-    on a file this way too."""
-    data = dict(data)
-    base = data.pop("extends", None)
-    if base is None:
-        return data
-    if not isinstance(base, str) or not base.strip():
-        where = _seen[-1] if _seen else "config"
-        raise ConfigError(f"{where}: extends: expected a file name (got {base!r})")
-    return deep_merge(read_config_file(os.path.join(base_dir, base), _seen), data)
-
-
-def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
-    """``override`` on top of ``base``: mappings merge key by key, anything else replaces.
-
-    A mapping whose ``kind`` differs from the base's replaces it whole, as ``--set`` does: the
-    old kind's fields would not validate against the new one (``extends`` a config, then swap
-    a backend).
-    """
-    out = dict(base)
-    for key, value in override.items():
-        old = out.get(key)
-        if isinstance(value, dict) and isinstance(old, dict):
-            swapped = "kind" in value and "kind" in old and value["kind"] != old["kind"]
-            out[key] = value if swapped else deep_merge(old, value)
-        else:
-            out[key] = value
-    return out
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """``data`` with each ``a.b.c=value`` override set in place (values parsed as YAML).
-
-    Setting a backend's ``kind`` to a new value starts that section from the new kind's own
-    defaults: the old kind's fields would not validate against it.
-    """
-    for item in overrides:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set {item!r}: expected key=value, e.g. sample.fraction=0.5")
-        node = data
-        parts = key.split(".")
-        for part in parts[:-1]:
-            if node.get(part) is None:  # an optional section that is off (ray: null): open it
-                node[part] = {}
-            node = node[part]
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {item!r}: {part} is not a section")
-        if not raw.strip():
-            raise ConfigError(f"--set {item!r}: empty value (write {key}=null to unset it)")
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError as exc:
-            problem = getattr(exc, "problem", None) or "not a YAML value"
-            raise ConfigError(f"--set {item!r}: {problem}") from None
-        if parts[-1] == "kind" and node.get("kind") != value:
-            node.clear()
-        node[parts[-1]] = value
-    return data
 
 
 # What a run folder holds besides its config.json once a launch has opened it (tasks/store.py,

@@ -7,12 +7,15 @@ rewriter), that its components accept its prompts (the built-in world's only kno
 prompts), that every prompt fits the policy's context whenever the policy is known before
 training, that API keys are set, that an evaluation judge answers and its reference answers
 can be read, and that the run root can be written.
+
+``check_inputs`` is the one entry point. The checks of the prompts, of what only the user can
+name and of the judge are here; those of the models the run starts from are in
+``flows.model_checks``, those of what this machine must have (devices, the accelerate launcher,
+trackers, API keys) in ``flows.machine_checks``, and those of the run root in ``flows.roots``.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -20,12 +23,12 @@ from typing import Any
 from pydantic import BaseModel
 
 from eva_runtime.errors import ConfigError, EvaError, first_line
-from eva_runtime.hub import unreachable
 from flows.config import OnlineRunConfig, RunConfig
+from flows.machine_checks import check_accelerate, check_api_keys, check_devices, check_reporters
+from flows.model_checks import check_chat_templates, check_checkpoint, check_hub_models
 from flows.roots import check_root, check_storage_options
 from tasks.backends.python import PythonComponent
 from tasks.prompts import PromptsConfig, read_prompts
-from tasks.store import is_hub_id
 
 OWN_MODEL = "start from configs/own-model.yaml"
 
@@ -33,16 +36,16 @@ OWN_MODEL = "start from configs/own-model.yaml"
 def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
     _check_required(config)
     if isinstance(config, RunConfig):
-        _check_chat_templates(config)
-    _check_hub_models(config)
-    _check_checkpoint(config.bootstrap.init_checkpoint)
-    _check_api_keys(config)
+        check_chat_templates(config)
+    check_hub_models(config)
+    check_checkpoint(config.bootstrap.init_checkpoint)
+    check_api_keys(config)
     _check_judge(config)
-    _check_devices(config)
+    check_devices(config)
     if isinstance(config, RunConfig) and config.train.launcher == "accelerate":
-        _check_accelerate(config)
+        check_accelerate(config)
     if isinstance(config, RunConfig):
-        _check_reporters(getattr(config.train.solver, "report_to", []))
+        check_reporters(getattr(config.train.solver, "report_to", []))
     components = dict(_loaded_components(config))
     read: dict[str, list[str]] = {}  # the prompt files' texts, by field
     for field in ("prompts", "heldout"):
@@ -176,160 +179,6 @@ def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: lis
         ) from None
 
 
-def _template_use(backend: Any) -> str | None:
-    """How a generation backend lays out prompts: its ``chat_template`` setting, or for an HTTP
-    backend its endpoint (chat: the server's template; completions: raw text)."""
-    if (setting := getattr(backend, "chat_template", None)) is not None:
-        return str(setting)
-    endpoint = getattr(getattr(backend, "client", backend), "endpoint", None)
-    return {"chat": "always", "completions": "never"}.get(str(endpoint))
-
-
-def _check_chat_templates(config: RunConfig) -> None:
-    """The solver trains on prompts laid out as generation fed them: one side on raw text and
-    the other templated would teach answers after a prompt the policy never sees that way."""
-    solver = getattr(config.train.solver, "chat_template", None)
-    for field, backend in (("generate.backend", config.generate.backend),
-                           ("evaluate.generation", config.evaluate.generation)):  # fmt: skip
-        used = _template_use(backend)
-        if solver is None or used is None or (solver == "never") == (used == "never"):
-            continue
-        how = "raw text" if used == "never" else "the chat template"
-        raise ConfigError(
-            f"train.solver.chat_template is {solver!r} but {field} samples prompts as {how}",
-            hint="the solver must see each prompt as generation fed it: set both to never, or "
-            "neither",
-        )
-
-
-def _check_hub_models(config: RunConfig | OnlineRunConfig) -> None:
-    """Every Hub model the run names (the policy, the reward models) is cached or the Hub
-    answers: checked in seconds, before anything is written, not by a stage's retries."""
-    if isinstance(config, RunConfig):
-        reward = ("annotate.reward", config.annotate.reward)
-    else:
-        reward = ("online.reward", config.online.reward)
-    named = [("bootstrap.init_checkpoint", config.bootstrap.init_checkpoint)]
-    for field, backend in (reward, ("evaluate.reward", config.evaluation.reward)):
-        named.append((f"{field}.model", getattr(backend, "model", None)))
-    checked: set[str] = set()
-    for field, ref in named:
-        if not isinstance(ref, str) or not is_hub_id(ref) or ref in checked:
-            continue
-        checked.add(ref)
-        if (why := unreachable(ref)) is not None:
-            raise ConfigError(
-                f"{field}: {ref}: {why}",
-                hint="download it where the Hub is reachable (hf download), or name a local "
-                "checkpoint",
-            )
-
-
-_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
-            "pytorch_model.bin.index.json")  # fmt: skip
-
-
-def _check_checkpoint(checkpoint: str | None) -> None:
-    """A local starting checkpoint has a readable config and weights (a Hub id is checked by
-    loading its config, in ``_check_context`` when prompts are read, else by its first stage)."""
-    if checkpoint is None or is_hub_id(checkpoint) or not os.path.isdir(checkpoint):
-        return
-    try:
-        with open(os.path.join(checkpoint, "config.json")) as f:
-            json.load(f)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(
-            f"bootstrap.init_checkpoint: {checkpoint}: no readable config.json "
-            f"({type(exc).__name__})"
-        ) from None
-    if not any(os.path.exists(os.path.join(checkpoint, w)) for w in _WEIGHTS):
-        raise ConfigError(
-            f"bootstrap.init_checkpoint: {checkpoint}: no weights ({', '.join(_WEIGHTS[:2])})"
-        )
-
-
-# What an accelerate config's distributed_type trains with, beyond eva's own install: the
-# package it imports and the extra that installs it (pyproject.toml).
-ACCELERATE_BACKENDS = {"DEEPSPEED": ("deepspeed", "DeepSpeed", "gpu")}
-
-
-def _check_accelerate(config: RunConfig) -> None:
-    from eva_runtime.accelerate import resolve_config
-
-    path = resolve_config(config.train.accelerate_config)
-    if not os.path.isfile(path):
-        raise ConfigError(f"train.accelerate_config: no file at {config.train.accelerate_config!r}")
-    if config.train.nodes.machines > 1 and "://" in config.root:
-        # The other machines read the pairs and the policy, and machine 0's launch request, by
-        # path (eva_runtime/follow.py).
-        raise ConfigError(
-            f"train.nodes.machines={config.train.nodes.machines} needs a run root on a "
-            f"filesystem every machine mounts at the same path, not {config.root}"
-        )
-    _check_accelerate_backend(config.train.accelerate_config, path)
-
-
-def _check_accelerate_backend(named: str, path: str) -> None:
-    """The package the accelerate config trains with is installed (DeepSpeed for the default,
-    infra/accelerate/zero3.yaml, which eva's own install does not carry): refused here, in one
-    line naming the extra, instead of when the first training starts, hours into a run."""
-    import importlib.util
-
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return  # accelerate's own loader says what is wrong with it, at launch
-    kind = str(data.get("distributed_type", "")).upper() if isinstance(data, dict) else ""
-    if kind not in ACCELERATE_BACKENDS:
-        return
-    module, name, extra = ACCELERATE_BACKENDS[kind]
-    if importlib.util.find_spec(module) is None:
-        raise ConfigError(
-            f"{named} trains with {name} (distributed_type: {kind}), which is not installed",
-            field="train.accelerate_config",
-            hint=f"pip install 'eva[{extra}]' on every machine that trains, or name an "
-            f"accelerate config without {name}",
-        )
-
-
-def _check_reporters(report_to: list[str]) -> None:
-    """Every tracker ``train.solver.report_to`` names is installed: refused now, in one line
-    naming its package, not by the first training's trainer, hours into a run."""
-    import importlib.util
-
-    from tasks.backends.train.dpo import REPORTERS
-
-    for name in report_to:
-        package, modules = REPORTERS.get(name, ("", ()))
-        if modules and not any(importlib.util.find_spec(m) for m in modules):
-            raise ConfigError(
-                f"{name} needs the {package} package, which is not installed",
-                field="train.solver.report_to",
-                hint=f"pip install {package} on every machine that trains, or drop {name}",
-            )
-
-
-def _check_api_keys(config: Any) -> None:
-    """Every LLM endpoint in the config whose key variable is named has it set, checked before
-    the run writes anything rather than when its stage is reached."""
-    from eva_runtime.llm_config import LLMClientConfig, LLMConfigError, api_key
-
-    def visit(node: Any, path: str) -> None:
-        if isinstance(node, LLMClientConfig):
-            try:
-                api_key(node)
-            except LLMConfigError as exc:
-                raise ConfigError(f"{path}.{str(exc).removeprefix('llm.')}") from None
-        elif isinstance(node, BaseModel):
-            for name in type(node).model_fields:
-                visit(getattr(node, name), f"{path}.{name}" if path else name)
-
-    visit(config, "")
-
-
 def _check_judge(config: RunConfig | OnlineRunConfig) -> None:
     """The evaluation judge answers (one GET of its model list) and its reference answers can be
     read, before the run writes anything: a judge that is down would otherwise fail the first
@@ -340,7 +189,7 @@ def _check_judge(config: RunConfig | OnlineRunConfig) -> None:
     from eva_runtime.llm_client import LLMClient
     from tasks.backends.judge.reference import for_heldout
 
-    client = LLMClient(judged.llm)  # its key's variable is checked before (_check_api_keys)
+    client = LLMClient(judged.llm)  # its key's variable is checked before (check_api_keys)
     try:
         problem, models = client.probe()
     finally:
@@ -397,46 +246,3 @@ def _check_heldout_overlap(prompts: list[str], heldout: list[str]) -> None:
 
 
 _WARNED: set[str] = set()
-
-
-def _check_devices(config: BaseModel) -> None:
-    """A device no machine here has (``device: cuda``, ``use_vllm: true``) is refused now,
-    not trained on CPU in silence or failed after setup. torch is imported only when a config
-    asks for an accelerator."""
-    asked: list[tuple[str, str]] = []  # (field, what it needs)
-
-    def visit(node: Any, path: str) -> None:
-        if not isinstance(node, BaseModel):
-            return
-        for name in type(node).model_fields:
-            value, where = getattr(node, name), f"{path}.{name}" if path else name
-            if name == "device" and isinstance(value, str) and value.startswith(("cuda", "mps")):
-                asked.append((where, value.split(":")[0]))
-            elif name == "use_vllm" and value is True:
-                asked.append((where, "cuda"))
-            visit(value, where)
-
-    visit(config, "")
-    if not asked:
-        return
-    import torch
-
-    have = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
-    for where, needs in asked:
-        if not have[needs]:
-            setting = "true" if where.endswith("use_vllm") else str(_value_at(config, where))
-            raise ConfigError(
-                f"{where}={setting} needs {needs.upper()}, which this machine does not have",
-                field=where,
-                hint='set it to "auto" or "cpu", or run on a machine with one'
-                if not where.endswith("use_vllm")
-                else "set it to false, or run on a machine with a GPU",
-            )
-
-
-def _value_at(config: Any, where: str) -> Any:
-    """The value a dotted field names."""
-    node = config
-    for part in where.split("."):
-        node = getattr(node, part)
-    return node

@@ -8,7 +8,8 @@ from typing import Any
 import yaml
 
 from eva_runtime.errors import ConfigError, first_line
-from flows.config import PROJECT_DIR, resolve_extends, validate_config
+from flows.config import PROJECT_DIR, validate_config
+from flows.config_layers import resolve_extends
 
 # Entrypoints (flows/run.py) and relative run roots are read against the project root, so a
 # deployment writes where its config says whoever serves it and from wherever.

@@ -20,9 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from eva_runtime.hub import record_revision
 from tasks.backends.protocols import stats_of
 from tasks.backends.python import PythonComponent
+from tasks.content_hashes import checkpoint_hash, hub_ref, is_hub_id
 from tasks.context import StageContext, StageOutput
 from tasks.stage import StageError, stage
-from tasks.store import checkpoint_hash, hub_ref, is_hub_id
 
 
 class BootstrapConfig(BaseModel):
@@ -68,7 +68,8 @@ def bootstrap(ctx: StageContext, config: BootstrapConfig, heldout: pa.Table) -> 
         ref = config.init_checkpoint
         if is_hub_id(ref):
             # The commit the later stages load, recorded in the Hub's cache now: the content
-            # hash of theta_0 names it (tasks.store.checkpoint_hash) from the first launch on.
+            # hash of theta_0 names it (tasks.content_hashes.checkpoint_hash) from the first
+            # launch on.
             record_revision(ref)
             ref = hub_ref(ref)  # never a path inside the run: loaded through the Hub's cache
         elif "://" not in ref:

@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from eva_core.creator import Creator, Record
+from eva_core.creator import Creator
+from eva_core.creator_records import Record
 from eva_core.informativeness import Metric
 from eva_core.predicted import TiePosterior
 from tasks.backends.protocols import Evolver, RewardModel

@@ -20,8 +20,8 @@ from typing import Any
 import pyarrow as pa
 
 from eva_runtime.errors import first_line
+from tasks.content_hashes import hash_directory
 from tasks.prompt_rows import PromptRows, RowRules, select_prompts
-from tasks.store import hash_directory
 
 # "org/name" or a canonical "name": what the Hub accepts as a dataset id.
 _HUB_DATASET = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")

@@ -24,12 +24,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from eva_core.schema import PROMPT_COLUMNS, seed_records
 from tasks.backends.python import PythonComponent
+from tasks.content_hashes import hash_file
 from tasks.context import StageContext, StageOutput
 from tasks.prompt_datasets import check_dataset_name, dataset_key, read_prompt_dataset
 from tasks.prompt_files import read_prompt_file
 from tasks.prompt_rows import DROP_REASONS, MultiTurn, PromptRows, RowRules, dropped_line
 from tasks.stage import StageError, stage
-from tasks.store import hash_file
 
 
 class PromptsConfig(BaseModel):

@@ -11,6 +11,9 @@ writes. ``@stage`` turns it into a Prefect task that
 3. otherwise reads the input parquet files, checks their columns, runs ``fn``, writes the
    output atomically (manifest last) and publishes a summary, tables and progress to the UI.
 
+What a stage says in the log is ``tasks.stage_log``; what its manifest records of its inputs,
+and the ``Ref`` it hands on, ``tasks.provenance``.
+
 Why not Prefect's own cache policy: the artifacts must stay the source of truth (a run root on
 S3 outlives any Prefect database, and ``eva stage --force`` must be able to overrule it), and
 Prefect's key would have to hash inputs it cannot see (file contents behind URIs).
@@ -19,13 +22,10 @@ Prefect's key would have to hash inputs it cannot see (file contents behind URIs
 from __future__ import annotations
 
 import json
-import logging
 import os
 import tempfile
 import time
-import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from prefect import task
@@ -34,15 +34,10 @@ from prefect.states import Completed
 from pydantic import BaseModel
 
 from eva_core.schema import missing_columns
-from eva_runtime.errors import EvaError, StageError, first_line
-from eva_runtime.prefect_ui import (
-    ProgressArtifact,
-    artifact_key,
-    link_reused,
-    publish_stage,
-    readable,
-)
+from eva_runtime.errors import StageError
+from eva_runtime.prefect_ui import ProgressArtifact, artifact_key, link_reused, publish_stage
 from eva_runtime.progress import TerminalProgress
+from tasks.content_hashes import checkpoint_hash
 from tasks.context import (
     RunContext,
     StageContext,
@@ -51,33 +46,13 @@ from tasks.context import (
     stage_seed,
 )
 from tasks.keys import cache_key, recorded_versions, sha
+from tasks.provenance import checkpoint_input, ref_of, skipped_ref, table_input
 from tasks.run_lock import ensure_held
-from tasks.store import Ref, RunStore, checkpoint_hash, iteration_dir
+from tasks.run_paths import iteration_dir
+from tasks.stage_log import headline, reported
+from tasks.store import Ref
 
 MODEL = None  # an input that is consumed as a checkpoint, not read as a table
-
-
-class _WithoutTraceback(logging.Filter):
-    """Prefect logs a failed task run, and the flow run it fails, with the traceback. A
-    StageError's message already says what is wrong and what to do, and any other exception
-    a stage raised has its traceback kept in the run's logs/ (``_reported``); three tracebacks
-    through Prefect's engine (terminal and UI) would only bury it. The log line itself stays.
-
-    A stage that finished has just logged its own line (its headline stats): Prefect's
-    "Finished in state Completed()" after it would only double every stage's lines."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        failed = record.exc_info[1] if record.exc_info else None
-        if isinstance(failed, StageError) or hasattr(failed, FAILURE):
-            record.exc_info, record.exc_text = None, None
-        return not (record.name == "prefect.task_runs" and record.getMessage() == _COMPLETED)
-
-
-_COMPLETED = "Finished in state Completed()"
-
-
-for _logger in ("prefect.task_runs", "prefect.flow_runs"):
-    logging.getLogger(_logger).addFilter(_WithoutTraceback())
 
 
 StageFn = Callable[..., StageOutput]
@@ -167,7 +142,7 @@ class Stage:
                 "finished artifact for this config; run `eva run` for this run first"
             )
         if decision == "skip" or skipped:
-            return Completed(name="Skipped", data=_skipped(artifact, iteration))
+            return Completed(name="Skipped", data=skipped_ref(artifact, iteration))
         unknown = set(refs) ^ set(self.inputs)
         if unknown:
             raise StageError(
@@ -185,10 +160,10 @@ class Stage:
                 return Completed(
                     name="Cached",
                     message=f"reused {manifest['uri']}",
-                    data=_ref(manifest, rerun),
+                    data=ref_of(manifest, rerun),
                 )
             if decision == "reuse":  # neither the target nor downstream of it: never computed
-                return Completed(name="Skipped", data=_skipped(artifact, iteration))
+                return Completed(name="Skipped", data=skipped_ref(artifact, iteration))
 
         started = time.perf_counter()
         tables = {}
@@ -197,7 +172,7 @@ class Stage:
             if columns is MODEL:
                 continue
             table, digest = store.read_table_hashed(refs[name].uri)
-            read[name] = _read_input(artifact, iteration, name, refs[name], digest)
+            read[name] = table_input(artifact, iteration, name, refs[name], digest)
             if missing := missing_columns(table, columns):
                 raise StageError(
                     f"{artifact}: input '{name}' ({refs[name].uri}) lacks column(s) "
@@ -212,7 +187,7 @@ class Stage:
         # Scratch lives in the run's own scratch area, which the next launch sweeps: a killed
         # stage leaves nothing in the system's temporary folder.
         with (
-            _reported(store, where, artifact, progress),
+            reported(store, where, artifact, progress),
             tempfile.TemporaryDirectory(prefix=f"{artifact}-", dir=store.scratch_dir()) as scratch,
         ):
             ctx = StageContext(
@@ -251,7 +226,7 @@ class Stage:
             "iteration": iteration, "key": key, "uri": uri, "bytes": nbytes,
             "rows": out.table.num_rows, "content_hash": content_hash, "model_uri": model_uri,
             "config": config_json, "config_hash": sha(json.dumps(config_json, sort_keys=True)),
-            "inputs": {k: read.get(k) or _input(r) for k, r in refs.items()},
+            "inputs": {k: read.get(k) or checkpoint_input(r) for k, r in refs.items()},
             "seconds": round(seconds, 3), "stats": out.stats, "versions": recorded_versions(),
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }  # fmt: skip
@@ -262,70 +237,7 @@ class Stage:
             out.table.num_rows, seconds,
         )  # fmt: skip
         publish_stage(run.run, where, artifact, manifest, out.ui_tables, out.ui_notes)
-        return _ref(manifest, rerun)
-
-
-# The few stats a stage's log line shows, by stage name (the manifest and the UI keep them
-# all); a stage not listed here, or whose stats have none of its names, shows its first four.
-HEADLINE: dict[str, tuple[str, ...]] = {
-    "prompts": ("prompts",),
-    "heldout": ("prompts",),
-    "bootstrap": ("checkpoint", "steps", "final_loss"),
-    "generate": ("prompts", "responses"),
-    "annotate": ("mean_reward", "unscored"),
-    "score": ("mean_informativeness", "zero_informativeness"),
-    "sample": ("selected", "prompts"),
-    "evolve": ("parents", "kept"),
-    "mix": ("size", "evolved", "original"),
-    "complexity": ("mean_complexity", "unscored"),
-    "pairs": ("pairs", "skipped_tied"),
-    "train": ("pairs", "steps", "loss"),
-    "evaluate": ("score", "solved"),
-    "reference": ("references", "missing"),
-    "judge": ("win_rate", "ci_low", "ci_high", "unjudged"),
-    "online": ("steps", "mean_reward", "mean_informativeness", "budget"),
-}
-
-
-def headline(stage_name: str, stats: Mapping[str, Any]) -> str:
-    """The stats that matter for ``stage_name``, as ``score 0.0951, solved 0``."""
-    names = [k for k in HEADLINE.get(stage_name, ()) if k in stats]
-    if not names:  # fall back to the first few numbers and words (no breakdowns)
-        names = [k for k, v in stats.items() if not isinstance(v, Mapping)][:4]
-    return ", ".join(f"{k} {readable(stats[k])}" for k in names) or "done"
-
-
-# The attribute a stage's failure carries: the one line the CLI prints for it.
-FAILURE = "eva_failure"
-
-
-@contextmanager
-def _reported(
-    store: RunStore, where: str, artifact: str, progress: TerminalProgress
-) -> Iterator[None]:
-    """A stage that fails says so in one line: which stage, the cause, and where its full
-    traceback is (``logs/<iteration>-<artifact>.log`` in the run). The exception goes on as it
-    is (callers still catch its type), carrying that line as ``FAILURE``; Prefect's engine logs
-    it without the traceback (``_WithoutTraceback``). A StageError the stage raised itself
-    already says what is wrong and passes untouched."""
-    try:
-        yield
-    except StageError:
-        raise
-    except Exception as exc:
-        path = f"{store.base}/logs/{where}-{artifact}.log"
-        try:
-            store.fs.makedirs(f"{store.base}/logs", exist_ok=True)
-            with store.fs.open(path, "w") as f:
-                f.write("".join(traceback.format_exception(exc)))
-            kept = f"full traceback in {store.uri(path)}"
-        except Exception as unwritten:  # the run root itself failing: say so, lose nothing else
-            kept = f"no traceback written: {first_line(unwritten)}"
-        cause = first_line(exc, with_type=not isinstance(exc, EvaError))
-        setattr(exc, FAILURE, f"{artifact} of {where} failed: {cause} ({kept})")
-        raise
-    finally:
-        progress.close()
+        return ref_of(manifest, rerun)
 
 
 def stage(
@@ -357,56 +269,6 @@ def _inside(path: str, folder: str) -> bool:
     removed after the stage: it can be moved into the run rather than copied)."""
     path, folder = os.path.realpath(path), os.path.realpath(folder)
     return os.path.commonpath([path, folder]) == folder and path != folder
-
-
-def _input(ref: Ref) -> dict[str, Any]:
-    """What a manifest records of an input the stage did not read as a table (a checkpoint):
-    the hash its own manifest gives it."""
-    return {"uri": ref.uri, "content_hash": ref.content_hash}
-
-
-def _read_input(
-    artifact: str, iteration: int | None, name: str, ref: Ref, digest: str
-) -> dict[str, Any]:
-    """What a manifest records of an input table: the hash of the bytes this stage read
-    (``sha256``) and the content hash they make (as the input's own manifest computes it), not
-    the hash that manifest recorded: a table edited by hand since (then said in one line) is
-    what this stage's output comes from. An input that also carries a checkpoint keeps that
-    part of its recorded hash (a checkpoint is not hashed again on every read)."""
-    content_hash = sha(digest) if ref.model_uri is None else ref.content_hash
-    if ref.model_uri is None and content_hash != ref.content_hash:
-        _log(artifact).warning(
-            "%s %s: its input %s (%s) is not the table its manifest recorded (changed since it "
-            "was written): this stage reads it as it is now, and its manifest says so",
-            artifact, iteration_dir(iteration), name, ref.uri,
-        )  # fmt: skip
-    return {"uri": ref.uri, "content_hash": content_hash, "sha256": digest}
-
-
-def _log(artifact: str) -> logging.Logger | logging.LoggerAdapter:
-    """The task run's logger inside a task (the UI shows the line), else the stage's."""
-    try:
-        from prefect import get_run_logger
-
-        return get_run_logger()
-    except Exception:
-        return logging.getLogger(f"eva.{artifact}")
-
-
-def _ref(m: dict[str, Any], rerun: bool = False) -> Ref:
-    return Ref(
-        m["artifact"],
-        m["iteration"],
-        m["uri"],
-        m["content_hash"],
-        m["rows"],
-        m.get("model_uri"),
-        rerun=rerun,
-    )
-
-
-def _skipped(artifact: str, iteration: int | None) -> Ref:
-    return Ref(artifact, iteration, "", "", 0, skipped=True)
 
 
 def _task_run_name() -> str:

@@ -1,13 +1,6 @@
-"""Where a run's artifacts live, and how they are written so a crash never fakes completion.
-
-Layout under any fsspec URL (a local path, ``s3://bucket/prefix`` through s3fs, ...)::
-
-    {root}/{run}/config.json                 the run's config, as last launched
-    {root}/{run}/setup/{stage}.parquet       X_0, held-out set, theta_0 metrics
-    {root}/{run}/setup/model/                theta_0
-    {root}/{run}/iter_{t}/{stage}.parquet    one file per stage of iteration t
-    {root}/{run}/iter_{t}/{stage}.manifest.json
-    {root}/{run}/iter_{t}/model/             the checkpoint trained in iteration t
+"""How a run's artifacts are written, so that a crash never fakes completion, and read back
+(where they lie: ``tasks.run_paths``; the hashes of checkpoints and files:
+``tasks.content_hashes``).
 
 A stage is complete only when its manifest exists, names the stage's cache key and matches the
 parquet's size. Writes go to a temporary name and are moved into place (an atomic rename on a
@@ -24,7 +17,6 @@ import io
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import uuid
@@ -32,11 +24,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from eva_runtime.errors import StageError
+from tasks.content_hashes import HUB, hash_directory
+from tasks.run_paths import RunPaths
 from tasks.table_memo import TABLES
 
 # What a stage's manifest must name for a stage to be reused from it (tasks/stage.py).
@@ -62,57 +55,8 @@ class Ref:
     rerun: bool = False  # made by the target of `eva stage`, or from something that was
 
 
-def iteration_dir(iteration: int | None) -> str:
-    return "setup" if iteration is None else f"iter_{iteration}"
-
-
-class RunStore:
-    """Reads and writes one run's artifacts under ``{root}/{run}``."""
-
-    def __init__(self, root: str, run: str, storage_options: dict[str, Any] | None = None):
-        self.fs, base = fsspec.core.url_to_fs(root, **(storage_options or {}))
-        self.protocol = (
-            self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
-        )
-        self.base = f"{base.rstrip('/')}/{run}"
-        self.is_local = self.protocol in ("file", "local")
-
-    # -- paths -------------------------------------------------------------------------------
-    def path(self, iteration: int | None, name: str) -> str:
-        return f"{self.base}/{iteration_dir(iteration)}/{name}"
-
-    def uri(self, path: str) -> str:
-        return path if self.is_local else f"{self.protocol}://{path}"
-
-    def strip(self, uri: str) -> str:
-        return self.fs._strip_protocol(uri)
-
-    def relative(self, path: str) -> str:
-        """What a manifest records for ``path``: relative to the run folder, so a run copied
-        to another root (another disk, S3, a colleague's machine) still finds its files."""
-        prefix = self.base + "/"
-        return path[len(prefix) :] if path.startswith(prefix) else self.uri(path)
-
-    def resolve(self, uri: str) -> str:
-        """The filesystem path of a recorded uri (relative ones lie inside this run)."""
-        if "://" in uri or uri.startswith("/"):
-            return self.strip(uri)
-        return f"{self.base}/{uri}"
-
-    def absolute(self, uri: str) -> str:
-        """A recorded uri as a full URI, for use outside this run (another run's input)."""
-        return self.uri(self.resolve(uri))
-
-    def scratch_dir(self) -> str:
-        """A local folder for this run's stage scratch: inside the run for a local root, under
-        the system's temporary folder (one per run) for a remote one."""
-        if self.is_local:
-            path = f"{self.base}/.scratch"
-        else:
-            digest = hashlib.sha256(self.uri(self.base).encode()).hexdigest()[:16]
-            path = os.path.join(tempfile.gettempdir(), "eva-scratch", digest)
-        os.makedirs(path, exist_ok=True)
-        return path
+class RunStore(RunPaths):
+    """Reads and writes one run's artifacts under ``{root}/{run}`` (their paths: ``RunPaths``)."""
 
     def sweep(self) -> list[str]:
         """Remove what a killed process left behind: staging copies (``*.tmp-*``) of
@@ -399,65 +343,3 @@ def _log() -> logging.Logger | logging.LoggerAdapter:
         return get_run_logger()
     except Exception:
         return logging.getLogger("eva.store")
-
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-# How a manifest records a Hub checkpoint: a bare "org/name" reads like a path inside the run.
-HUB = "hub:"
-
-
-def is_hub_id(ref: str) -> bool:
-    """``org/name`` that is not a local path: a Hugging Face Hub model id."""
-    return bool(_HUB_ID.match(ref)) and not os.path.exists(ref)
-
-
-def hub_ref(model_id: str) -> str:
-    """A Hub id as a manifest records it (``hub:org/name``)."""
-    return HUB + model_id
-
-
-def checkpoint_hash(ref: str) -> str:
-    """Content hash of a local checkpoint; a Hub id's is its id and the commit the local Hub
-    cache holds for it (the id alone while it holds none), so a newer download of the model
-    reruns what used the older one."""
-    model_id = ref.removeprefix(HUB)
-    if ref.startswith(HUB) or is_hub_id(ref):
-        from eva_runtime.hub import cached_revision
-
-        commit = cached_revision(model_id)
-        named = f"hub:{model_id}" if commit is None else f"hub:{model_id}@{commit}"
-        return hashlib.sha256(named.encode()).hexdigest()
-    return hash_directory(ref)
-
-
-def hash_directory(path: str, storage_options: dict[str, Any] | None = None) -> str:
-    """sha256 over a directory's files (names and bytes), in sorted order; a local folder or
-    one at any fsspec URL."""
-    h = hashlib.sha256()
-    if "://" not in path:
-        for dirpath, _, files in sorted(os.walk(path)):
-            for name in sorted(files):
-                full = os.path.join(dirpath, name)
-                h.update(os.path.relpath(full, path).encode())
-                with open(full, "rb") as f:
-                    _update(h, f)
-        return h.hexdigest()
-    fs, root = fsspec.core.url_to_fs(path, **(storage_options or {}))
-    for full in sorted(fs.find(root)):
-        h.update(full[len(root) :].lstrip("/").encode())
-        with fs.open(full, "rb") as f:
-            _update(h, f)
-    return h.hexdigest()
-
-
-def hash_file(uri: str, storage_options: dict[str, Any] | None = None) -> str:
-    """sha256 of a file at any fsspec URL (used to key stages on user-supplied inputs)."""
-    h = hashlib.sha256()
-    with fsspec.open(uri, "rb", **(storage_options or {})) as f:
-        _update(h, f)
-    return h.hexdigest()
-
-
-def _update(h: Any, f: Any) -> None:
-    while block := f.read(1 << 20):
-        h.update(block)

@@ -10,7 +10,7 @@ written table is kept only when the file's schema is the table's own (or a lossl
 it: Parquet names a list's item ``element``), so what is served equals what reading the file
 gives. A table kept with the sha256 of its file's bytes (written, or read whole, by this
 process) serves that hash too: a stage's manifest records the hash of the bytes it read
-(tasks/stage.py) without reading them again. Memory is bounded: the least recently used tables
+(tasks/provenance.py) without reading them again. Memory is bounded: the least recently used tables
 go first.
 """
 

@@ -29,9 +29,10 @@ from tasks.backends.train import SolverBackend, load_solver
 from tasks.backends.train.dpo import DPOSolverConfig, TRLSolverConfig, batch_layout
 from tasks.backends.train.launch import DEFAULT_ACCELERATE_CONFIG, NodesConfig, launch_train
 from tasks.backends.train.rewriter import RewriterConfig
+from tasks.content_hashes import HUB
 from tasks.context import StageContext, StageOutput
 from tasks.stage import MODEL, stage
-from tasks.store import HUB, RunStore
+from tasks.store import RunStore
 
 
 class TrainConfig(BaseModel):

@@ -6,9 +6,10 @@ artifacts the new code would not make. This module fingerprints that code and co
 ``tasks/versions.lock.json``:
 
 * a stage: its module, and the ``eva_core`` and ``tasks`` modules it imports (the method's
-  arithmetic, a prompt file reader), but not the stage framework (``tasks.stage``,
-  ``tasks.context``, ``tasks.keys``, ``tasks.plan``, ``tasks.store``) nor the components it
-  selects, which are versioned on their own;
+  arithmetic, a prompt file reader), but not the stage framework (``tasks.stage`` and the
+  modules beside it, ``tasks.context``, ``tasks.keys``, ``tasks.plan``, ``tasks.store``,
+  ``tasks.run_paths``, ``tasks.content_hashes``: ``FRAMEWORK``) nor the components it selects,
+  which are versioned on their own;
 * a component (a backend config class, a class of the world that configs name): its module
   and the component and method modules it imports, ``eva_core``, ``tasks.backends`` and
   ``eva_world`` (not ``eva_runtime`` as a whole: how bytes travel does not change what they
@@ -64,10 +65,14 @@ STAGE_CLOSURE = ("eva_core", "tasks")
 COMPONENT_CLOSURE = ("eva_core", "tasks.backends", "eva_world")
 FRAMEWORK = (
     "tasks.stage",
+    "tasks.stage_log",
+    "tasks.provenance",
     "tasks.context",
     "tasks.keys",
     "tasks.plan",
     "tasks.store",
+    "tasks.run_paths",
+    "tasks.content_hashes",
     "tasks.versions",
     "tasks.source",
     "tasks.code_index",

@@ -6,7 +6,8 @@ Each framework is found through an environment variable naming a checkout of its
 machines keep is tried. A git directory is exported (``git archive``) once per commit into a
 cache folder the caller gives (the tests use pytest's cache, which git ignores) and put on
 ``sys.path``. Where nothing is found, ``locate`` says why, so a test can skip with that reason
-(a fresh clone in CI has neither the variable nor the mirror).
+(a fresh clone in CI has neither the variable nor the mirror). ``activated`` does all of it for
+a test session's fixture, with the side packages (``tests/side_env.py``) the framework needs.
 
 Also here: ``load_functions``, which builds a module from some top-level functions of a file
 of the checkout, for the few functions a framework's module imports lazily from modules that
@@ -20,11 +21,17 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import types
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import pytest
+
+from tests import side_env
 
 
 @dataclass(frozen=True)
@@ -147,6 +154,33 @@ def activate(checkout: Checkout) -> None:
     code, not an older copy some wheel may ship)."""
     if str(checkout.root) not in sys.path:
         sys.path.insert(0, str(checkout.root))
+
+
+@contextmanager
+def activated(
+    request: pytest.FixtureRequest, name: str, side: Sequence[str], needs: str
+) -> Iterator[Checkout]:
+    """Framework ``name``'s checkout, importable, with the packages ``side`` it imports that
+    eva's environment lacks (installed once into a side folder, ``tests/side_env.py``), for a
+    session fixture: the test skips, saying why, where there is no checkout or pip cannot
+    install ``side`` (``needs`` says what needs them); the commit that runs is printed. The
+    side folder leaves ``sys.path`` at the end; the checkout stays (its modules are imported)."""
+    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
+    root = Path(cache.mkdir("frameworks") if cache else tempfile.gettempdir())
+    found = locate(name, root)
+    if isinstance(found, str):
+        pytest.skip(found)
+    try:
+        folder = side_env.install(side, root / f"side-{name.replace('_', '-')}")
+    except RuntimeError as exc:
+        pytest.skip(f"{needs} {tuple(side)}, which pip could not install: {exc}")
+    side_env.activate(folder)
+    activate(found)
+    print(f"\n{found.framework.repo} at {found.commit} ({found.root})")
+    try:
+        yield found
+    finally:
+        side_env.deactivate(folder)
 
 
 def load_functions(

@@ -36,7 +36,6 @@ import asyncio
 import copy
 import json
 import sys
-import tempfile
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,7 +44,7 @@ from typing import Any, Optional, cast
 
 import pytest
 
-from tests import framework_checkout, side_env
+from tests import framework_checkout
 
 SIDE = (
     "tensordict==0.10.0", "pyvers==0.1.0", "torchdata==0.11.0", "soundfile==0.14.0",
@@ -78,18 +77,15 @@ COMMIT = framework_checkout.describe("nemo_rl")
 
 @pytest.fixture(scope="session", params=[COMMIT], ids=[f"nemo_rl-{COMMIT}"])
 def nemo(request: pytest.FixtureRequest) -> Iterator[SimpleNamespace]:
-    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
-    root = Path(cache.mkdir("frameworks") if cache else tempfile.gettempdir())
-    found = framework_checkout.locate("nemo_rl", root)
-    if isinstance(found, str):
-        pytest.skip(found)
-    try:
-        side = side_env.install(SIDE, root / "side-nemo-rl")
-    except RuntimeError as exc:
-        pytest.skip(f"NeMo-RL's data modules need {SIDE}, which pip could not install: {exc}")
-    side_env.activate(side)
-    framework_checkout.activate(found)
-    print(f"\nNeMo-RL {found.framework.repo} at {found.commit} ({found.root})")
+    with framework_checkout.activated(
+        request, "nemo_rl", SIDE, "NeMo-RL's data modules need"
+    ) as found:
+        yield from nemo_rl_modules(found)
+
+
+def nemo_rl_modules(found: framework_checkout.Checkout) -> Iterator[SimpleNamespace]:
+    """NeMo-RL's classes and functions these tests drive, from the activated checkout; the two
+    modules built from single functions leave ``sys.modules`` afterwards."""
     src = found.root / "nemo_rl"
     saved = {m: sys.modules.get(m) for m in
              ("nemo_rl.algorithms.grpo", "nemo_rl.experience.rollouts")}  # fmt: skip
@@ -134,10 +130,10 @@ def nemo(request: pytest.FixtureRequest) -> Iterator[SimpleNamespace]:
     from pydantic import TypeAdapter
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    from eva_adapters import nemo_rl as adapter
+    from eva_adapters.nemo_rl_shared import shared
 
     yield SimpleNamespace(
-        commit=found.commit, torch=torch, adapter=adapter, TQReplayBuffer=TQReplayBuffer,
+        commit=found.commit, torch=torch, shared=shared, TQReplayBuffer=TQReplayBuffer,
         PromptGroupSampler=PromptGroupSampler, ReadyFirstSampler=ReadyFirstSampler,
         sampler_config=TypeAdapter(SamplerConfig).validate_python,
         create_sampler=create_sampler, rl_collate_fn=rl_collate_fn,
@@ -151,7 +147,6 @@ def nemo(request: pytest.FixtureRequest) -> Iterator[SimpleNamespace]:
             sys.modules.pop(name, None)
         else:
             sys.modules[name] = module
-    side_env.deactivate(side)
 
 
 @pytest.fixture(scope="session")
@@ -199,7 +194,7 @@ class Run:
         self.sampler = nemo.create_sampler(self.buffer, config)
         self.sampler.set_dispatch_index(0)
         self.version = 0
-        self.state = nemo.adapter.shared(name)
+        self.state = nemo.shared(name)
 
     def rollout(self, prompt: dict[str, Any]) -> Any:
         """A prompt group as ``AsyncRolloutImpl.run_rollout`` returns it."""
@@ -397,7 +392,7 @@ def test_the_creator_travels_with_the_dataloader_into_the_controller(
     run = Run(nemo, tokenizer, prompts, eva=EVA, sampler={}, name="shipped")
     driver = run.state
     shipped = ray.cloudpickle.loads(ray.cloudpickle.dumps(run.loader))  # into the actor
-    arrived = nemo.adapter.shared("shipped")
+    arrived = nemo.shared("shipped")
     assert arrived is not driver and arrived is shipped.dataset.dataset.state
     run.loader = shipped
     run.sampler = nemo.create_sampler(run.buffer, nemo.sampler_config(

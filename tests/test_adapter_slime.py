@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import itertools
 import json
-import tempfile
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -39,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from tests import framework_checkout, side_env
+from tests import framework_checkout
 
 SIDE = ("pylatexenc==2.11",)  # slime.rollout.rm_hub's import
 N = 4  # --n-samples-per-prompt
@@ -92,34 +91,22 @@ COMMIT = framework_checkout.describe("slime")
 
 @pytest.fixture(scope="session", params=[COMMIT], ids=[f"slime-{COMMIT}"])
 def slime(request: pytest.FixtureRequest) -> Iterator[SimpleNamespace]:
-    cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
-    root = Path(cache.mkdir("frameworks") if cache else tempfile.gettempdir())
-    found = framework_checkout.locate("slime", root)
-    if isinstance(found, str):
-        pytest.skip(found)
-    try:
-        side = side_env.install(SIDE, root / "side-slime")
-    except RuntimeError as exc:
-        pytest.skip(f"slime's reward hub needs {SIDE}, which pip could not install: {exc}")
-    side_env.activate(side)
-    framework_checkout.activate(found)
-    print(f"\nslime {found.framework.repo} at {found.commit} ({found.root})")
-    from slime.observability.rollout_data_utils import validate_rollout_id_annotated
-    from slime.rollout import data_source, sglang_rollout
-    from slime.rollout.base_types import call_rollout_fn
-    from slime.utils import http_utils
-    from slime.utils.data import Dataset
-    from slime.utils.misc import load_function
-    from slime.utils.types import Sample
+    with framework_checkout.activated(request, "slime", SIDE, "slime's reward hub needs") as found:
+        from slime.observability.rollout_data_utils import validate_rollout_id_annotated
+        from slime.rollout import data_source, sglang_rollout
+        from slime.rollout.base_types import call_rollout_fn
+        from slime.utils import http_utils
+        from slime.utils.data import Dataset
+        from slime.utils.misc import load_function
+        from slime.utils.types import Sample
 
-    yield SimpleNamespace(
-        commit=found.commit, Sample=Sample, DataSource=data_source.DataSource,
-        RolloutDataSource=data_source.RolloutDataSource, Dataset=Dataset,
-        sglang_rollout=sglang_rollout, call_rollout_fn=call_rollout_fn,
-        load_function=load_function, validate=validate_rollout_id_annotated,
-        http_utils=http_utils,
-    )  # fmt: skip
-    side_env.deactivate(side)
+        yield SimpleNamespace(
+            commit=found.commit, Sample=Sample, DataSource=data_source.DataSource,
+            RolloutDataSource=data_source.RolloutDataSource, Dataset=Dataset,
+            sglang_rollout=sglang_rollout, call_rollout_fn=call_rollout_fn,
+            load_function=load_function, validate=validate_rollout_id_annotated,
+            http_utils=http_utils,
+        )  # fmt: skip
 
 
 class _Router(BaseHTTPRequestHandler):

@@ -15,7 +15,7 @@ import textwrap
 import pyarrow as pa
 import pytest
 
-from flows import commands
+from flows import commands, inspect_commands
 from flows.cli import main
 from flows.config import OnlineRunConfig, RunConfig, validate_config
 from tasks.store import RunStore
@@ -193,8 +193,8 @@ def test_show_evolve_prints_each_child_beside_its_parent_cut_per_field(tmp_path,
 
 def test_shorten_cuts_texts_and_lists_inside_any_value() -> None:
     value = {"a": "x" * 12, "b": [10, 200, 3000], "c": {"d": ["y" * 12, "z"]}, "e": 1.5}
-    assert commands.shorten(value, 0) == value
-    assert commands.shorten(value, 5) == {
+    assert inspect_commands.shorten(value, 0) == value
+    assert inspect_commands.shorten(value, 5) == {
         "a": "xxxxx... (+7 chars)",
         "b": [10, 200, "... (+1 more)"],  # at least one item, then those within 5 chars
         "c": {"d": ["yyyyy... (+7 chars)", "... (+1 more)"]},

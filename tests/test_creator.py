@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from eva_core.creator import Creator, as_records
+from eva_core.creator import Creator
+from eva_core.creator_records import as_records
 from eva_core.predicted import TiePosterior
 
 SEEDS = [f"What is {i} plus {i}?" for i in range(8)]

@@ -15,7 +15,7 @@ import pytest
 
 from eva_core.schema import prompt_id, seed_records
 from eva_runtime.errors import ConfigError
-from eva_runtime.llm_client import LLMEndpointDown
+from eva_runtime.llm_retry import LLMEndpointDown
 from tasks.backends.judge.llm import JudgeConfig
 from tasks.context import RunContext, StageContext
 from tasks.judge import judge

@@ -106,7 +106,7 @@ def _download(cache: Path, model_id: str, commit: str) -> None:
 def test_a_hub_checkpoint_is_keyed_by_the_commit_its_cache_holds(hub_cache: Path) -> None:
     from eva_runtime.hub import cached_revision, record_revision
     from tasks.bootstrap import BootstrapConfig, _checkpoint_key
-    from tasks.store import checkpoint_hash, hub_ref
+    from tasks.content_hashes import checkpoint_hash, hub_ref
 
     model = "eva-test/policy"
     config = BootstrapConfig(init_checkpoint=model)

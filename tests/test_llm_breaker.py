@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 
 from eva_runtime.errors import ConfigError
-from eva_runtime.llm_client import LLMClient, LLMEndpointDown
+from eva_runtime.llm_client import LLMClient
 from eva_runtime.llm_config import BREAKER_FAILURES, LLMClientConfig
+from eva_runtime.llm_retry import LLMEndpointDown
 from flows.config import load_config
 from tasks.keys import keyed_config
 from tests.support.openai_server import OpenAICompatibleServer

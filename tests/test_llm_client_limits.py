@@ -16,16 +16,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from eva_runtime.llm_client import (
-    REFUSED_HINT,
-    TIMEOUT_HINT,
-    LLMBatchError,
-    LLMClient,
-    LLMEndpointDown,
-    LLMRequestError,
-    redact,
-)
-from eva_runtime.llm_config import LLMClientConfig
+from eva_runtime.llm_client import LLMBatchError, LLMClient, LLMRequestError
+from eva_runtime.llm_config import LLMClientConfig, redact
+from eva_runtime.llm_retry import REFUSED_HINT, TIMEOUT_HINT, LLMEndpointDown
 from tasks.backends.evolve.paper import PaperTemplateEvolver
 from tasks.online_loop import OnlineLoop
 from tests.support.openai_server import OpenAICompatibleServer
@@ -163,7 +156,7 @@ def test_timeouts_open_the_breaker_after_breaker_failures_requests():
 def test_a_retry_after_of_an_hour_is_capped_said_once_and_opens_the_breaker(
     caplog: pytest.LogCaptureFixture,
 ):
-    caplog.set_level(logging.WARNING, logger="eva_runtime.llm_client")
+    caplog.set_level(logging.WARNING, logger="eva_runtime.llm_retry")
     with OpenAICompatibleServer(fail=lambda request: ("retry_after", 3600)) as server:
         llm = client(server, max_backoff_s=0.1, max_retries=2, concurrency=1)
         started = time.monotonic()

@@ -22,7 +22,7 @@ from transformers.integrations import TensorBoardCallback, integration_utils
 from eva_runtime.errors import ConfigError, StageError
 from flows.cli import main
 from flows.config import validate_config
-from flows.inputs import _check_reporters
+from flows.machine_checks import check_reporters
 from tasks.backends.train import load_solver
 from tasks.backends.train.dpo import REPORTERS, DPOSolverConfig
 from tasks.backends.train.trl_solver import build_trainer
@@ -166,13 +166,13 @@ def test_report_to_is_validated_and_left_out_of_the_key_while_empty() -> None:
 def test_a_tracker_that_is_not_installed_is_refused_in_one_line(monkeypatch) -> None:
     monkeypatch.setitem(REPORTERS, "tensorboard", ("tensorboard", ("eva_no_such_module",)))
     with pytest.raises(ConfigError) as info:
-        _check_reporters(["tensorboard"])
+        check_reporters(["tensorboard"])
     assert str(info.value) == (
         "train.solver.report_to: tensorboard needs the tensorboard package, which is not "
         "installed (pip install tensorboard on every machine that trains, or drop tensorboard)"
     )
-    _check_reporters([])  # the default reports to none: nothing to check
-    _check_reporters(["kubeflow"])  # configured by its environment: no package
+    check_reporters([])  # the default reports to none: nothing to check
+    check_reporters(["kubeflow"])  # configured by its environment: no package
 
 
 def test_the_edge_refuses_a_run_whose_tracker_is_missing(tmp_path: Path, monkeypatch) -> None:

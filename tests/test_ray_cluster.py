@@ -31,10 +31,11 @@ from tasks.backends.generate.openai import derive_seed
 from tasks.backends.generate.vllm import VLLMGeneration
 from tasks.backends.python import PythonComponent
 from tasks.backends.ray_job import JobSpec, fan_out, vllm_processor_kwargs, vllm_requests
+from tasks.content_hashes import hash_directory
 from tasks.context import RunContext
 from tasks.generate import GenerateConfig, generate
 from tasks.stage import StageError
-from tasks.store import Ref, hash_directory
+from tasks.store import Ref
 
 BACKEND = {"max_new_tokens": 10, "batch_size": 16}
 VERIFIER = PythonComponent(factory="eva_world.components:WorldVerifier")

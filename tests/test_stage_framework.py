@@ -96,7 +96,7 @@ def test_cached_in_a_new_call_and_rerun_on_config_change(tmp_path) -> None:
 
 
 def test_each_stage_is_its_own_task_and_logs_its_stats_readably(tmp_path, caplog) -> None:
-    from tasks.stage import readable
+    from eva_runtime.prefect_ui import readable
 
     # Prefect keys a task on its function: one per stage, so the UI can filter by stage.
     assert score.task.task_key != sample.task.task_key
@@ -109,7 +109,7 @@ def test_each_stage_is_its_own_task_and_logs_its_stats_readably(tmp_path, caplog
     with caplog.at_level("INFO"):
         score(run, 1, ScoreConfig(), annotated=annotated)
     logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("score iter_1")]
-    # The line shows score's headline stats (tasks.stage.HEADLINE); the manifest keeps them all.
+    # The line shows score's headline stats (tasks.stage_log.HEADLINE); the manifest keeps them all.
     assert logged and "(8 rows, " in logged[0] and "mean_informativeness 0." in logged[0]
     assert "metric" not in logged[0]
 
@@ -260,7 +260,7 @@ def test_s3_root_through_a_local_s3_server(tmp_path, capsys, local_s3) -> None:
 def test_init_checkpoint_local_or_hub_id(tmp_path) -> None:
 
     from tasks.bootstrap import BootstrapConfig, _checkpoint_key
-    from tasks.store import is_hub_id
+    from tasks.content_hashes import is_hub_id
 
     assert is_hub_id("google/gemma-2-9b-it") and not is_hub_id("/nope") and not is_hub_id("./a")
     hub = BootstrapConfig(init_checkpoint="google/gemma-2-9b-it")  # not fetched at validation

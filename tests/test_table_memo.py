@@ -7,8 +7,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tasks.content_hashes import hash_directory
 from tasks.stage import _inside
-from tasks.store import RunStore, UnreadableArtifact, hash_directory
+from tasks.store import RunStore, UnreadableArtifact
 from tasks.table_memo import TABLES, TableMemo
 
 

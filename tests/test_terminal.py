@@ -16,7 +16,7 @@ from eva_runtime.progress import TerminalProgress, quiet_library_bars, report
 from flows.cli import main
 from flows.commands import next_steps
 from flows.config import RunConfig
-from tasks.stage import headline
+from tasks.stage_log import headline
 from tests.conftest import tiny_run_config
 
 PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

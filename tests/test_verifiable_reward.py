@@ -101,7 +101,8 @@ def test_bad_answers_file_is_one_line_with_field_and_hint(tmp_path: Path) -> Non
 
 
 def test_run_config_names_the_bad_field_in_one_line(tmp_path: Path) -> None:
-    from flows.config import deep_merge, load_config, validate_config
+    from flows.config import load_config, validate_config
+    from flows.config_layers import deep_merge
     from flows.inputs import check_inputs
 
     world = load_config(None).model_dump(mode="json")

@@ -107,7 +107,7 @@ def test_what_a_failed_request_becomes_counts_how_it_travels_does_not(edit) -> N
 
     before = codes()
     # Retries, backoff and the breaker: how bytes travel.
-    edit(CLIENT, "* random.uniform(0.5, 1.0)", "* random.uniform(0.25, 1.0)")
+    edit("eva_runtime.llm_retry", "* random.uniform(0.5, 1.0)", "* random.uniform(0.25, 1.0)")
     assert codes() == before
     # A request that failed for good answers "" (what a stage then writes).
     edit(

@@ -41,7 +41,7 @@ from eva_runtime.poll import PollTimeout, wait_until
 from eva_runtime.progress import read_progress
 from tasks.backends.ray_job import ERROR_MARK, VALUE_COLUMN, JobSpec
 from tasks.context import StageContext
-from tasks.store import iteration_dir
+from tasks.run_paths import iteration_dir
 
 _PACKAGES = [
     str(Path(__file__).resolve().parents[2] / p)

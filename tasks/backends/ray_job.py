@@ -33,7 +33,8 @@ from eva_runtime.progress import progress_line
 from tasks.backends.generate.openai import derive_seed
 from tasks.backends.generate.vllm import VLLMGeneration
 from tasks.backends.protocols import RewardModel
-from tasks.store import RunStore, is_hub_id
+from tasks.content_hashes import is_hub_id
+from tasks.store import RunStore
 
 # The line the job writes for the stage that follows its log when it fails (responses done are
 # eva_runtime.progress marks). Both go to stdout through ``child_logger`` (eva_runtime.log).

@@ -32,11 +32,11 @@ from eva_core.schema import prompt_id
 from eva_runtime.errors import EvaError, first_line
 from tasks.backends.generate import GenerationBackend, TransformersGeneration
 from tasks.backends.protocols import Progress, close_after, no_progress, stats_of
+from tasks.content_hashes import checkpoint_hash, hash_file, is_hub_id
 from tasks.prompt_datasets import dataset_key, load_dataset_split
 from tasks.prompt_files import read_columns
 from tasks.prompt_rows import cell_text
 from tasks.prompts import PromptsConfig
-from tasks.store import checkpoint_hash, hash_file, is_hub_id
 
 FIELD = "evaluate.judge.reference"
 FORMATS = (".jsonl", ".json", ".ndjson", ".csv", ".parquet")

@@ -34,8 +34,8 @@ from eva_core.schema import prompt_id
 from eva_runtime.errors import EvaError, first_line
 from tasks.backends.protocols import Progress, no_progress
 from tasks.backends.reward.function import GuardedCalls, resolve_function
+from tasks.content_hashes import hash_file
 from tasks.prompt_files import read_columns
-from tasks.store import hash_file
 
 FIELD = "annotate.reward"
 FORMATS = (".jsonl", ".json", ".csv", ".parquet")

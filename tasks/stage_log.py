@@ -1,0 +1,102 @@
+"""What a stage says: one line when it finishes (its headline stats, ``headline``), one line
+when it fails (``reported``: the cause, with its full traceback kept in the run's logs/), and
+none of Prefect's own lines that would only repeat or bury these.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from eva_runtime.errors import EvaError, StageError, first_line
+from eva_runtime.prefect_ui import readable
+from eva_runtime.progress import TerminalProgress
+from tasks.store import RunStore
+
+# The attribute a stage's failure carries: the one line the CLI prints for it.
+FAILURE = "eva_failure"
+
+
+class _WithoutTraceback(logging.Filter):
+    """Prefect logs a failed task run, and the flow run it fails, with the traceback. A
+    StageError's message already says what is wrong and what to do, and any other exception
+    a stage raised has its traceback kept in the run's logs/ (``reported``); three tracebacks
+    through Prefect's engine (terminal and UI) would only bury it. The log line itself stays.
+
+    A stage that finished has just logged its own line (its headline stats): Prefect's
+    "Finished in state Completed()" after it would only double every stage's lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        failed = record.exc_info[1] if record.exc_info else None
+        if isinstance(failed, StageError) or hasattr(failed, FAILURE):
+            record.exc_info, record.exc_text = None, None
+        return not (record.name == "prefect.task_runs" and record.getMessage() == _COMPLETED)
+
+
+_COMPLETED = "Finished in state Completed()"
+
+
+for _logger in ("prefect.task_runs", "prefect.flow_runs"):
+    logging.getLogger(_logger).addFilter(_WithoutTraceback())
+
+
+# The few stats a stage's log line shows, by stage name (the manifest and the UI keep them
+# all); a stage not listed here, or whose stats have none of its names, shows its first four.
+HEADLINE: dict[str, tuple[str, ...]] = {
+    "prompts": ("prompts",),
+    "heldout": ("prompts",),
+    "bootstrap": ("checkpoint", "steps", "final_loss"),
+    "generate": ("prompts", "responses"),
+    "annotate": ("mean_reward", "unscored"),
+    "score": ("mean_informativeness", "zero_informativeness"),
+    "sample": ("selected", "prompts"),
+    "evolve": ("parents", "kept"),
+    "mix": ("size", "evolved", "original"),
+    "complexity": ("mean_complexity", "unscored"),
+    "pairs": ("pairs", "skipped_tied"),
+    "train": ("pairs", "steps", "loss"),
+    "evaluate": ("score", "solved"),
+    "reference": ("references", "missing"),
+    "judge": ("win_rate", "ci_low", "ci_high", "unjudged"),
+    "online": ("steps", "mean_reward", "mean_informativeness", "budget"),
+}
+
+
+def headline(stage_name: str, stats: Mapping[str, Any]) -> str:
+    """The stats that matter for ``stage_name``, as ``score 0.0951, solved 0``."""
+    names = [k for k in HEADLINE.get(stage_name, ()) if k in stats]
+    if not names:  # fall back to the first few numbers and words (no breakdowns)
+        names = [k for k, v in stats.items() if not isinstance(v, Mapping)][:4]
+    return ", ".join(f"{k} {readable(stats[k])}" for k in names) or "done"
+
+
+@contextmanager
+def reported(
+    store: RunStore, where: str, artifact: str, progress: TerminalProgress
+) -> Iterator[None]:
+    """A stage that fails says so in one line: which stage, the cause, and where its full
+    traceback is (``logs/<iteration>-<artifact>.log`` in the run). The exception goes on as it
+    is (callers still catch its type), carrying that line as ``FAILURE``; Prefect's engine logs
+    it without the traceback (``_WithoutTraceback``). A StageError the stage raised itself
+    already says what is wrong and passes untouched."""
+    try:
+        yield
+    except StageError:
+        raise
+    except Exception as exc:
+        path = f"{store.base}/logs/{where}-{artifact}.log"
+        try:
+            store.fs.makedirs(f"{store.base}/logs", exist_ok=True)
+            with store.fs.open(path, "w") as f:
+                f.write("".join(traceback.format_exception(exc)))
+            kept = f"full traceback in {store.uri(path)}"
+        except Exception as unwritten:  # the run root itself failing: say so, lose nothing else
+            kept = f"no traceback written: {first_line(unwritten)}"
+        cause = first_line(exc, with_type=not isinstance(exc, EvaError))
+        setattr(exc, FAILURE, f"{artifact} of {where} failed: {cause} ({kept})")
+        raise
+    finally:
+        progress.close()
