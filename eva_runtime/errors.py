@@ -35,7 +35,9 @@ class EvaError(Exception):
 
 
 class ConfigError(EvaError, ValueError):
-    """A config, an option or an input file that cannot work, found before anything runs."""
+    """A config, an option or an input file that cannot work: found before anything runs where
+    it can be, else by the stage or backend that meets it (a checkpoint without the chat
+    template its config asks for, a reward model with several labels)."""
 
 
 class StageError(EvaError, RuntimeError):

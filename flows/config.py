@@ -30,6 +30,7 @@ from flows.config_layers import apply_overrides, read_config_file, resolve_exten
 from tasks.annotate import AnnotateConfig
 from tasks.bootstrap import BootstrapConfig
 from tasks.complexity import ComplexityConfig
+from tasks.config_tree import get_path
 from tasks.evaluate import EvaluateConfig
 from tasks.evolve import EvolveConfig
 from tasks.generate import GenerateConfig
@@ -244,7 +245,7 @@ def _settable_path(data: Any, loc: tuple[Any, ...]) -> list[str]:
         if isinstance(node, dict) and node.get("kind") == part and part not in node:
             continue  # the union's tag, not a field
         out.append(str(part))
-        node = node.get(part) if isinstance(node, dict) else None
+        node = get_path(node, [part])
     return out
 
 

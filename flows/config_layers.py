@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from eva_runtime.errors import ConfigError
+from tasks.config_tree import NotASection, open_section
 
 
 def read_config_file(path: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -65,6 +66,8 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     A mapping whose ``kind`` differs from the base's replaces it whole, as ``--set`` does: the
     old kind's fields would not validate against the new one (``extends`` a config, then swap
     a backend).
+
+    Its own recursion, not ``tasks.config_tree.walk``: it merges two trees, the walk visits one.
     """
     out = dict(base)
     for key, value in override.items():
@@ -87,14 +90,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"--set {item!r}: expected key=value, e.g. sample.fraction=0.5")
-        node = data
         parts = key.split(".")
-        for part in parts[:-1]:
-            if node.get(part) is None:  # an optional section that is off (ray: null): open it
-                node[part] = {}
-            node = node[part]
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {item!r}: {part} is not a section")
+        try:
+            node = open_section(data, parts[:-1])
+        except NotASection as exc:
+            raise ConfigError(f"--set {item!r}: {exc}") from None
         if not raw.strip():
             raise ConfigError(f"--set {item!r}: empty value (write {key}=null to unset it)")
         try:

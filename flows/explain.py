@@ -1,7 +1,10 @@
 """A config read aloud: ``eva config --explain`` (every field of the config that would run, its
 value and its description) and the close matches a mistyped key gets ("did you mean
-sample.fraction?"). Both walk the pydantic models the config is validated by, so the text is the
-``Field(description=...)`` each model already carries: one source for help and validation."""
+sample.fraction?"). Both read the pydantic models the config is validated by, so the text is the
+``Field(description=...)`` each model already carries: one source for help and validation. The
+first walks the validated config (``tasks.config_tree.walk``); the second follows a dotted key
+through the models' classes, unions included, since the data it is asked about failed to
+validate and has no model to walk."""
 
 from __future__ import annotations
 
@@ -14,23 +17,23 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from tasks.config_tree import get_path, walk
 
-def explain(config: BaseModel, prefix: str = "") -> Iterator[str]:
+
+def explain(config: BaseModel) -> Iterator[str]:
     """``key: value  # description`` for every field of ``config``, sections first-level order,
-    nested sections as dotted keys (what ``--set`` takes)."""
-    for name, info in type(config).model_fields.items():
-        value = getattr(config, name)
-        key = f"{prefix}{name}"
-        if isinstance(value, BaseModel):
-            about = f"  # {info.description}" if info.description else ""
-            yield f"{key}:{about}"
-            yield from explain(value, key + ".")
+    nested sections as dotted keys (what ``--set`` takes); a list or a dict is one value."""
+    for node in walk(config, descend=lambda node: isinstance(node.value, BaseModel)):
+        if node.field is None:
+            continue  # the config itself
+        about = f"  # {node.field.description}" if node.field.description else ""
+        if isinstance(node.value, BaseModel):
+            yield f"{node.path}:{about}"
             continue
-        shown = json.dumps(value, default=str)
+        shown = json.dumps(node.value, default=str)
         if len(shown) > 70:
             shown = shown[:67] + "..."
-        about = f"  # {info.description}" if info.description else ""
-        yield f"{key}: {shown}{about}"
+        yield f"{node.path}: {shown}{about}"
 
 
 def _models_in(annotation: Any) -> list[type[BaseModel]]:
@@ -62,7 +65,7 @@ def fields_at(model: type[BaseModel], data: Any, path: list[str]) -> list[str]:
     for part in path:
         if current is None or part not in current.model_fields:
             return []
-        node = node.get(part) if isinstance(node, dict) else None
+        node = get_path(node, [part])
         current = _model_for(current.model_fields[part].annotation, node)
     return list(current.model_fields) if current is not None else []
 

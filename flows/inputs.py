@@ -28,6 +28,7 @@ from flows.machine_checks import check_accelerate, check_api_keys, check_devices
 from flows.model_checks import check_chat_templates, check_checkpoint, check_hub_models
 from flows.roots import check_root, check_storage_options
 from tasks.backends.python import PythonComponent
+from tasks.config_tree import walk
 from tasks.prompts import PromptsConfig, read_prompts
 
 OWN_MODEL = "start from configs/own-model.yaml"
@@ -61,15 +62,14 @@ def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
             raise ConfigError(f"{field}.path: no file at {prompts.path!r}") from None
         except ValueError as exc:
             raise ConfigError(f"{field}.{named}: {exc}") from None
-        for where, component in components.items():
+        for where, (factory, component) in components.items():
             check = getattr(component, "check_prompts", None)
             try:
                 if check is not None:
                     check(texts)
             except ValueError as exc:
                 raise ConfigError(
-                    f"{field}.{named}: {shown}: {exc}",
-                    hint=f"{where} is {_named(config, where)}",
+                    f"{field}.{named}: {shown}: {exc}", hint=f"{where} is {factory}"
                 ) from None
         _check_context(config, field, texts)
         read[field] = texts
@@ -125,25 +125,17 @@ def _check_required(config: RunConfig | OnlineRunConfig) -> None:
         )
 
 
-def _loaded_components(config: BaseModel, path: str = "") -> Iterator[tuple[str, Any]]:
-    """Every Python component the config names, built now: options it refuses fail here."""
-    if isinstance(config, PythonComponent):
-        try:
-            yield path, config.load()
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{path}.options: {first_line(exc, with_type=False)}") from None
-        return
-    for name in type(config).model_fields:
-        value = getattr(config, name)
-        if isinstance(value, BaseModel):
-            yield from _loaded_components(value, f"{path}.{name}" if path else name)
-
-
-def _named(config: BaseModel, where: str) -> str:
-    node: Any = config
-    for part in where.split("."):
-        node = getattr(node, part)
-    return str(node.factory)
+def _loaded_components(config: BaseModel) -> Iterator[tuple[str, tuple[str, Any]]]:
+    """Every Python component the config names, built now: options it refuses fail here.
+    ``(field, (its factory, the component))``."""
+    for node in walk(config, descend=lambda node: not isinstance(node.value, PythonComponent)):
+        if isinstance(node.value, PythonComponent):
+            try:
+                yield node.path, (node.value.factory, node.value.load())
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(
+                    f"{node.path}.options: {first_line(exc, with_type=False)}"
+                ) from None
 
 
 def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: list[str]) -> None:

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from eva_runtime.errors import ConfigError
 from flows.config import RunConfig
+from tasks.config_tree import walk
 
 # What an accelerate config's distributed_type trains with, beyond eva's own install: the
 # package it imports and the extra that installs it (pyproject.toml).
@@ -85,45 +86,33 @@ def check_api_keys(config: Any) -> None:
     the run writes anything rather than when its stage is reached."""
     from eva_runtime.llm_config import LLMClientConfig, LLMConfigError, api_key
 
-    def visit(node: Any, path: str) -> None:
-        if isinstance(node, LLMClientConfig):
+    for node in walk(config):
+        if isinstance(node.value, LLMClientConfig):
             try:
-                api_key(node)
+                api_key(node.value)
             except LLMConfigError as exc:
-                raise ConfigError(f"{path}.{str(exc).removeprefix('llm.')}") from None
-        elif isinstance(node, BaseModel):
-            for name in type(node).model_fields:
-                visit(getattr(node, name), f"{path}.{name}" if path else name)
-
-    visit(config, "")
+                raise ConfigError(f"{node.path}.{str(exc).removeprefix('llm.')}") from None
 
 
 def check_devices(config: BaseModel) -> None:
     """A device no machine here has (``device: cuda``, ``use_vllm: true``) is refused now,
     not trained on CPU in silence or failed after setup. torch is imported only when a config
     asks for an accelerator."""
-    asked: list[tuple[str, str]] = []  # (field, what it needs)
-
-    def visit(node: Any, path: str) -> None:
-        if not isinstance(node, BaseModel):
-            return
-        for name in type(node).model_fields:
-            value, where = getattr(node, name), f"{path}.{name}" if path else name
-            if name == "device" and isinstance(value, str) and value.startswith(("cuda", "mps")):
-                asked.append((where, value.split(":")[0]))
-            elif name == "use_vllm" and value is True:
-                asked.append((where, "cuda"))
-            visit(value, where)
-
-    visit(config, "")
+    asked: list[tuple[str, str, str]] = []  # (field, its setting, what it needs)
+    for node in walk(config):
+        name = node.keys[-1] if node.owner is not None else None  # a field, not a dict's key
+        value = node.value
+        if name == "device" and isinstance(value, str) and value.startswith(("cuda", "mps")):
+            asked.append((node.path, value, value.split(":")[0]))
+        elif name == "use_vllm" and value is True:
+            asked.append((node.path, "true", "cuda"))
     if not asked:
         return
     import torch
 
     have = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
-    for where, needs in asked:
+    for where, setting, needs in asked:
         if not have[needs]:
-            setting = "true" if where.endswith("use_vllm") else str(_value_at(config, where))
             raise ConfigError(
                 f"{where}={setting} needs {needs.upper()}, which this machine does not have",
                 field=where,
@@ -131,11 +120,3 @@ def check_devices(config: BaseModel) -> None:
                 if not where.endswith("use_vllm")
                 else "set it to false, or run on a machine with a GPU",
             )
-
-
-def _value_at(config: Any, where: str) -> Any:
-    """The value a dotted field names."""
-    node = config
-    for part in where.split("."):
-        node = getattr(node, part)
-    return node

@@ -42,6 +42,7 @@ from pydantic.fields import FieldInfo
 
 from tasks import source
 from tasks.backends.python import resolve
+from tasks.config_tree import Node, get_path, walk
 
 # What a manifest records beside the key (not in it): the software a run was made with.
 RECORDED_PACKAGES = ("eva", "prefect", "torch", "transformers", "trl", "pyarrow", "numpy")
@@ -89,16 +90,33 @@ def cache_key(
 
 def keyed_config(config: BaseModel) -> dict[str, Any]:
     """A config as its key holds it: its JSON dump, without the fields declared
-    ``UNLESS_DEFAULT`` that hold their default, with what each model's ``extra_key()`` adds."""
-    keyed = _keyed(config, config.model_dump(mode="json"))
-    assert isinstance(keyed, dict)
+    ``UNLESS_DEFAULT`` that hold their default, with what each model's ``extra_key()`` adds.
+
+    The walk of the models finds what changes and the dump is edited at the same keys; a
+    place the dump does not hold as the models do (a field excluded from it) stays as dumped."""
+    keyed = config.model_dump(mode="json")
+    extras: list[Node] = []
+    for node in walk(config, descend=lambda node: not _left_out(node)):
+        if _left_out(node):
+            section = get_path(keyed, node.keys[:-1])
+            if isinstance(section, dict):
+                section.pop(node.keys[-1], None)
+        elif isinstance(node.value, BaseModel) and callable(getattr(node.value, "extra_key", None)):
+            extras.append(node)
+    # Each model after those it holds (the walk's order reversed): a model's extra_key() adds
+    # to its part of the dump once that part is final, as a key made field by field would.
+    for node in reversed(extras):
+        section = get_path(keyed, node.keys)
+        if isinstance(section, dict):
+            section.update(node.value.extra_key())
     return keyed
 
 
 def components(config: BaseModel) -> Iterator[tuple[str, Any]]:
     """``(name, component)`` for every component a config selects: a backend config (a model
     with a ``kind``) or a Python object/function it names by import path."""
-    for value in _walk(config):
+    for node in walk(config):
+        value = node.value
         if isinstance(value, BaseModel) and is_component(type(value)):
             cls = type(value)
             yield f"{cls.__module__}:{cls.__qualname__}", cls
@@ -132,27 +150,15 @@ def recorded_versions() -> dict[str, str]:
     return {k: v for k, v in found.items() if v != "absent"}
 
 
-def _keyed(value: Any, dumped: Any) -> Any:
-    """``dumped`` (``value``'s JSON dump) as the key holds it, walked alongside ``value``."""
-    if isinstance(value, BaseModel) and isinstance(dumped, dict):
-        for name, field in type(value).model_fields.items():
-            if name not in dumped:
-                continue
-            item = getattr(value, name)
-            if _unless_default(type(value), name, field) and item == field.get_default(
-                call_default_factory=True
-            ):
-                del dumped[name]
-            else:
-                dumped[name] = _keyed(item, dumped[name])
-        extra = getattr(value, "extra_key", None)
-        if callable(extra):
-            dumped.update(extra())
-    elif isinstance(value, list | tuple) and isinstance(dumped, list) and len(value) == len(dumped):
-        return [_keyed(v, d) for v, d in zip(value, dumped, strict=True)]
-    elif isinstance(value, dict) and isinstance(dumped, dict):
-        return {k: _keyed(value[k], d) if k in value else d for k, d in dumped.items()}
-    return dumped
+def _left_out(node: Node) -> bool:
+    """A field declared ``UNLESS_DEFAULT`` that holds its default: not in the key."""
+    owner, field = node.owner, node.field
+    if owner is None or field is None:
+        return False
+    name = str(node.keys[-1])
+    return _unless_default(type(owner), name, field) and node.value == field.get_default(
+        call_default_factory=True
+    )
 
 
 def _unless_default(cls: type, name: str, field: FieldInfo) -> bool:
@@ -172,19 +178,6 @@ def _named_code(model: BaseModel) -> list[str]:
     verifiable reward's ``extract``, which decides what its majority vote counts)."""
     fields = ("factory", "function", "extract")
     return [getattr(model, f) for f in fields if isinstance(getattr(model, f, None), str)]
-
-
-def _walk(value: Any) -> Iterator[Any]:
-    yield value
-    if isinstance(value, BaseModel):
-        for name in type(value).model_fields:
-            yield from _walk(getattr(value, name))
-    elif isinstance(value, list | tuple):
-        for item in value:
-            yield from _walk(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _walk(item)
 
 
 @cache

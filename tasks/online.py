@@ -159,8 +159,13 @@ def online(
         creator = config.buffer.creator(records, ctx.run.seed, evolver, **options)
     done = int(state.get("trained_steps", 0))
     steps = min(config.steps_per_segment, config.total_steps(len(records)) - done)
-    if steps <= 0:
-        raise ValueError(f"segment {ctx.iteration}: the budget was used up by earlier segments")
+    if steps <= 0:  # `eva stage online` past the last segment, or a budget lowered since
+        raise StageError(
+            f"segment {ctx.iteration}: the budget was used up by earlier segments ({done} of "
+            f"{config.total_steps(len(records))} steps trained)",
+            field="online.budget",
+            hint="raise online.budget to train further",
+        )
     loop = OnlineLoop(
         creator,
         config.solver.prompts_per_step,

@@ -4,7 +4,8 @@ A file needs a prompt column (``prompt`` unless told otherwise); a list column s
 MT-Bench's ``turns`` contributes its first turn or all of them joined (``tasks.prompt_rows``); an
 optional category column labels rows. Every problem is a ``ValueError`` that names the file and
 the row or column, raised before a run writes anything (``flows.inputs``) and again when the
-stage reads it.
+stage reads it; both make it a ``ConfigError`` naming the config key (``prompts.path``,
+``heldout.path``), which a reader shared by several configs cannot know.
 """
 
 from __future__ import annotations

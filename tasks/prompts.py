@@ -23,6 +23,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from eva_core.schema import PROMPT_COLUMNS, seed_records
+from eva_runtime.errors import ConfigError
 from tasks.backends.python import PythonComponent
 from tasks.content_hashes import hash_file
 from tasks.context import StageContext, StageOutput
@@ -165,8 +166,16 @@ _DROPPED = b"eva.dropped"
 
 def _records(ctx: StageContext, config: PromptsConfig, exclude: set[str]) -> pa.Table:
     if config.origin is not None:
-        rows = read_prompt_set(config)
-        ctx.log.info("%s: %s: %s", ctx.artifact, config.origin[1], dropped_line(rows))
+        named, shown = config.origin
+        # The readers name the file, the row and the column, not the config key: the artifact
+        # is the key's section (prompts or heldout), as flows.inputs names it at the edge.
+        try:
+            rows = read_prompt_set(config)
+        except FileNotFoundError:
+            raise ConfigError(f"no file at {shown!r}", field=f"{ctx.artifact}.path") from None
+        except ValueError as exc:
+            raise ConfigError(str(exc), field=f"{ctx.artifact}.{named}") from None
+        ctx.log.info("%s: %s: %s", ctx.artifact, shown, dropped_line(rows))
         return rows.table.replace_schema_metadata({_DROPPED: json.dumps(rows.dropped)})
     if config.source is None:
         raise StageError(

@@ -109,7 +109,12 @@ def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutpu
     policy_dir = ctx.model_dir("policy")
     if pairs.num_rows == 0:
         if config.on_no_pairs == "fail":
-            raise ValueError("no preference pairs to train on (train.on_no_pairs: fail)")
+            raise StageError(
+                "no preference pairs to train on, and on_no_pairs is fail",
+                field="train.on_no_pairs",
+                hint="the pairs stage's stats say why (every prompt tied, or no chosen answer "
+                "reached pairs.min_chosen_reward); keep_policy passes the policy on unchanged",
+            )
         ctx.log.warning("no preference pairs: the policy is passed on unchanged")
         empty = pa.table({"step": pa.array([], pa.int64())})
         none = {"pairs": 0, "steps": 0, "no_pairs": True}

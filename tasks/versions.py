@@ -7,9 +7,10 @@ artifacts the new code would not make. This module fingerprints that code and co
 
 * a stage: its module, and the ``eva_core`` and ``tasks`` modules it imports (the method's
   arithmetic, a prompt file reader), but not the stage framework (``tasks.stage`` and the
-  modules beside it, ``tasks.context``, ``tasks.keys``, ``tasks.plan``, ``tasks.store``,
-  ``tasks.run_paths``, ``tasks.content_hashes``: ``FRAMEWORK``) nor the components it selects,
-  which are versioned on their own;
+  modules beside it, ``tasks.context``, ``tasks.keys`` and the config walk it keys with
+  (``tasks.config_tree``), ``tasks.plan``, ``tasks.store``, ``tasks.run_paths``,
+  ``tasks.content_hashes``: ``FRAMEWORK``) nor the components it selects, which are versioned
+  on their own;
 * a component (a backend config class, a class of the world that configs name): its module
   and the component and method modules it imports, ``eva_core``, ``tasks.backends`` and
   ``eva_world`` (not ``eva_runtime`` as a whole: how bytes travel does not change what they
@@ -69,6 +70,7 @@ FRAMEWORK = (
     "tasks.provenance",
     "tasks.context",
     "tasks.keys",
+    "tasks.config_tree",
     "tasks.plan",
     "tasks.store",
     "tasks.run_paths",
@@ -240,6 +242,8 @@ def _called_stages(config: BaseModel) -> Iterator[tuple[Any, list[BaseModel]]]:
     ``RunConfig.evaluation``), each with those sub-configs."""
     from tasks.stage import Stage
 
+    # One level, not a walk (tasks.config_tree): a stage is called with a section of the run,
+    # or one a property derives, which the tree does not hold.
     names = [*type(config).model_fields]
     names += [n for n, v in vars(type(config)).items() if isinstance(v, property)]
     subs = [v for v in (getattr(config, n) for n in names) if isinstance(v, BaseModel)]

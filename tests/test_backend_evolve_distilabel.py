@@ -255,6 +255,15 @@ def test_retry_after_is_capped_by_max_backoff_and_retries_run_out():
     assert ev.client.stats()["failures"] == 1
 
 
+def test_stats_count_every_evolve_call_since_load():
+    with OpenAICompatibleServer(rewrite) as server:
+        ev = load(server)
+        ev.evolve(PROMPTS[:2], [None] * 2, 2, seed=0)
+        assert ev.stats() == {"requests": 4}
+        ev.evolve(PROMPTS[2:3], [None], 3, seed=1)
+    assert ev.stats() == {"requests": 7}  # the second call's 3 add to the first's 4
+
+
 def test_a_fractional_timeout_applies_and_is_counted():
     """timeout_s 0.4 against a server that takes 0.8 s: a timeout (distilabel's own client took
     whole seconds and would have waited for the answer)."""

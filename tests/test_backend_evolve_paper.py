@@ -13,6 +13,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from eva_core.evolution import evolved_records
 from eva_core.schema import seed_records
+from eva_runtime.errors import ConfigError
 from tasks.backends.evolve import EvolverBackend
 from tasks.backends.evolve.paper import IN_BREADTH, IN_DEPTH, STRATEGIES, PaperTemplateEvolver
 from tasks.backends.protocols import Evolver
@@ -131,6 +132,30 @@ def test_failures_fill_the_beam_only_when_nothing_better_is_left():
     assert stats.kept == 2 and stats.dropped["refusal"] == 2
 
 
+def test_unknown_strategies_are_refused_when_the_config_is_read():
+    from flows.config import validate_config
+
+    evolver = {"kind": "paper", "llm": {"model": "m"}, "strategies": ["persona", "telepathy"]}
+    with pytest.raises(ConfigError, match=r"unknown \['telepathy'\]") as e:
+        validate_config({"evolve": {"evolver": evolver}})
+    assert e.value.field == "evolve.evolver.strategies"
+    with pytest.raises(ConfigError, match="none given") as e:
+        validate_config({"evolve": {"evolver": {**evolver, "strategies": []}}})
+
+
+def test_stats_count_every_evolve_call_since_load():
+    with OpenAICompatibleServer(rewrite) as server:
+        ev = load(server, scorer="judge", strategies_per_seed=3, keep_best=1)
+        ev.evolve(PROMPTS[:1], [None], 1, seed=0)
+        first = ev.stats()
+        ev.evolve(PROMPTS[1:3], [None] * 2, 1, seed=1)
+    assert first["requests"] == first["judge_requests"] == first["generated"] == 3
+    # The second call's 6 rewrites and 6 verdicts add to the first's.
+    stats = ev.stats()
+    assert stats["requests"] == stats["judge_requests"] == stats["generated"] == 9
+    assert stats["scored"] == 9 and stats["judge_failures"] == 0
+
+
 def test_default_scorer_is_the_llm_judge():
     with OpenAICompatibleServer(rewrite) as server:
         ev = load(server, scorer="judge", strategies_per_seed=3, keep_best=1)
@@ -148,8 +173,8 @@ def test_config_union_and_validation():
     assert EvolveConfig().evolver is None  # the rewriter is the user's to name
     with pytest.raises(ValidationError):
         EvolveConfig.model_validate({"evolver": {"kind": "nope"}})
-    with pytest.raises(ValueError, match="unknown"):
-        PaperTemplateEvolver(llm={"model": "m"}, strategies=("persona", "telepathy")).load()
+    with pytest.raises(ValidationError, match=r"unknown \['telepathy'\]; choose from"):
+        PaperTemplateEvolver(llm={"model": "m"}, strategies=("persona", "telepathy"))
     parsed = TypeAdapter(EvolverBackend).validate_python(
         {"kind": "distilabel", "task": "self_instruct", "llm": {"model": "m"}}
     )

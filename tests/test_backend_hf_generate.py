@@ -6,6 +6,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from eva_runtime.errors import ConfigError
 from eva_world.tiny_lm import (
     TinyModelConfig,
     build_char_tokenizer,
@@ -96,7 +97,7 @@ def test_a_shard_with_its_indices_reproduces_the_whole_set(model_dir: str):
     # Without its indices the shard samples as if it were the whole input: other responses.
     assert gen.generate([prompts[i] for i in odd], n=3, seed=5) != shard
     # A prompt that cannot fit is named by its position in the whole input.
-    with pytest.raises(ValueError, match="prompt row 7 has"):
+    with pytest.raises(ConfigError, match="prompt row 7 has"):
         gen.generate(["1+2=", "1" * 59 + "="], n=1, seed=0, indices=[3, 7])
     with pytest.raises(ValueError, match="2 indices for 3 prompts"):
         gen.generate(prompts[:3], n=1, seed=0, indices=[0, 1])
@@ -144,16 +145,27 @@ def test_config_validation_messages():
 
 
 def test_chat_template_always_requires_a_template(model_dir: str):
-    with pytest.raises(ValueError, match="no chat template"):
+    with pytest.raises(ConfigError, match="no chat template") as e:
         TransformersGeneration(chat_template="always").load(model_dir)
+    assert e.value.field == "generate.backend.chat_template" and "auto" in (e.value.hint or "")
+
+
+def test_a_tokenizer_without_pad_or_eos_names_the_checkpoint(model_dir: str):
+    gen = _load(model_dir)
+    gen.tokenizer.pad_token, gen.tokenizer.eos_token = None, None
+    gen.model.config.eos_token_id = None
+    with pytest.raises(ConfigError, match="neither a pad nor an eos token") as e:
+        TransformersGenerator(gen.model, gen.tokenizer, gen.config)
+    assert e.value.field == "bootstrap.init_checkpoint" and "eos_token" in (e.value.hint or "")
 
 
 def test_a_prompt_that_cannot_fit_is_named_instead_of_shortening_its_batch(model_dir: str):
     # Every prompt gets the configured max_new_tokens or the call fails up front, naming the
     # row: a long prompt used to shorten every answer in its batch (issue 10).
     gen = _load(model_dir, temperature=0.0, max_new_tokens=10)
-    with pytest.raises(ValueError, match=r"prompt row 1 has 60 tokens; with max_new_tokens 10"):
+    with pytest.raises(ConfigError, match=r"row 1 has 60 tokens; with max_new_tokens 10") as e:
         gen.generate(["1+2=", "1" * 59 + "=", "3+4="], n=1, seed=0)
+    assert e.value.field == "generate.backend.max_new_tokens"
     long_and_short = gen.generate(["1" * 50 + "=", "1+2="], n=1, seed=0)
     assert long_and_short[1] == gen.generate(["1+2="], n=1, seed=0)[0]
     with pytest.raises(ValueError, match="no tokens"):

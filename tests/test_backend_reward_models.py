@@ -32,6 +32,7 @@ from transformers import (
 )
 from transformers.utils import ModelOutput
 
+from eva_runtime.errors import ConfigError
 from eva_world import world
 from eva_world.tiny_lm import build_char_tokenizer
 from tasks.backends.protocols import RewardModel
@@ -109,8 +110,9 @@ def test_loads_on_cpu_in_float32_and_resolves_the_template(llama_dir: str, gpt2_
     assert rm.model.device.type == "cpu" and rm.model.dtype == torch.float32
     assert rm.use_template and not _load(gpt2_dir).use_template  # "auto" follows the tokenizer
     assert not _load(llama_dir, chat_template=False).use_template
-    with pytest.raises(ValueError, match="has no chat template"):
+    with pytest.raises(ConfigError, match="has no chat template") as e:
         _load(gpt2_dir, chat_template=True)
+    assert e.value.field == "annotate.reward.chat_template"
 
 
 @pytest.mark.parametrize("which", ["llama", "gpt2"])
@@ -138,6 +140,8 @@ def test_progress_reaches_one_and_over_long_conversations_are_nan(llama_dir: str
     assert math.isfinite(out[0][0]) and math.isnan(out[0][1])
     assert rm.stats() == {"too_long": 1}
     assert seen == sorted(seen) and seen[-1] == 1.0
+    rm.score(["1+2=", "4+4="], [["3" * 20], ["8" * 20, "8"]])
+    assert rm.stats() == {"too_long": 3}  # since load: the second call's two add to the first's
     # Past GPT-2's 64 positions: NaN, where a forward pass would crash.
     capped = _load(gpt2_dir)
     assert capped.max_length == 64
@@ -257,13 +261,22 @@ def test_auto_output_takes_the_custom_heads_score(armo_dir: str):
             assert value != pytest.approx(out.rewards[0, 0].item(), abs=1e-5)
     same = _load(armo_dir, output="score", batch_size=3).score(PROMPTS, RESPONSES)
     assert _flat(same) == _flat(got)
-    with pytest.raises(ValueError, match="3 labels"):
+    with pytest.raises(ConfigError, match="3 labels") as e:
         _load(armo_dir, output="logits").score(PROMPTS, RESPONSES)
+    assert e.value.field == "annotate.reward.model" and "output: score" in (e.value.hint or "")
 
 
 def test_output_score_on_a_plain_classifier_is_a_clear_error(llama_dir: str):
-    with pytest.raises(ValueError, match="no `score` attribute"):
+    with pytest.raises(ConfigError, match="no `score` attribute") as e:
         _load(llama_dir, output="score").score(PROMPTS, RESPONSES)
+    assert e.value.field == "annotate.reward.output"
+
+
+def test_a_score_of_several_values_per_sequence_names_the_model(llama_dir: str):
+    rm = _load(llama_dir, output="score")
+    with pytest.raises(ConfigError, match="has 2 values per sequence") as e:
+        rm._values(ModelOutput(score=torch.zeros(3, 2)), rows=3)
+    assert e.value.field == "annotate.reward.model"
 
 
 REMOTE_CODE = textwrap.dedent(

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from eva_runtime.errors import ConfigError
 from eva_runtime.llm_config import LLMConfigError
 from tasks.backends.protocols import RewardModel
 from tasks.backends.reward.pairwise import (
@@ -63,6 +64,8 @@ def test_scores_are_mean_win_rates_that_order_the_responses():
         # N(N-1) calls per prompt with both orders: 12 + 2.
         assert len(server.requests) == 14 and rm.stats()["comparisons"] == 14
         assert seen[-1] == 1.0 and seen == sorted(seen)
+        rm.score(["q3"], [["b", "bb"]])  # a second call adds to the counts since load
+        assert rm.stats()["comparisons"] == 16 and rm.stats()["judge_requests"] == 16
         body = server.requests[0]["body"]
         assert body["model"] == "judge" and body["temperature"] == 0.0
         assert server.requests[0]["path"] == "/v1/chat/completions"
@@ -82,8 +85,9 @@ def test_identical_responses_tie_without_a_call_and_singletons_are_nan():
         out = rm.score(["q", "lonely"], [["same", "same", "longer"], ["only"]])
         assert out[0] == [0.25, 0.25, 1.0] and math.isnan(out[1][0])
         assert len(server.requests) == 4  # (same, longer) twice, in both orders
-        with pytest.raises(ValueError, match="at least 2 responses"):
+        with pytest.raises(ConfigError, match="at least 2 responses") as e:
             rm.score(["q"], [["one"]])
+        assert e.value.field == "annotate.reward" and "generate.n" in (e.value.hint or "")
 
 
 def test_retries_503_and_timeouts_then_succeeds():

@@ -13,6 +13,7 @@ import torch
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from transformers import LlamaConfig, LlamaForSequenceClassification
 
+from eva_runtime.errors import ConfigError
 from eva_world import world
 from eva_world.tiny_lm import build_char_tokenizer
 from tasks.backends.protocols import RewardModel
@@ -109,6 +110,7 @@ def test_a_failing_response_is_nan_and_counted_but_all_failing_raises(
     assert "raised on 2 of 3 responses" in caplog.text and "ValueError" in caplog.text
     with pytest.raises(RuntimeError, match="raised on all 2 responses"):
         rm.score(["r:ab="], [["ba", "ab"]])
+    assert rm.stats() == {"failures": 4}  # since load: the second call's two add to the first's
 
 
 def test_none_means_unscorable_not_failed():
@@ -191,6 +193,23 @@ def test_vllm_scorer_sends_template_token_ids_and_maps_results_back():
     assert tok.decode(first) == "u:1+2=<eos>a:3<eos>"  # no extra bos in front of the template
     short = VLLMPoolingScorer(llm, None, VLLMPoolingReward(model="m", max_length=12))
     assert math.isnan(short.score(["1+2="], [["333"]])[0][0]) and short.stats() == {"too_long": 1}
+    short.score(["1+2=", "4+4="], [["33333"], ["8", "88888"]])
+    assert short.stats() == {"too_long": 3}  # since load: the second call's two add to the first's
+
+
+def test_vllm_scorer_refuses_a_model_of_several_classes():
+    class TwoClasses(RecordingLLM):
+        def classify(self, prompts: list[Any], *, pooling_params: Any, use_tqdm: bool):
+            answers = [_Classified(0.1) for _ in prompts]
+            for a in answers:
+                a.outputs.probs.append(0.9)
+            return answers
+
+    tok = build_char_tokenizer(world.ALPHABET + "ua\n")
+    scorer = VLLMPoolingScorer(TwoClasses(tok), None, VLLMPoolingReward(model="two-heads"))
+    with pytest.raises(ConfigError, match="two-heads returns 2 classes") as e:
+        scorer.score(["1+2="], [["3"]])
+    assert e.value.field == "annotate.reward.model" and "num_labels=1" in (e.value.hint or "")
 
 
 @pytest.mark.gpu

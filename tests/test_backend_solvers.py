@@ -301,3 +301,19 @@ def test_bf16_dpo_step_on_gpu(policy_dir: str, tmp_path: Path):
     before = AutoModelForCausalLM.from_pretrained(policy_dir).state_dict()
     after = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).state_dict()
     assert all(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_no_pairs_with_on_no_pairs_fail_stops_the_stage_naming_the_setting(tmp_path: Path):
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+
+    from tasks.stage import StageError
+    from tasks.train import train
+
+    ctx = SimpleNamespace(model_dir=lambda name: str(tmp_path))
+    empty = pa.table({"prompt": pa.array([], pa.string()), "chosen": pa.array([], pa.string()),
+                      "rejected": pa.array([], pa.string())})  # fmt: skip
+    with pytest.raises(StageError, match="no preference pairs to train on") as e:
+        train.fn(ctx, TrainConfig(on_no_pairs="fail"), pairs=empty)
+    assert e.value.field == "train.on_no_pairs" and "keep_policy" in (e.value.hint or "")

@@ -67,6 +67,27 @@ def test_in_process_engines_start_their_core_by_spawn(monkeypatch: pytest.Monkey
     assert seen == ["spawn", "spawn", "fork"]
 
 
+def test_chat_template_always_requires_a_template(monkeypatch: pytest.MonkeyPatch):
+    import types
+
+    from eva_runtime.errors import ConfigError
+
+    class FakeLLM:
+        def __init__(self, **kwargs: object):
+            pass
+
+        def get_tokenizer(self) -> object:
+            return build_char_tokenizer("0123456789")  # no chat template
+
+    fake = types.SimpleNamespace(LLM=FakeLLM, SamplingParams=dict)
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # load sets it: undone after
+    with pytest.raises(ConfigError, match="/nowhere has no chat template") as e:
+        VLLMGeneration(chat_template="always").load("/nowhere")
+    assert e.value.field == "generate.backend.chat_template"
+    assert not VLLMGeneration().load("/nowhere").use_chat  # auto: raw text without one
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_GPU_VLLM, reason="needs a CUDA device and vLLM installed")
 def test_samples_are_distinct_and_seed_reproducible(llama_dir: str):

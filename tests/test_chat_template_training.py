@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
+from eva_runtime.errors import ConfigError
 from eva_world.tiny_lm import (
     TinyModelConfig,
     build_char_tokenizer,
@@ -153,17 +154,20 @@ def test_the_template_counts_against_the_prompt_cap(policies: dict[str, str], tm
     rows: Any = build_trainer(config, path, [long], ["9"], ["8"], str(tmp_path), 0).train_dataset
     # The prompt's last characters, templated as generation would template that text.
     assert rows[0]["prompt_ids"] == fed(long[-(12 - overhead) :])
-    with pytest.raises(ValueError, match="chat template"):
+    with pytest.raises(ConfigError, match="leaves no room for a prompt") as e:
         build_trainer(
             DPOSolverConfig(effective_batch_size=1, max_prompt_length=overhead),
             *(path, [long], ["9"], ["8"], str(tmp_path), 0),
         )
+    assert e.value.field == "train.solver.max_prompt_length"
+    assert f"above {overhead} tokens" in (e.value.hint or "")
 
 
 def test_always_refuses_a_tokenizer_without_a_template(policies: dict[str, str], tmp_path: Path):
     config = DPOSolverConfig(effective_batch_size=1, chat_template="always")
-    with pytest.raises(ValueError, match="has no chat template"):
+    with pytest.raises(ConfigError, match="has no chat template") as e:
         build_trainer(config, policies["plain"], ["1+2="], ["3"], ["4"], str(tmp_path), 0)
+    assert e.value.field == "train.solver.chat_template"
 
 
 class Feed:
@@ -266,4 +270,4 @@ def test_math_recipe_chat_needs_a_template(
         _math_recipe().main(
             ["--model", policies["plain"], "--prompts", str(data), "--out", out, "--chat"]
         )
-    assert "--chat: chat_template='always' but" in capsys.readouterr().err
+    assert "--chat: chat_template: always, but" in capsys.readouterr().err

@@ -230,6 +230,11 @@ def test_references_generated_once_by_a_named_model_over_http(tmp_path, serve) -
     assert out.table.column("reference").to_pylist() == [TRUTH[p] for p in PROMPTS]
     assert {b["model"] for b in server.bodies} == {"gpt-4-0314"}
     assert out.stats["backend"]["requests"] == 4 and out.stats["source"] == "generate"
+    # Each answers call loads the model anew; the counts since load add every call's up.
+    answers = source.load()
+    answers.answers(PROMPTS[:3], seed=0)
+    answers.answers(PROMPTS[3:], seed=0)
+    assert answers.stats()["requests"] == 4 and answers.stats()["failures"] == 0
 
 
 # --- the edge --------------------------------------------------------------------------------

@@ -180,3 +180,28 @@ def test_a_resumed_loop_serves_the_batches_drawn_ahead_first() -> None:
     assert head.log + resumed.log == whole.log
     assert resumed.state() == whole.state()
     assert any(r["from_buffer"] for r in whole.log)  # children were trained on
+
+
+def test_a_segment_past_the_budget_stops_naming_the_budget(tmp_path) -> None:
+    # `eva stage online --iteration 3` of a 2-step budget, or a budget lowered since: the
+    # segment refuses in one line naming online.budget instead of a bare ValueError.
+    from tasks.context import RunContext, StageContext
+    from tasks.online import STATE_FILE, OnlineConfig, online
+    from tasks.stage import StageError
+
+    seeds = seed_records(["1+2=", "3+4=", "5+6=", "7+1="])
+    config = OnlineConfig.model_validate({
+        "reward": {"kind": "callable", "function": "eva_world.world:reward"},
+        "buffer": {"evolve": False}, "solver": {"prompts_per_step": 2}, "steps_per_segment": 1,
+    })  # fmt: skip
+    creator = config.buffer.creator(seeds.to_pylist(), 0, None, executor=ThreadPoolExecutor(1))
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    state = {"creator": creator.state(), "trained_steps": config.total_steps(4)}
+    (policy / STATE_FILE).write_text(json.dumps(state))
+    run = RunContext(root=str(tmp_path / "runs"), run="t", seed=0)
+    ctx = StageContext(run, 3, "online", 0, {}, str(tmp_path), run.store(), lambda _: None)
+    ctx.model_dir = lambda name: str(policy)  # type: ignore[method-assign]
+    with pytest.raises(StageError, match=r"segment 3: the budget was used up .*2 of 2 steps") as e:
+        online.fn(ctx, config, seeds, seeds.select(["prompt_id"]))
+    assert e.value.field == "online.budget" and "raise online.budget" in (e.value.hint or "")

@@ -331,6 +331,29 @@ def test_a_source_has_no_dropped_stat(tmp_path) -> None:
     assert out.stats["prompts"] == 4 and "dropped" not in out.stats
 
 
+def test_the_stage_names_the_config_key_of_a_file_it_cannot_use(tmp_path) -> None:
+    # The readers name the file and row; the stage adds the key, as the edge does.
+    from tasks.prompts import load_heldout
+
+    bad = tmp_path / "held.jsonl"
+    bad.write_text('{"question": "a?"}\n')
+    seeds = load_prompts.fn(_ctx(tmp_path), PromptsConfig(path=str(_rows(tmp_path)))).table
+    with pytest.raises(
+        ConfigError, match=r"held\.jsonl: no column 'prompt' \(columns: question\)"
+    ) as e:
+        load_heldout.fn(_ctx(tmp_path, "heldout"), PromptsConfig(path=str(bad)), seeds)
+    assert e.value.field == "heldout.path" and e.value.line().startswith("heldout.path: ")
+    with pytest.raises(ConfigError, match="no file at") as e:
+        load_prompts.fn(_ctx(tmp_path), PromptsConfig(path=str(tmp_path / "gone.jsonl")))
+    assert e.value.field == "prompts.path"
+
+
+def _rows(tmp_path: Path) -> Path:
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "One?"}\n{"prompt": "Two?"}\n')
+    return path
+
+
 def test_chat_messages_keep_the_users_turns(tmp_path) -> None:
     chat = [
         {"role": "user", "content": "Plan a trip."},

@@ -169,6 +169,8 @@ def test_known_answers_majority_labels_and_dropped_prompts(tmp_path: Path) -> No
     assert got[0] == [1.0, 0.5, 0.0] and got[3] == [1.0, 0.5]
     assert all(math.isnan(r) for r in got[1] + got[2])
     assert drop.stats() == {"known": 2, "majority": 0, "dropped": 2, "verifier_failures": 0}
+    drop.score(prompts[:2], responses[:2])  # a second call adds to the counts since load
+    assert drop.stats() == {"known": 3, "majority": 0, "dropped": 3, "verifier_failures": 0}
 
 
 def test_a_failing_verifier_is_nan_for_that_response_and_fatal_only_on_all() -> None:

@@ -48,6 +48,7 @@ from eva_core.informativeness import informativeness
 from eva_core.mixing import mix_prompt_sets
 from eva_core.sampling import select_subset, subset_size
 from eva_core.schema import seed_records
+from eva_runtime.errors import ConfigError
 from tasks.backends.python import resolve
 from tasks.backends.reward.math_verify import VOTE_THRESHOLD, grpo_reward
 from tasks.backends.train.chat import ChatTemplate, use_template, user_turn
@@ -206,8 +207,8 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     setting: ChatTemplate = "auto" if args.chat is None else "always" if args.chat else "never"
     try:
         chat = use_template(tokenizer, setting, args.model)
-    except ValueError as exc:
-        ap.error(f"--chat: {exc}")
+    except ConfigError as exc:  # its field is a run config's key; here the option is --chat
+        ap.error(f"--chat: {exc.message}")
     os.makedirs(args.out, exist_ok=True)
     open(os.path.join(args.out, "rounds.jsonl"), "w").close()  # this run's rounds only
     log: list[dict[str, Any]] = []

@@ -28,10 +28,17 @@ def no_progress(_: float) -> None:
 
 @runtime_checkable
 class ReportsStats(Protocol):
-    """A backend that counts what its last call cost (requests, retries, failures, tokens)."""
+    """A backend that counts what it did (requests, retries, failures, tokens, conversations
+    too long to score, ...).
+
+    Every backend's counts mean the same: everything since the backend was loaded, added up over
+    its calls. A stage loads a backend, calls it once or several times (the complexity judge a
+    chunk at a time), and records ``stats()`` under ``backend`` when it is done: a count is
+    neither lost to a later call nor counted twice. A backend that keeps per-call counts adds
+    them into a ``collections.Counter``."""
 
     def stats(self) -> dict[str, int]:
-        """Counts since the backend was loaded, or of its last call where it says so."""
+        """Counts since the backend was loaded, summed over every call."""
         ...
 
 
@@ -44,8 +51,9 @@ class Closable(Protocol):
 
 @runtime_checkable
 class StartsEngines(Protocol):
-    """A backend that serves from an inference engine: started for this stage (1) or reused
-    from an earlier stage on the same checkpoint (0)."""
+    """A backend that serves from an inference engine: started when it was loaded (1) or
+    reused from an earlier stage on the same checkpoint (0), a count since load like
+    ``stats()``."""
 
     engine_starts: int
 

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from eva_runtime.log import child_logger
 from eva_runtime.progress import progress_line
+from tasks.backends.chat_template import GENERATION, template_use
 from tasks.backends.generate.openai import derive_seed
 from tasks.backends.generate.vllm import VLLMGeneration
 from tasks.backends.protocols import RewardModel
@@ -209,11 +210,7 @@ def _vllm(ds: Any, spec: JobSpec, model_source: str) -> Any:
 
     backend = VLLMGeneration.model_validate(spec.backend)
     has_template = bool(AutoTokenizer.from_pretrained(model_source).chat_template)
-    if backend.chat_template == "always" and not has_template:
-        raise ValueError(f"chat_template='always' but {model_source} has no chat template")
-    use_chat = backend.chat_template == "always" or (
-        backend.chat_template == "auto" and has_template
-    )
+    use_chat = template_use(has_template, backend.chat_template, model_source, GENERATION)
     config = vLLMEngineProcessorConfig(
         **vllm_processor_kwargs(backend, spec, model_source, use_chat)
     )

@@ -23,11 +23,11 @@ counts. Three of distilabel's behaviours are corrected:
   the same choices whatever the batch size or the neighbours, and global numpy state untouched
   (seeding the global generator per prompt would serialize requests, one prompt at a time).
 
-``stats()`` are the request outcomes of the last evolve call, as ``ClientLLM`` counts them:
-``requests`` (each request once, retries not included), ``timeout``, ``error_<status>``,
-``error_connection``, ``error_malformed``, ``skipped_after_failure`` and ``no_content``, a key
-present once nonzero. The HTTP-level counts (requests with retries, retries, failures, tokens)
-are the client's: ``self.client.stats()``.
+``stats()`` are the request outcomes since the evolver was loaded, over every evolve call, as
+``ClientLLM`` counts them: ``requests`` (each request once, retries not included), ``timeout``,
+``error_<status>``, ``error_connection``, ``error_malformed``, ``skipped_after_failure`` and
+``no_content``, a key present once nonzero. The HTTP-level counts (requests with retries,
+retries, failures, tokens) are the client's: ``self.client.stats()``.
 
 distilabel is imported lazily (seconds, and warnings): the CLI pays only when it is used.
 """
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 from functools import cache
 from types import SimpleNamespace
@@ -89,7 +90,7 @@ class DistilabelEvolver(BaseModel):
 class DistilabelRewriter:
     def __init__(self, config: DistilabelEvolver):
         self.config = config
-        self.counts: dict[str, int] = {}
+        self.counts: Counter[str] = Counter()
         # Built now, so a named key variable that is unset fails at load; the key lives only in
         # the client's headers.
         self.client = LLMClient(config.llm)
@@ -102,7 +103,8 @@ class DistilabelRewriter:
 
     def _llm(self, seed: int) -> Any:
         """A loaded distilabel LLM over this rewriter's client that never raises for one failed
-        request; built per evolve call, so that its counts are that call's."""
+        request; built per evolve call, so that its counts are that call's (``evolve`` adds
+        them up)."""
         cfg = self.config
         out = _runtime().ClientLLM.over(
             self.client,
@@ -115,7 +117,7 @@ class DistilabelRewriter:
         return out
 
     def stats(self) -> dict[str, int]:
-        """Request outcomes of the last evolve call (see the module docstring)."""
+        """Request outcomes since load (see the module docstring)."""
         return dict(self.counts)
 
     @staticmethod
@@ -143,7 +145,7 @@ class DistilabelRewriter:
             else:
                 rngs = [np.random.default_rng([seed, start + i]) for i in range(len(batch))]
                 out += _evol_chain(llm, cfg.task, batch, num_evolutions, rngs)
-        self.counts = dict(llm.counts)
+        self.counts.update(llm.counts)
         return out
 
 

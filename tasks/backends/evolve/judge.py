@@ -78,6 +78,7 @@ class LLMComplexityScorer:
         self.client = LLMClient(config.llm)  # a missing API key raises here
 
     def stats(self) -> dict[str, int]:
+        """The client's request counts since load, over every ``score`` call."""
         return self.client.stats()
 
     def score(self, prompts: Sequence[str]) -> list[tuple[float, float]]:

@@ -27,11 +27,12 @@ post-processing counts), a 401/403/404 stops the stage.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from eva_core.evolution import clean_rewrite, is_refusal
 from eva_runtime.llm_client import LLMClient
@@ -149,21 +150,30 @@ class PaperTemplateEvolver(BaseModel):
         default="judge", description="Ranks rewrites when N > keep_best: LLM judge or length."
     )
 
+    @field_validator("strategies")
+    @classmethod
+    def _known_strategies(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        # Refused when the config is read, not when the evolve stage of iteration 1 loads it.
+        unknown = sorted(set(value) - set(STRATEGIES))
+        if unknown or not value:
+            what = f"unknown {unknown}" if unknown else "none given"
+            raise ValueError(f"{what}; choose from {', '.join(STRATEGIES)}")
+        return value
+
     def load(self, scorer: Scorer | None = None) -> PaperRewriter:
-        unknown = sorted(set(self.strategies) - set(STRATEGIES))
-        if unknown or not self.strategies:
-            raise ValueError(f"evolver.strategies: unknown {unknown}; choose from {STRATEGIES}")
         return PaperRewriter(self, scorer)
 
 
 class PaperRewriter:
     def __init__(self, config: PaperTemplateEvolver, scorer: Scorer | None = None):
         self.config, self.scorer = config, scorer
-        self.counts: dict[str, int] = {}
+        self.counts: Counter[str] = Counter()
         self.client = LLMClient(config.llm)  # a missing API key raises here
         self._judge: Any = None  # the LLM complexity judge, made when first needed
 
     def stats(self) -> dict[str, int]:
+        """The client's request counts, rewrites generated and scored, and the LLM judge's
+        requests (``judge_*``), since load over every evolve call."""
         return dict(self.counts)
 
     @staticmethod
@@ -225,11 +235,11 @@ class PaperRewriter:
                 ]
                 if kids:  # a prompt whose whole beam failed keeps its failures to be counted
                     beams[i] = kids[:keep]
-        self.counts = {**self.client.stats_since(before), "generated": generated}
-        self.counts["scored"] = scored
+        self.counts.update(self.client.stats_since(before))
+        self.counts.update(generated=generated, scored=scored)
         if self._judge is not None:
             after = self._judge.stats().items()
-            self.counts |= {f"judge_{k}": v - judged.get(k, 0) for k, v in after}
+            self.counts.update({f"judge_{k}": v - judged.get(k, 0) for k, v in after})
         return [[(raw, f"paper:{path}") for raw, _, path in beam if path] for beam in beams]
 
     def _draw(self, rng: np.random.Generator, n: int) -> list[str]:

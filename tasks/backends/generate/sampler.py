@@ -18,6 +18,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from eva_runtime.errors import ConfigError
+from tasks.backends.chat_template import GENERATION
 from tasks.backends.generate.transformers import TransformersGeneration, check_fits
 from tasks.backends.protocols import Progress, no_progress
 
@@ -89,7 +91,12 @@ class TransformersGenerator:
             eos = model.config.eos_token_id
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
         if pad is None:
-            raise ValueError("the tokenizer has neither a pad nor an eos token to pad batches with")
+            named = getattr(tokenizer, "name_or_path", None) or "the policy"
+            raise ConfigError(
+                f"the tokenizer of {named} has neither a pad nor an eos token to pad batches with",
+                field="bootstrap.init_checkpoint",
+                hint="set its eos_token (or pad_token) in the checkpoint's tokenizer_config.json",
+            )
         self.eos_id: int | None = eos
         self.pad_id: int = pad
 
@@ -138,7 +145,15 @@ class TransformersGenerator:
         # not fit in memory fails at the start rather than at the end of a long run.
         order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
         lengths = [len(ids) for ids in encoded]
-        check_fits(self.model.config, lengths, cfg.max_new_tokens, rows=indices)
+        try:
+            check_fits(self.model.config, lengths, cfg.max_new_tokens, rows=indices)
+        except ValueError as exc:  # check_fits leaves the field to its callers (flows.inputs)
+            raise ConfigError(
+                str(exc),
+                field=f"{GENERATION}.max_new_tokens",
+                hint="an evolved prompt is capped by evolve.max_chars, a file's by "
+                "prompts.max_chars",
+            ) from None
         results: list[list[str]] = [[] for _ in prompts]
         device = self.model.device
         for start in range(0, len(order), cfg.batch_size):

@@ -279,7 +279,7 @@ class ServedGenerator:
             self.engine.stop()
 
     def stats(self) -> dict[str, int]:
-        """The client's request counts (requests, retries, failures, tokens)."""
+        """The client's request counts since load (requests, retries, failures, tokens)."""
         return self._client.stats()
 
     def generate(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.backends.chat_template import GENERATION, template_use
 from tasks.backends.devices import Device
 
 if TYPE_CHECKING:
@@ -77,8 +78,7 @@ class TransformersGeneration(BaseModel):
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
         model.to(torch.device(device)).eval()  # type: ignore[arg-type]  # wrapped .to stub
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        if self.chat_template == "always" and not tokenizer.chat_template:
-            raise ValueError(f"chat_template='always' but {model_dir} has no chat template")
+        template_use(bool(tokenizer.chat_template), self.chat_template, model_dir, GENERATION)
         return TransformersGenerator(model, tokenizer, self)
 
 

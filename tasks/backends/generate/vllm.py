@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.backends.chat_template import GENERATION, template_use
 from tasks.backends.devices import spawn_vllm_engines
 from tasks.backends.generate.openai import derive_seed
 from tasks.backends.protocols import Progress, no_progress
@@ -93,9 +94,7 @@ class VLLMGeneration(BaseModel):
             seed=0,  # sampling is seeded per request; this only fixes engine-level randomness
         )
         has_template = bool(getattr(llm.get_tokenizer(), "chat_template", None))
-        if self.chat_template == "always" and not has_template:
-            raise ValueError(f"chat_template='always' but {model_dir} has no chat template")
-        use_chat = self.chat_template == "always" or (self.chat_template == "auto" and has_template)
+        use_chat = template_use(has_template, self.chat_template, model_dir, GENERATION)
         return VLLMGenerator(llm, vllm.SamplingParams, self, use_chat)
 
 

@@ -23,6 +23,7 @@ the shape of Arena-Hard's and MT-Bench's answer files.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -211,9 +212,11 @@ class GeneratedAnswers:
 
     def __init__(self, config: GeneratedReference):
         self.config = config
-        self.counts: dict[str, int] = {}
+        self.counts: Counter[str] = Counter()
 
     def stats(self) -> dict[str, int]:
+        """The reference model's generation counts (an HTTP backend's requests and tokens),
+        since load over every ``answers`` call, each of which loads the model anew."""
         return dict(self.counts)
 
     def answers(
@@ -221,7 +224,7 @@ class GeneratedAnswers:
     ) -> list[str | None]:
         with close_after(self.config.generation.load(self.config.model)) as generator:
             out = [rs[0] for rs in generator.generate(list(prompts), 1, seed, progress)]
-            self.counts = stats_of(generator)
+            self.counts.update(stats_of(generator))
         return [a if a.strip() else None for a in out]
 
 

@@ -7,21 +7,22 @@ run starts rather than hours in. The function is either pointwise,
 ``f(prompts, responses, **kwargs) -> list[list[float]]`` shaped like ``responses``.
 
 Failures: a pointwise function that raises on one response gives that response NaN (the
-stage counts NaN as "unscored"); it is counted in ``stats()["failures"]`` and a warning names
-the first error: one bad response should not kill a stage of thousands. If *every* response
-fails, the function is broken rather than the data, and the call raises. A return of ``None``
-is NaN too (TRL's convention for "cannot score"), but not a failure. A batched function that
-raises fails the call: its results cannot be attributed to single responses. A function that
-calls ``sys.exit`` fails the call too, whichever kind: it is the user's code asking to stop,
-not a bad response. Every failure of the call is a ``RewardFunctionError``, one line naming
-the function (field ``annotate.reward``), never a traceback or the exit status of the user's
-``sys.exit``.
+stage counts NaN as "unscored"); it is counted in ``stats()["failures"]`` (since load, over
+every call) and a warning names the first error: one bad response should not kill a stage of
+thousands. If *every* response fails, the function is broken rather than the data, and the call
+raises. A return of ``None`` is NaN too (TRL's convention for "cannot score"), but not a
+failure. A batched function that raises fails the call: its results cannot be attributed to
+single responses. A function that calls ``sys.exit`` fails the call too, whichever kind: it is
+the user's code asking to stop, not a bad response. Every failure of the call is a
+``RewardFunctionError``, one line naming the function (field ``annotate.reward``), never a
+traceback or the exit status of the user's ``sys.exit``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -135,12 +136,11 @@ class CallableScorer:
     def __init__(self, fn: Callable[..., Any], config: CallableReward):
         self.fn = fn
         self.config = config
-        # Counts from the last ``score`` call, for the stage to log.
-        self._last: dict[str, int] = {"failures": 0}
+        self._counts: Counter[str] = Counter(failures=0)
 
     def stats(self) -> dict[str, int]:
-        """Counts of the last ``score`` call (``ReportsStats``)."""
-        return dict(self._last)
+        """Responses the function failed on, since load (``ReportsStats``)."""
+        return dict(self._counts)
 
     def score(
         self,
@@ -152,7 +152,6 @@ class CallableScorer:
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} response lists")
         if self.config.batched:
             batched = self._batched(prompts, responses)
-            self._last = {"failures": 0}
             progress(1.0)
             return batched
         call = GuardedCalls(self.fn, self.config.function)
@@ -160,7 +159,7 @@ class CallableScorer:
         for i, (prompt, rs) in enumerate(zip(prompts, responses, strict=True)):
             out.append([call(prompt, response, **self.config.kwargs) for response in rs])
             progress((i + 1) / len(prompts))
-        self._last = {"failures": call.failures}
+        self._counts.update(failures=call.failures)
         call.check()
         return out
 

@@ -11,11 +11,11 @@ the judge: they tie (0.5) by definition.
 ``1 - p(b>a)``, which cancels a judge's preference for the first (or second) position.
 
 Failure policy: an unparseable verdict is NaN for that comparison and left out of the means; a
-request that still fails after its retries is too (counted in ``stats()``, with the judge's
-request counts as ``judge_*``). Any other failed request (a 401, an unknown model) stops the
-call: every request would hit it. A response with
-no usable comparison is NaN. If no comparison at all is usable the call raises: the judge or
-its template is broken, and a stage of NaN rewards would only fail later and less clearly.
+request that still fails after its retries is too (counted in ``stats()``, since the reward was
+loaded, with the judge's request counts as ``judge_*``). Any other failed request (a 401, an
+unknown model) stops the call: every request would hit it. A response with no usable comparison
+is NaN. If no comparison at all is usable the call raises: the judge or its template is broken,
+and a stage of NaN rewards would only fail later and less clearly.
 """
 
 from __future__ import annotations
@@ -23,16 +23,21 @@ from __future__ import annotations
 import math
 import re
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import ClassVar, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from eva_runtime.errors import EvaError
+from eva_runtime.errors import ConfigError, EvaError
 from eva_runtime.llm_client import LLMClient, LLMRequestError
 from eva_runtime.llm_config import NamedLLMConfig
 from tasks.backends.protocols import Progress, no_progress, stats_of
+
+# Where a pairwise reward sits in a config: annotate is the one stage that takes one (evaluation
+# and the online loop score one response alone, and need a pointwise reward).
+FIELD = "annotate.reward"
 
 DEFAULT_TEMPLATE = """You are judging two responses to the same user prompt.
 
@@ -124,6 +129,7 @@ class LLMPairwiseJudge:
         self.client.close()
 
     def stats(self) -> dict[str, int]:
+        """The client's request counts since load (requests, retries, failures, tokens)."""
         return self.client.stats()
 
     def compare(self, prompt: str, a: str, b: str) -> float:
@@ -179,11 +185,12 @@ class PairwiseScorer:
         self.judge = judge
         self.both_orders = both_orders
         self.workers = workers
-        self._last: dict[str, int] = {}
+        self._counts: Counter[str] = Counter()
 
     def stats(self) -> dict[str, int]:
-        """Counts of the last ``score`` call (``ReportsStats``)."""
-        return dict(self._last)
+        """Comparisons, failed requests, unparseable verdicts and the judge's request counts
+        (``judge_*``) since load, over every ``score`` call (``ReportsStats``)."""
+        return dict(self._counts)
 
     def score(
         self,
@@ -194,9 +201,10 @@ class PairwiseScorer:
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} response lists")
         if responses and all(len(rs) < 2 for rs in responses):
-            raise ValueError(
-                "a pairwise reward needs at least 2 responses per prompt to compare; "
-                "use a pointwise reward where one response is scored (e.g. evaluation)"
+            raise ConfigError(
+                "a pairwise reward needs at least 2 responses per prompt to compare",
+                field=FIELD,
+                hint="sample 2 or more per prompt (generate.n), or use a pointwise reward",
             )
         # Every (prompt, first, second) judge call, in the position it will be asked.
         calls: list[tuple[int, int, int]] = []
@@ -211,9 +219,9 @@ class PairwiseScorer:
         before = stats_of(self.judge)  # an HTTP judge counts its requests
         verdicts, failed = self._run(calls, prompts, responses, progress)
         unparseable = sum(math.isnan(v) for v in verdicts.values()) - failed
-        self._last = {"comparisons": len(calls), "failed": failed, "unparseable": unparseable}
-        after = stats_of(self.judge)
-        self._last |= {f"judge_{k}": v - before.get(k, 0) for k, v in after.items()}
+        judged = {f"judge_{k}": v - before.get(k, 0) for k, v in stats_of(self.judge).items()}
+        self._counts.update(comparisons=len(calls), failed=failed, unparseable=unparseable)
+        self._counts.update(judged)
         if calls and failed + unparseable == len(calls):
             raise RuntimeError(
                 f"the judge gave no usable verdict in {len(calls)} comparisons "

@@ -16,17 +16,23 @@ pooling rules in use pick the last real token ("rightmost non-pad", transformers
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from eva_runtime.errors import ConfigError
 from tasks.backends.devices import Device, ModelRef
 from tasks.backends.protocols import Progress, no_progress
 
 if TYPE_CHECKING:  # imported where used: reading a config does not pay for torch
     import torch
     from transformers import PreTrainedTokenizerBase
+
+# Where a reward model sits in a config, for errors (it may also be evaluate.reward or
+# online.reward: the stage's name in the failure line says which).
+FIELD = "annotate.reward"
 
 
 def resolve_device_dtype(device: str, dtype: str) -> tuple[str, torch.dtype]:
@@ -46,7 +52,11 @@ def use_chat_template(tokenizer: Any, setting: bool | Literal["auto"], model: st
     """Resolve the ``chat_template`` setting against what the tokenizer actually has."""
     has_template = bool(getattr(tokenizer, "chat_template", None))
     if setting is True and not has_template:
-        raise ValueError(f"chat_template: true, but the tokenizer of {model} has no chat template")
+        raise ConfigError(
+            f"chat_template: true, but the tokenizer of {model} has no chat template",
+            field=f"{FIELD}.chat_template",
+            hint="set it to auto (a template when the tokenizer has one) or false",
+        )
     return has_template if setting == "auto" else bool(setting)
 
 
@@ -163,30 +173,40 @@ class SequenceClassifierScorer:
         # Past its position table a model crashes (GPT-2) or extrapolates untrained: NaN instead.
         positions = getattr(text_config, "max_position_embeddings", None)
         self.max_length = min(config.max_length, positions or config.max_length)
-        # Counts from the last ``score`` call, for the stage to log.
-        self._last: dict[str, int] = {"too_long": 0}
+        self._counts: Counter[str] = Counter(too_long=0)  # since load (``ReportsStats``)
 
     def _values(self, out: Any, rows: int) -> torch.Tensor:
         mode = self.config.output
         score = None if mode == "logits" else getattr(out, "score", None)
         if mode == "score" and score is None:
-            raise ValueError("output='score', but the model's output has no `score` attribute")
+            raise ConfigError(
+                f"output: score, but the output of {self.config.model} has no `score` attribute",
+                field=f"{FIELD}.output",
+                hint="auto or logits reads a plain classifier's single logit",
+            )
         if score is None:
             logits = out.logits if hasattr(out, "logits") else out[0]
             if logits.shape[-1] != 1:
-                raise ValueError(
+                raise ConfigError(
                     f"the reward model has {logits.shape[-1]} labels; a scalar reward needs "
-                    "num_labels=1, or output='score' for a head that returns `score`"
+                    "num_labels=1",
+                    field=f"{FIELD}.model",
+                    hint="a model with one label, or output: score for a head that returns `score`",
                 )
             score = logits
         values = score.float().reshape(rows, -1)
         if values.shape[1] != 1:
-            raise ValueError(f"`score` has {values.shape[1]} values per sequence; expected 1")
+            raise ConfigError(
+                f"the `score` of {self.config.model} has {values.shape[1]} values per sequence; "
+                "a scalar reward needs 1",
+                field=f"{FIELD}.model",
+                hint="a model whose head returns one score per sequence",
+            )
         return values[:, 0].cpu()
 
     def stats(self) -> dict[str, int]:
-        """Counts of the last ``score`` call (``ReportsStats``)."""
-        return dict(self._last)
+        """Conversations left unscored as too long, since load (``ReportsStats``)."""
+        return dict(self._counts)
 
     def score(
         self,
@@ -201,7 +221,7 @@ class SequenceClassifierScorer:
         valid, too_long = encode_all(
             self.tokenizer, prompts, responses, self.use_template, self.max_length
         )
-        self._last = {"too_long": too_long}
+        self._counts.update(too_long=too_long)
         # Longest first: batches hold similar lengths (little padding), and a batch that does
         # not fit in memory fails at the start of a long stage rather than at its end.
         valid.sort(key=lambda it: -len(it[2]))

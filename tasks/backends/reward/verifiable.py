@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -172,7 +173,7 @@ class VerifiableReward(BaseModel):
 
 
 class VerifiableScorer:
-    """A loaded verifiable reward (``RewardModel``); ``stats()`` counts its last call."""
+    """A loaded verifiable reward (``RewardModel``); ``stats()`` counts since load."""
 
     def __init__(
         self,
@@ -182,10 +183,12 @@ class VerifiableScorer:
         extract: Callable[[str], Any] | None = None,
     ):
         self.verify, self.known, self.config, self.extract = verify, known, config, extract
-        self._last: dict[str, int] = {}
+        self._counts: Counter[str] = Counter()
 
     def stats(self) -> dict[str, int]:
-        return dict(self._last)
+        """Prompts scored by a known answer, by a majority label, dropped (and why), and
+        verifier failures, since load over every ``score`` call (``ReportsStats``)."""
+        return dict(self._counts)
 
     def _normalize(self, response: str) -> str:
         """What the majority vote counts: the extracted final answer (empty when extraction
@@ -220,11 +223,9 @@ class VerifiableScorer:
             ]
             known = sum(a is not None for a in answers)
             counts, vote = {"known": known, "majority": 0, "dropped": len(answers) - known}, {}
-        self._last = {
-            **counts,
-            **{k: v for k, v in vote.items() if k.startswith("dropped_")},
-            "verifier_failures": verify.failures,
-        }
+        self._counts.update(counts)
+        self._counts.update({k: v for k, v in vote.items() if k.startswith("dropped_")})
+        self._counts.update(verifier_failures=verify.failures)
         verify.check()
         progress(1.0)
         return rewards

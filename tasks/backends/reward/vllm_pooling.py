@@ -18,14 +18,16 @@ second bos to a template that already has one.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from eva_runtime.errors import ConfigError
 from tasks.backends.devices import spawn_vllm_engines
 from tasks.backends.protocols import Progress, no_progress
-from tasks.backends.reward.sequence_classifier import encode_all, use_chat_template
+from tasks.backends.reward.sequence_classifier import FIELD, encode_all, use_chat_template
 
 
 class VLLMPoolingReward(BaseModel):
@@ -97,11 +99,11 @@ class VLLMPoolingScorer:
         self.config = config
         self.tokenizer = llm.get_tokenizer()
         self.use_template = use_chat_template(self.tokenizer, config.chat_template, config.model)
-        self._last: dict[str, int] = {"too_long": 0}  # from the last ``score`` call
+        self._counts: Counter[str] = Counter(too_long=0)
 
     def stats(self) -> dict[str, int]:
-        """Counts of the last ``score`` call (``ReportsStats``)."""
-        return dict(self._last)
+        """Conversations left unscored as too long, since load (``ReportsStats``)."""
+        return dict(self._counts)
 
     def score(
         self,
@@ -113,7 +115,7 @@ class VLLMPoolingScorer:
         valid, too_long = encode_all(
             self.tokenizer, prompts, responses, self.use_template, self.config.max_length
         )
-        self._last = {"too_long": too_long}
+        self._counts.update(too_long=too_long)
         step = self.config.chunk_size
         for start in range(0, len(valid), step):
             chunk = valid[start : start + step]
@@ -125,9 +127,12 @@ class VLLMPoolingScorer:
             for (i, j, _), result in zip(chunk, results, strict=True):
                 values = list(result.outputs.probs)
                 if len(values) != 1:
-                    raise ValueError(
+                    raise ConfigError(
                         f"{self.config.model} returns {len(values)} classes; a reward model "
-                        "has one label"
+                        "has one label",
+                        field=f"{FIELD}.model",
+                        hint="a checkpoint with num_labels=1 (a head like ArmoRM's: kind "
+                        "sequence_classifier)",
                     )
                 out[i][j] = float(values[0])
             progress(min(1.0, (start + len(chunk)) / len(valid)))

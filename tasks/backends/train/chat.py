@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from tasks.backends.chat_template import SOLVER, template_use
+
 ChatTemplate = Literal["auto", "always", "never"]
 
 CHAT_TEMPLATE_HELP = (
@@ -42,9 +44,7 @@ def use_template(tokenizer: Any, setting: ChatTemplate, model: str) -> bool:
     """Whether training templates prompts: the generation backends' rule for the same
     setting, so a solver sees each prompt as the sampler that answered it did."""
     has_template = bool(getattr(tokenizer, "chat_template", None))
-    if setting == "always" and not has_template:
-        raise ValueError(f"chat_template='always' but {model} has no chat template")
-    return setting == "always" or (setting == "auto" and has_template)
+    return template_use(has_template, setting, model, field=SOLVER)
 
 
 def user_turn(prompt: str) -> list[dict[str, str]]:

@@ -25,6 +25,8 @@ from transformers import (
 )
 from transformers.integrations import TensorBoardCallback
 
+from eva_runtime.errors import ConfigError
+from tasks.backends.chat_template import SOLVER
 from tasks.backends.protocols import Progress, no_progress
 from tasks.backends.train.chat import assistant_turn, template_overhead, use_template, user_turn
 from tasks.backends.train.dpo import TRLSolverConfig, batch_layout
@@ -91,10 +93,12 @@ def build_trainer(
         overhead = template_overhead(tokenizer) if chat else 0
         text_cap = prompt_cap - overhead
         if text_cap < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"a prompt cap of {prompt_cap} tokens (max_prompt_length, held below max_length) "
                 f"leaves no room for a prompt in the {overhead} tokens of {policy_dir}'s chat "
-                "template: raise it"
+                "template",
+                field=f"{SOLVER}.max_prompt_length",
+                hint=f"raise it above {overhead} tokens (and max_length, if that holds it lower)",
             )
         prompts, cut = truncate_prompts(tokenizer, prompts, text_cap)
         if cut:
