@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
-import platform
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -44,8 +42,9 @@ import numpy as np
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
 from bench.arms import start_from
-from bench.method import Arm, _iteration_row, _model, run_arm, seed_base
-from bench.report import md_table, mean_std
+from bench.method import run_arm, seed_base
+from bench.method_arms import Arm
+from bench.method_results import iteration_row, model_path
 from eva_core.answers import answer_rewards, majority_answers, normalize_answer
 from eva_core.schema import prompt_id
 from eva_world import world
@@ -227,11 +226,11 @@ def run_seed(root: str, seed: int, theta0: str | None, agreement: float) -> dict
     start = {
         "iterations": ITERATIONS,
         "iteration0_dpo": False,
-        "bootstrap": start_from(_model(store, 0)),
+        "bootstrap": start_from(model_path(store, 0)),
     }
     result: dict[str, Any] = {
-        "theta_0_model": _model(store, None),
-        "theta_1": {**_iteration_row(store, 0), "topup": factor},
+        "theta_0_model": model_path(store, None),
+        "theta_1": {**iteration_row(store, 0), "topup": factor},
     }
     # The blind arm's reward is another kind: the base's is cleared, not merged into.
     blind_base = deep_merge(base, {"annotate": {"reward": None}})
@@ -244,7 +243,7 @@ def run_seed(root: str, seed: int, theta0: str | None, agreement: float) -> dict
         s, grown = run_arm(arm_base, f"s{seed}-{name}", Arm(name, "issue22", ITERATIONS), overrides)
         its = []
         for t in range(1, ITERATIONS + 1):
-            row = {**_iteration_row(s, t), **solver_stats(s, t)}
+            row = {**iteration_row(s, t), **solver_stats(s, t)}
             row.update(blind_stats(s, t, known, agreement) if arm == "blind" else {})
             its.append(row)
         if arm == "blind":  # the threshold's trade-off on the first children, offline
@@ -258,111 +257,6 @@ def run_seed(root: str, seed: int, theta0: str | None, agreement: float) -> dict
             "iterations": its,
         }
     return result
-
-
-def _cell(values: list[float]) -> str:
-    """mean ± sd over seeds, "-" where no seed has a value."""
-    finite = [v for v in values if not math.isnan(v)]
-    return mean_std(finite) if finite else "-"
-
-
-def report(results: Mapping[str, Any], seconds: float, command: str, agreement: float) -> str:
-    """The markdown tables: scores and paired differences, then label quality."""
-    seeds = list(results)
-
-    def col(arm: str, t: int, *keys: str) -> list[float]:
-        vals = []
-        for s in seeds:
-            v: Any = results[s][arm]["iterations"][t - 1]
-            for k in keys:
-                v = v.get(k) if isinstance(v, dict) else None
-            vals.append(math.nan if v is None else float(v))
-        return vals
-
-    its = range(1, ITERATIONS + 1)
-    lines = [
-        f"`{command}`",
-        "",
-        f"{len(seeds)} seed(s): {', '.join(seeds)}; {seconds / 60:.1f} min; "
-        f"{platform.machine()}, {os.cpu_count()} cores. Agreement threshold {agreement:.4g} of "
-        "N = 6 samples. Score = mean dense reward of greedy answers on the held-out set, by the "
-        "world's verifier in both arms; ± is the sd over seeds; Δ = blind - exact, paired by seed.",
-        "",
-    ]
-    head = ["seed", "theta_1"]
-    for t in its:
-        head += [f"exact it{t}", f"blind it{t}", f"Δ it{t}"]
-    rows = []
-    for s in seeds:
-        r = results[s]
-        row = [s, f"{r['theta_1']['score']:.3f}"]
-        for t in its:
-            e, b = (r[arm]["iterations"][t - 1]["score"] for arm in ARMS)
-            row += [f"{e:.3f}", f"{b:.3f}", f"{b - e:+.3f}"]
-        rows.append([*row, f"x{r['exact']['topup']}/x{r['blind']['topup']}"])
-    mean = ["mean", mean_std([results[s]["theta_1"]["score"] for s in seeds])]
-    for t in its:
-        e, b = np.array(col("exact", t, "score")), np.array(col("blind", t, "score"))
-        mean += [mean_std(list(e)), mean_std(list(b)), mean_std(list(b - e))]
-    rows.append([*mean, "-"])
-    lines += [*md_table([*head, "grown (exact/blind)"], rows), ""]
-    cats = sorted(k[4:] for k in results[seeds[0]]["theta_1"] if k.startswith("cat_"))
-    head = ["model", *(f"score {c}" for c in cats)]
-    rows = [["theta_1", *(_cell([results[s]["theta_1"][f"cat_{c}"] for s in seeds]) for c in cats)]]
-    rows += [
-        [f"{arm} it{t}", *(_cell(col(arm, t, f"cat_{c}")) for c in cats)]
-        for t in its
-        for arm in ARMS
-    ]
-    lines += [*md_table(head, rows), ""]
-    head = ["iteration", "stage", "labelled by majority", "label accuracy", "unknown dropped",
-            "wrong label = careless", "reward error", "stored rewards reproduced"]  # fmt: skip
-    rows = []
-    for t in its:
-        for artifact in ("creator_annotate", "annotate"):
-            checks = [results[s]["blind"]["iterations"][t - 1].get(artifact) for s in seeds]
-            if any(c is None for c in checks) or not any(
-                c["majority"] + c["dropped"] for c in checks
-            ):
-                continue  # not run, or every prompt known (X_0): nothing voted
-            rows.append([
-                str(t), artifact, *(_cell(col("blind", t, artifact, k)) for k in (
-                    "majority", "label_accuracy", "dropped_share", "wrong_careless", "reward_error"
-                )), "yes" if all(c["reproduced"] for c in checks) else "NO",
-            ])  # fmt: skip
-    lines += [*md_table(head, rows), ""]
-    head = ["iteration", "category", "unknown prompts", "dropped", "label accuracy"]
-    rows = [
-        [str(t), c, *(_cell(col("blind", t, "annotate", "by_category", c, k))
-                      for k in ("unknown", "dropped_share", "label_accuracy"))]
-        for t in its for c in cats
-    ]  # fmt: skip
-    lines += [*md_table(head, rows), ""]
-    head = ["iteration", "arm", "pairs", "on majority labels", "chosen answer truly correct",
-            "children", "child's answer = parent's (inherited accuracy)"]  # fmt: skip
-    rows = [
-        [str(t), arm, *(_cell(col(arm, t, k)) for k in (
-            "pairs", "pairs_voted", "chosen_correct", "children", "inherited_accuracy"))]
-        for t in its for arm in ARMS
-    ]  # fmt: skip
-    lines += [*md_table(head, rows), ""]
-    lines += [
-        "The majority vote's trade-off at every threshold, recomputed offline on the blind "
-        "arm's iteration-1 rollouts (the unknown prompts of X_1; only the threshold above "
-        "trained):",
-        "",
-    ]
-    head = ["threshold (of N)", "children labelled", "label accuracy"]
-    sweeps = [results[s]["sweep"] for s in seeds if "sweep" in results[s]]
-
-    def swept(k: int, key: str) -> str:
-        return _cell([math.nan if sw[k][key] is None else sw[k][key] for sw in sweeps])
-
-    rows = [
-        [row["threshold"], swept(k, "labelled"), swept(k, "label_accuracy")]
-        for k, row in enumerate(sweeps[0] if sweeps else [])
-    ]
-    return "\n".join(lines + md_table(head, rows))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -388,6 +282,8 @@ def main(argv: list[str] | None = None) -> None:
         model = results[str(s)].pop("theta_0_model")  # a path on this machine: not reported
         theta0 = theta0 or model
     command = "python -m bench.answer_blind " + " ".join(sys.argv[1:] if argv is None else argv)
+    from bench.answer_blind_report import report
+
     md = report(results, time.perf_counter() - started, command, args.agreement)
     os.makedirs(args.out, exist_ok=True)
     name = blind_name(args.agreement).removeprefix("eva-")

@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
-from bench.costs import DEMO, cached_rerun
+from bench.costs import DEMO
+from bench.costs_timing import cached_rerun
 from eva_runtime.prefect_api import no_heartbeats
 from flows.config import validate_config
 

@@ -36,7 +36,9 @@ from typing import Any
 from prefect import flow
 
 from bench.arms import WINDOW, Baseline
-from bench.method import _model, _offline, arm_config, generated, seed_base
+from bench.method import _offline, seed_base
+from bench.method_arms import arm_config
+from bench.method_results import generated, model_path
 from eva_runtime.errors import EvaError
 from flows.config import RunConfig
 from flows.config_layers import deep_merge
@@ -177,7 +179,7 @@ def run_seed(
     iterations = 2 if quick else 3
     ev = store.read_manifest(0, "evaluate")["stats"]
     result: dict[str, Any] = {
-        "theta_0_model": _model(store, None),
+        "theta_0_model": model_path(store, None),
         "theta_1": {"score": ev["score"], "solved": ev["solved"], "responses": 0},
         "budget": g,
     }
@@ -189,7 +191,7 @@ def run_seed(
         overrides = {
             "iterations": iterations,
             "iteration0_dpo": False,
-            "bootstrap": {"init_checkpoint": _model(store, 0), "builder": None},
+            "bootstrap": {"init_checkpoint": model_path(store, 0), "builder": None},
             **arm.overrides,
         }
         started = time.perf_counter()

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from bench.claims import _cell, at, judge, paired
-from bench.report import _machine, md_table, mean_std
+from bench.report import machine, md_table, mean_std
 
 Results = dict[str, dict[str, Any]]  # seed -> arm -> result
 EVA_ARMS = ("eva", "eva-previous", "eva-predicted")
@@ -129,7 +129,7 @@ def write_matched_report(
         "",
         f"`{command}`",
         "",
-        f"{len(results)} seed(s): {', '.join(results)}; {seconds / 60:.1f} min; {_machine()}. "
+        f"{len(results)} seed(s): {', '.join(results)}; {seconds / 60:.1f} min; {machine()}. "
         "Every arm generates the same responses per iteration (creator and solver together; "
         "held-out evaluation left out) and trains on every pair they yield. Score = mean dense "
         "reward of greedy answers on the held-out set; ± is the standard deviation over seeds; "

@@ -39,189 +39,17 @@ import math
 import os
 import sys
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
-from bench.arms import WINDOW, Baseline, baseline_run, bench_world, start_from, world_sizes
-from eva_core.informativeness import METRICS, reward_matrix
-from eva_world import world
+from bench.arms import WINDOW, Baseline, baseline_run, start_from, world_sizes
+from bench.method_arms import PAIR_BUDGET, Arm, arm_config, arms, base_config
+from bench.method_results import available_pairs, iteration_row, model_path
 from flows.config import ConfigError, OnlineRunConfig, load_config, validate_config
-from flows.config_layers import apply_overrides, deep_merge
+from flows.config_layers import deep_merge
 
-PAIR_BUDGET = 320  # K: every arm trains exactly this many pairs an iteration (topped up if short)
 TOPUP_FACTORS = (1.0, 1.5, 2.0, 3.0)  # how far an arm's own source grows to reach K
 ONLINE_SEEDS = 1000
-# The paper's solvers, each with its own objective settings (beta, gamma, lambda: the solver
-# defaults) and the world's schedule (learning rate, batch, epochs, correct chosen answers).
-SOLVERS = ("dpo", "simpo", "orpo", "sppo")
-
-
-@dataclass(frozen=True)
-class Arm:
-    name: str
-    table: str
-    iterations: int
-    overrides: dict[str, Any] = field(default_factory=dict)
-    start: str = "theta_1"  # the model it starts from: theta_1 or theta_1-<solver>
-    baseline: Baseline | None = None  # new prompts each iteration (bench.arms), not eva
-
-    @property
-    def topup(self) -> str:
-        """How the arm's own source grows when it yields fewer than K pairs: a longer split of
-        its stream (baselines), more of X_{t-1} (subset arms), or more parents evolved and a
-        larger X_t (every evolving arm)."""
-        if self.baseline is not None:
-            return "split"
-        return "subset" if self.overrides.get("prompt_strategy") == "subset" else "evolve"
-
-    def grown(self, factor: float, size: int) -> dict[str, Any]:
-        """The overrides of this arm with its source grown ``factor`` times (1: as is)."""
-        if factor == 1.0 or self.topup == "split":
-            return {}
-        fraction = min(1.0, 0.25 * factor)
-        grown: dict[str, Any] = {"sample": {"fraction": fraction}}
-        if self.topup == "evolve":
-            grown["mix"] = {"size": round(size * factor)}
-        return grown
-
-
-def arms(quick: bool) -> list[Arm]:
-    long = 2 if quick else 3
-    out = [
-        Arm("fresh", "T2/T13", long, baseline="fresh"),
-        Arm("eva", "T2/T13", long, {}),
-        Arm("target", "T2/T13", 1 if quick else long, baseline="target"),
-    ]
-    metrics = ("uniform",) if quick else tuple(m for m in METRICS if m != "a_min")
-    out += [Arm(f"metric-{m}", "T4", 1, {"score": {"metric": m}}) for m in metrics]
-    out.append(Arm("subset-weighted", "T5", 1, {"prompt_strategy": "subset"}))
-    # The null controls: evolution without reward-guided selection (metric-uniform, above),
-    # random evolution (a random undirected edit of a random parent), no evolution (subset).
-    perturb = {"evolver": {"options": {"methods": ["perturb"]}}}
-    out.append(
-        Arm("random-evolution", "null", 1, {"sample": {"method": "uniform"}, "evolve": perturb})
-    )
-    if not quick:
-        greedy = {"sample": {"method": "greedy"}}
-        out.append(Arm("subset-greedy", "T5", 1, {"prompt_strategy": "subset", **greedy}))
-        out.append(Arm("eva-greedy", "T5", 1, greedy))
-        out.append(Arm("eva-previous", "T13", long, {"creator_rollouts": "previous"}))
-        for s in SOLVERS:
-            solver = {"train": {"solver": solver_settings(s)}}
-            start = f"theta_1-{s}"
-            out.append(Arm(f"fresh-{s}", "T2", 1, solver, start, baseline="fresh"))
-            out.append(Arm(f"eva-{s}", "T2", 1, solver, start))
-    return out
-
-
-def solver_settings(kind: str) -> dict[str, Any]:
-    """A paper solver with the world's schedule (its objective's own knobs keep their
-    defaults): the same learning rate, batch, epochs and length cap as the world's solver."""
-    return {
-        "kind": kind,
-        "learning_rate": 2e-4,
-        "effective_batch_size": 32,
-        "num_train_epochs": 2,
-        "max_length": 64,
-    }
-
-
-def base_config(root: str, seed: int, quick: bool, overrides: list[str]) -> dict[str, Any]:
-    """The settings every arm shares; ``overrides`` (``a.b=value``) apply to all arms alike."""
-    # Field by field onto the world's config: a partial section would otherwise start from
-    # that section's paper defaults and drop the world's settings (pairs.min_chosen_reward).
-    base = deep_merge(
-        deep_merge(load_config(None).model_dump(mode="json"), bench_world()),
-        {
-            "root": root,
-            "seed": seed,
-            # The same sizes in quick mode: its runs are then the full run's seed-0 runs, cut
-            # short (fewer arms and iterations), and reproduce their numbers.
-            **world_sizes(2000, 500),
-            "pairs": {"max_pairs": PAIR_BUDGET},
-        },
-    )
-    # Overrides change single fields of the config that would run (see flows.config).
-    return apply_overrides(validate_config(base).model_dump(mode="json"), overrides)
-
-
-def _iteration_row(store: Any, t: int | None, segment: int | None = None) -> dict[str, Any]:
-    """Held-out figures of iteration ``t`` (None: theta_0) or of an online ``segment``, and
-    for an offline iteration what it trained on."""
-    ev = store.read_manifest(segment if segment else t, "evaluate")["stats"]
-    row = {
-        "score": ev["score"],
-        "solved": ev["solved"],
-        **{f"cat_{k}": v for k, v in ev["per_category"].items()},
-    }
-    if t is not None:
-        gen = store.read_manifest(t, "generate")
-        prompts = store.read_table(gen["uri"]).column("prompt").to_pylist()
-        row["difficulty"] = round(sum(map(world.difficulty, prompts)) / len(prompts), 3)
-        row["categories"] = dict(Counter(map(world.category_of, prompts)))
-        row.update(_pair_quality(store, t))
-        row["responses"] = generated(store, t)
-        row["pairs_available"] = available_pairs(store, t)
-    return row
-
-
-def generated(store: Any, t: int) -> int:
-    """Responses iteration ``t`` generated for training: the solver's, and the creator's own
-    rollouts where it sampled X_{t-1} afresh (held-out evaluation left out: every arm pays it)."""
-    return sum(
-        int(m["stats"]["responses"])
-        for artifact in ("generate", "creator_generate")
-        if (m := store.read_manifest(t, artifact)) is not None
-    )
-
-
-def available_pairs(store: Any, t: int) -> int:
-    """The pairs iteration ``t`` could have trained on, before the budget's cap."""
-    stats = store.read_manifest(t, "pairs")["stats"]
-    return int(stats["pairs"]) + int(stats.get("dropped_over_budget", 0))
-
-
-def _pair_quality(store: Any, t: int) -> dict[str, Any]:
-    """What the solver was taught: how good the chosen answers were and how far it moved.
-
-    ``sample_reward`` is the mean reward of the N sampled responses on X_t; ``chosen_exact``
-    the share of pairs whose chosen response is fully correct (a chosen answer that is still
-    wrong teaches the wrong digits as well as the right ones); ``train_margin`` the solver's
-    own last logged reward margin (beta-scaled log-ratio, chosen minus rejected),
-    ``train_loss`` its last loss (DPO starts at ln 2 = 0.693), and ``chosen_logp`` the mean
-    log-probability of the chosen answers in the first and last logged batch: when it falls,
-    DPO is pushing probability off the chosen answers too, not only off the rejected ones.
-    """
-    pairs = store.read_table(store.read_manifest(t, "pairs")["uri"])
-    chosen = pairs.column("chosen_reward").to_numpy()
-    rewards = store.read_table(store.read_manifest(t, "annotate")["uri"]).column("rewards")
-    manifest = store.read_manifest(t, "train")
-    train = manifest["stats"]
-    log = store.read_table(manifest["uri"])
-    logp = log.column("logps/chosen").to_pylist() if "logps/chosen" in log.column_names else []
-    return {
-        "pairs": len(chosen),
-        "sample_reward": round(float(np.nanmean(reward_matrix(rewards))), 3),
-        "chosen_exact": round(float((chosen == 1.0).mean()), 3) if len(chosen) else None,
-        "steps": train.get("steps"),
-        "train_loss": train.get("loss"),
-        "train_margin": train.get("rewards/margins"),
-        "chosen_logp": [round(logp[0], 3), round(logp[-1], 3)] if logp else None,
-    }
-
-
-def arm_config(base: dict[str, Any], name: str, overrides: dict[str, Any]) -> Any:
-    """The validated config of one arm (or base run): ``overrides`` merged field by field onto
-    ``base``, except a solver, which replaces the base's (another objective's fields differ)."""
-    merged = deep_merge(base, {"run": name})
-    solver = overrides.get("train", {}).get("solver")
-    if solver is not None:
-        merged = deep_merge(merged, {"train": {"solver": None}})
-    return validate_config(deep_merge(merged, overrides))
 
 
 def _offline(
@@ -261,13 +89,6 @@ def run_arm(base: dict[str, Any], name: str, arm: Arm, overrides: dict[str, Any]
     return store, used
 
 
-def _model(store: Any, t: int | None) -> str:
-    stage = "bootstrap" if t is None else "train"
-    manifest = store.read_manifest(t, stage)
-    assert manifest is not None, f"{store.base}: no {stage} model"
-    return str(store.absolute(manifest["model_uri"]))
-
-
 def seed_base(
     root: str, seed: int, quick: bool, overrides: list[str], theta0: str | None
 ) -> tuple[dict[str, Any], Any, float]:
@@ -299,10 +120,10 @@ def run_seed(
     world's SFT with this seed."""
     base, store, factor = seed_base(root, seed, quick, overrides, theta0)
     result: dict[str, Any] = {
-        "theta_0": {**_iteration_row(store, None), "model": _model(store, None)},
-        "theta_1": {**_iteration_row(store, 0), "base": "theta_0", "topup": factor},
+        "theta_0": {**iteration_row(store, None), "model": model_path(store, None)},
+        "theta_1": {**iteration_row(store, 0), "base": "theta_0", "topup": factor},
     }
-    theta0, starts = _model(store, None), {"theta_1": _model(store, 0)}
+    theta0, starts = model_path(store, None), {"theta_1": model_path(store, 0)}
     for arm in arms(quick):
         if only and arm.name not in only:
             continue
@@ -311,8 +132,8 @@ def run_seed(
             s = _offline(base, f"s{seed}-base-{arm.start}", {
                 "iterations": 0, "bootstrap": start_from(theta0), "train": solver,
             })  # fmt: skip
-            starts[arm.start] = _model(s, 0)
-            result[arm.start] = {**_iteration_row(s, 0), "base": "theta_0"}
+            starts[arm.start] = model_path(s, 0)
+            result[arm.start] = {**iteration_row(s, 0), "base": "theta_0"}
         started = time.perf_counter()
         store, factor = run_arm(base, f"s{seed}-{arm.name}", arm, {
             "iterations": arm.iterations,
@@ -325,7 +146,7 @@ def run_seed(
             "base": arm.start,
             "topup": factor,
             "seconds": round(time.perf_counter() - started, 1),
-            "iterations": [_iteration_row(store, t) for t in range(1, arm.iterations + 1)],
+            "iterations": [iteration_row(store, t) for t in range(1, arm.iterations + 1)],
         }
     if not only or any(a.startswith("online") for a in only):
         result.update(run_online(root, seed, quick, theta0, base))
@@ -351,7 +172,7 @@ def online_config(root: str, seed: int, evolve: bool, budget: float, base: dict[
                 "seed": seed,
                 "prompts": {"path": _uri(setup, "prompts"), "limit": ONLINE_SEEDS},
                 "heldout": {"path": _uri(setup, "heldout")},
-                "bootstrap": start_from(_model(setup, None)),
+                "bootstrap": start_from(model_path(setup, None)),
                 "online": {
                     "budget": budget,
                     "steps_per_segment": per_x,
@@ -381,7 +202,7 @@ def run_online(
             "base": "theta_0",
             "seconds": round(time.perf_counter() - started, 1),
             "iterations": [
-                {**_iteration_row(store, None, segment=s), **_online_cells(row)}
+                {**iteration_row(store, None, segment=s), **_online_cells(row)}
                 for s, row in enumerate(rows[1:], start=1)
             ],
         }

@@ -24,7 +24,9 @@ import numpy as np
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
 from bench.arms import start_from
-from bench.method import Arm, _iteration_row, _model, run_arm, seed_base
+from bench.method import run_arm, seed_base
+from bench.method_arms import Arm
+from bench.method_results import iteration_row, model_path
 
 ITERATIONS = 2
 PARTIAL = {"pairs": {"min_chosen_reward": None}}
@@ -75,7 +77,7 @@ def run_seed(root: str, seed: int, theta0: str | None) -> tuple[dict[str, Any], 
     from eva_world.components import distribution_of
 
     base, base_store, _ = seed_base(root, seed, False, [], theta0)
-    theta1 = _model(base_store, 0)
+    theta1 = model_path(base_store, 0)
     stores: dict[str, Any] = {}
     rows: dict[str, Any] = {}
     for arm in ARMS:
@@ -88,7 +90,7 @@ def run_seed(root: str, seed: int, theta0: str | None) -> tuple[dict[str, Any], 
         rows[arm.name] = {
             "topup": factor,
             "seconds": round(time.perf_counter() - started, 1),
-            "iterations": [_iteration_row(store, t) for t in range(1, arm.iterations + 1)],
+            "iterations": [iteration_row(store, t) for t in range(1, arm.iterations + 1)],
         }
     seen = trained_prompts(base_store).union(*(trained_prompts(s) for s in stores.values()))
     dist = distribution_of(TARGET)
@@ -99,9 +101,9 @@ def run_seed(root: str, seed: int, theta0: str | None) -> tuple[dict[str, Any], 
     }
     for name, store in stores.items():
         for t, row in enumerate(rows[name]["iterations"], start=1):
-            row.update(on_target(_model(store, t), held))
+            row.update(on_target(model_path(store, t), held))
         result[name] = rows[name]
-    return result, _model(base_store, None)
+    return result, model_path(base_store, None)
 
 
 def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:

@@ -28,7 +28,9 @@ import numpy as np
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
 from bench.arms import start_from
-from bench.method import Arm, _iteration_row, _model, run_arm, seed_base
+from bench.method import run_arm, seed_base
+from bench.method_arms import Arm
+from bench.method_results import iteration_row, model_path
 from eva_core.informativeness import informativeness, reward_matrix
 from eva_runtime.seeds import content_seed
 
@@ -67,7 +69,7 @@ def reading_rho(store: Any, n: int, metric: str, seed: int) -> dict[str, Any]:
     with store.fs.open(f"{store.base}/config.json") as f:
         config = json.load(f)
     backend = TransformersGeneration.model_validate(config["generate"]["backend"])
-    generator = backend.load(_model(store, 1))
+    generator = backend.load(model_path(store, 1))
     responses = generator.generate(prompts, n=n, seed=content_seed(seed, "selection-rho"))
     pairs = zip(prompts, responses, strict=True)
     rewards = np.array([[world.reward(p, r) for r in rs] for p, rs in pairs])
@@ -87,7 +89,7 @@ def run_setting(base: dict[str, Any], theta1: str, seed: int, n: int, name: str)
         "iterations": 1, "iteration0_dpo": False, "bootstrap": start_from(theta1),
         **arm.overrides,
     })  # fmt: skip
-    row = {**_iteration_row(store, 1), "topup": factor}
+    row = {**iteration_row(store, 1), "topup": factor}
     row.update(reading_rho(store, n, metric, seed))
     row["seconds"] = round(time.perf_counter() - started, 1)
     return row
@@ -202,8 +204,8 @@ def main(argv: list[str] | None = None) -> None:
         for seed in args.seeds:
             if seed not in bases:
                 base, store, _ = seed_base(root, seed, False, [], theta0)
-                theta0 = theta0 or _model(store, None)
-                bases[seed] = (base, _model(store, 0))
+                theta0 = theta0 or model_path(store, None)
+                bases[seed] = (base, model_path(store, 0))
             base, theta1 = bases[seed]
             for name in args.selections:
                 key = f"{n}/{name}"

@@ -7,8 +7,11 @@ import re
 import pytest
 
 import bench.costs as costs
+import bench.costs_timing as costs_timing
 import bench.method as method
-from bench.report import _floor_lines, write_costs_report, write_method_report
+import bench.method_arms as method_arms
+from bench.costs_report import _floor_lines, write_costs_report
+from bench.report import write_method_report
 from tests.conftest import tiny_run_config
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
@@ -61,19 +64,19 @@ def test_quick_arms_produce_well_formed_tables(tmp_path, monkeypatch) -> None:
 def test_every_full_arm_has_a_valid_config(tmp_path) -> None:
     """The full benchmark's arms, built as run_seed builds them (no run): a bad merge would
     otherwise surface after half an hour of earlier arms."""
-    base = method.base_config(str(tmp_path), 0, False, [])
+    base = method_arms.base_config(str(tmp_path), 0, False, [])
     names = set()
-    for arm in method.arms(quick=False):
+    for arm in method_arms.arms(quick=False):
         overrides = {"iterations": arm.iterations, "iteration0_dpo": False, **arm.overrides}
-        cfg = method.arm_config(base, arm.name, overrides)
+        cfg = method_arms.arm_config(base, arm.name, overrides)
         names.add(arm.name)
         if arm.start != "theta_1":
             solver = arm.overrides["train"]["solver"]
             assert cfg.train.solver.kind == solver["kind"] == arm.start.removeprefix("theta_1-")
             assert cfg.train.solver.learning_rate == 2e-4
             assert cfg.pairs.min_chosen_reward == 1.0
-            assert cfg.pairs.max_pairs == method.PAIR_BUDGET
-            base_run = method.arm_config(
+            assert cfg.pairs.max_pairs == method_arms.PAIR_BUDGET
+            base_run = method_arms.arm_config(
                 base, "b", {"iterations": 0, "train": arm.overrides["train"]}
             )
             assert base_run.train.solver.kind == cfg.train.solver.kind
@@ -134,7 +137,7 @@ def test_costs_report_splits_the_overhead_at_prefects_floor() -> None:
         {"t": 1, "wall": 5.0, "backend": 4.7, "overhead_share": 0.06},
         {"t": 2, "wall": 4.0, "backend": 3.7, "overhead_share": 0.075},
     ]}  # fmt: skip
-    costs.above_floor(run, 0.25)
+    costs_timing.above_floor(run, 0.25)
     assert [(it["floor_share"], it["eva_share"]) for it in run["iterations"]] == [
         (0.05, 0.01),
         (0.0625, 0.0125),

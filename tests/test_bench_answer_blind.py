@@ -10,9 +10,9 @@ from bench.answer_blind import (
     chosen_correct,
     inherited_accuracy,
     label_check,
-    report,
     threshold_sweep,
 )
+from bench.answer_blind_report import report
 from eva_core.schema import prompt_id
 
 NAN = math.nan
