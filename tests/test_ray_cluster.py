@@ -104,7 +104,11 @@ def test_rollouts_and_rewards_through_the_cluster_are_byte_identical(cluster, tm
         generate(run, 1, too_long, prompts=prompts, policy=policy)
     message = str(failed.value)
     assert "\n" not in message and message.startswith("generate: Ray job eva-ray-iter_1-generate")
-    assert re.search(r"failed: ValueError: prompt row \d+ has \d+ tokens; .* 64 positions", message)
+    assert re.search(
+        r"failed: ConfigError: generate\.backend\.max_new_tokens: prompt row \d+ has \d+ "
+        r"tokens; .* 64 positions",
+        message,
+    )
     assert _files(tmp_path, "ray") == ["prompts.parquet"]
 
     # The rerun goes through; its rollouts, then its rewards, are the in-process bytes.
