@@ -12,21 +12,15 @@ held-out set and on R, three-operand sums no arm of the seed trained on.
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
 import os
-import sys
-import time
 from typing import Any
 
 import numpy as np
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
-from bench.arms import start_from
-from bench.method import run_arm, seed_base
+from bench.held_apart import T_CRITICAL, paired, run_arms, run_seeds, trained_prompts, world_rewards
 from bench.method_arms import Arm
-from bench.method_results import iteration_row, model_path
+from bench.method_results import model_path
 
 ITERATIONS = 2
 PARTIAL = {"pairs": {"min_chosen_reward": None}}
@@ -37,34 +31,13 @@ ARMS = (
 )
 TARGET = {"categories": {"add": 1}, "operands": [3, 3], "digits": [1, 2]}
 TARGET_SIZE, TARGET_DRAW = 500, 3000
-T_CRITICAL = 2.776  # two-sided 95%, df 4 (five seeds)
-
-
-def trained_prompts(store: Any) -> set[str]:
-    """Every prompt a run trained on or started from: X_0 and each iteration's X_t."""
-    out: set[str] = set()
-    for t in range(ITERATIONS + 1):
-        manifest = store.read_manifest(t, "generate")
-        if manifest is not None:
-            out |= set(store.read_table(manifest["uri"]).column("prompt").to_pylist())
-    return out
 
 
 def on_target(model_dir: str, prompts: list[str], n: int = 1) -> dict[str, float]:
     """The checkpoint on ``prompts``: greedy answers' mean world reward and exact share
     (``n`` = 1), or the share of prompts with an exact answer among ``n`` samples (pass@n)."""
-    from eva_world import world
-    from tasks.backends.generate.transformers import TransformersGeneration
-
-    greedy = n == 1
-    backend = TransformersGeneration(
-        temperature=0.0 if greedy else 0.7, max_new_tokens=10, batch_size=512
-    )
-    answers = backend.load(model_dir).generate(prompts, n=n, seed=0)
-    rewards = np.array(
-        [[world.reward(p, a) for a in rs] for p, rs in zip(prompts, answers, strict=True)]
-    )
-    if not greedy:
+    rewards = world_rewards(model_dir, prompts, n)
+    if n != 1:
         return {f"pass@{n}": round(float((rewards == 1.0).any(axis=1).mean()), 4)}
     return {
         "target": round(float(rewards.mean()), 4),
@@ -76,23 +49,9 @@ def run_seed(root: str, seed: int, theta0: str | None) -> tuple[dict[str, Any], 
     from eva_world import world
     from eva_world.components import distribution_of
 
-    base, base_store, _ = seed_base(root, seed, False, [], theta0)
+    base_store, stores, rows = run_arms(root, seed, theta0, ARMS)
     theta1 = model_path(base_store, 0)
-    stores: dict[str, Any] = {}
-    rows: dict[str, Any] = {}
-    for arm in ARMS:
-        started = time.perf_counter()
-        store, factor = run_arm(base, f"s{seed}-{arm.name}", arm, {
-            "iterations": arm.iterations, "iteration0_dpo": False,
-            "bootstrap": start_from(theta1), **arm.overrides,
-        })  # fmt: skip
-        stores[arm.name] = store
-        rows[arm.name] = {
-            "topup": factor,
-            "seconds": round(time.perf_counter() - started, 1),
-            "iterations": [iteration_row(store, t) for t in range(1, arm.iterations + 1)],
-        }
-    seen = trained_prompts(base_store).union(*(trained_prompts(s) for s in stores.values()))
+    seen = trained_prompts([base_store, *stores.values()], ITERATIONS)
     dist = distribution_of(TARGET)
     held = world.sample_prompts(dist, TARGET_SIZE, TARGET_DRAW, exclude=seen)
     result: dict[str, Any] = {
@@ -126,14 +85,10 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                         - results[s][other]["iterations"][t]["target"]
                         for s in seeds
                     ]
-                    sd = float(np.std(diff, ddof=1)) if len(diff) > 1 else math.nan
-                    row[f"target_vs_{other}"] = round(float(np.mean(diff)), 4)
+                    mean, sd, t_stat = paired(diff)
+                    row[f"target_vs_{other}"] = round(mean, 4)
                     row[f"target_vs_{other}_sd"] = round(sd, 4)
-                    row[f"target_vs_{other}_t"] = (
-                        round(float(np.mean(diff)) / (sd / math.sqrt(len(diff))), 2)
-                        if sd > 0
-                        else None
-                    )
+                    row[f"target_vs_{other}_t"] = t_stat
                 if t == ITERATIONS - 1 and len(seeds) >= 5:
                     row["reaches"] = all(
                         (row[f"target_vs_{o}_t"] or 0) > T_CRITICAL
@@ -173,29 +128,9 @@ def report(rows: list[dict[str, Any]], out_dir: str, command: str, seconds: floa
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    ap.add_argument("--root", default="runs-bench")
-    ap.add_argument("--out", default=os.path.join("docs", "bench"))
-    args = ap.parse_args(argv)
-    root = os.path.abspath(os.path.join(args.root, "full"))
-    started = time.perf_counter()
-    results: dict[str, Any] = {}
-    theta0: str | None = None
-    for seed in args.seeds:
-        results[str(seed)], model = run_seed(root, seed, theta0)
-        theta0 = theta0 or model
-        print(json.dumps({seed: {a: results[str(seed)][a]["iterations"][-1]["target"]
-                                 for a in ("eva", "eva-partial", "fresh-partial")}}),
-              flush=True)  # fmt: skip
-        os.makedirs(args.out, exist_ok=True)
-        rows = summarize(results) if len(results) > 1 else []
-        with open(os.path.join(args.out, "reach.json"), "w") as f:
-            json.dump({"summary": rows, "runs": results}, f, indent=1)
-    command = "python -m bench.reach " + " ".join(sys.argv[1:] if argv is None else argv)
-    print(report(summarize(results), args.out, command, time.perf_counter() - started))
+    run_seeds("reach", __doc__, argv, run_seed, summarize, report, lambda result: {
+        a: result[a]["iterations"][-1]["target"] for a in ("eva", "eva-partial", "fresh-partial")
+    })  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -11,21 +11,16 @@ on S, a seed-distribution set that excludes every prompt any arm of the seed tra
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
 import os
-import sys
-import time
 from typing import Any
 
 import numpy as np
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
-from bench.arms import BENCH_SEED_DISTRIBUTION, start_from
-from bench.method import run_arm, seed_base
+from bench.arms import BENCH_SEED_DISTRIBUTION
+from bench.held_apart import T_CRITICAL, paired, run_arms, run_seeds, trained_prompts, world_rewards
 from bench.method_arms import Arm
-from bench.method_results import iteration_row, model_path
+from bench.method_results import model_path
 
 ITERATIONS = 3
 ARMS = (
@@ -35,61 +30,29 @@ ARMS = (
     Arm("eva-mix20", "retention", ITERATIONS, {"mix": {"ratio_evolved": 0.2}}),
 )
 SEED_SET_SIZE, SEED_SET_DRAW = 500, 2000
-T_CRITICAL = 2.776  # two-sided 95%, df 4 (five seeds)
-
-
-def trained_prompts(store: Any) -> set[str]:
-    """Every prompt a run trained on or started from: X_0 and each iteration's X_t."""
-    out: set[str] = set()
-    for t in range(ITERATIONS + 1):
-        manifest = store.read_manifest(t, "generate")
-        if manifest is not None:
-            out |= set(store.read_table(manifest["uri"]).column("prompt").to_pylist())
-    return out
 
 
 def seed_skill(model_dir: str, prompts: list[str]) -> float:
     """Mean world reward of the checkpoint's greedy answers on ``prompts``."""
-    from eva_world import world
-    from tasks.backends.generate.transformers import TransformersGeneration
-
-    generator = TransformersGeneration(temperature=0.0, max_new_tokens=10, batch_size=512).load(
-        model_dir
-    )
-    answers = generator.generate(prompts, n=1, seed=0)
-    return float(np.mean([world.reward(p, a[0]) for p, a in zip(prompts, answers, strict=True)]))
+    return round(float(world_rewards(model_dir, prompts).mean()), 4)
 
 
 def run_seed(root: str, seed: int, theta0: str | None) -> tuple[dict[str, Any], str]:
     from eva_world import world
     from eva_world.components import distribution_of
 
-    base, base_store, _ = seed_base(root, seed, False, [], theta0)
+    base_store, stores, rows = run_arms(root, seed, theta0, ARMS)
     theta1 = model_path(base_store, 0)
-    stores: dict[str, Any] = {}
-    rows: dict[str, Any] = {}
-    for arm in ARMS:
-        started = time.perf_counter()
-        store, factor = run_arm(base, f"s{seed}-{arm.name}", arm, {
-            "iterations": arm.iterations, "iteration0_dpo": False,
-            "bootstrap": start_from(theta1), **arm.overrides,
-        })  # fmt: skip
-        stores[arm.name] = store
-        rows[arm.name] = {
-            "topup": factor,
-            "seconds": round(time.perf_counter() - started, 1),
-            "iterations": [iteration_row(store, t) for t in range(1, arm.iterations + 1)],
-        }
-    seen = trained_prompts(base_store).union(*(trained_prompts(s) for s in stores.values()))
+    seen = trained_prompts([base_store, *stores.values()], ITERATIONS)
     dist = distribution_of(BENCH_SEED_DISTRIBUTION)
     held = world.sample_prompts(dist, SEED_SET_SIZE, SEED_SET_DRAW, exclude=seen)
     result: dict[str, Any] = {
         "seed_set": {"size": len(held), "excluded": len(seen)},
-        "theta_1": {"seed_skill": round(seed_skill(theta1, held), 4)},
+        "theta_1": {"seed_skill": seed_skill(theta1, held)},
     }
     for name, store in stores.items():
         for t, row in enumerate(rows[name]["iterations"], start=1):
-            row["seed_skill"] = round(seed_skill(model_path(store, t), held), 4)
+            row["seed_skill"] = seed_skill(model_path(store, t), held)
         result[name] = rows[name]
     return result, model_path(base_store, None)
 
@@ -111,14 +74,12 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                     m - results[s]["fresh"]["iterations"][t][measure]
                     for m, s in zip(mine, seeds, strict=True)
                 ]
-                sd = float(np.std(diff, ddof=1)) if len(diff) > 1 else math.nan
+                mean, sd, t_stat = paired(diff)
                 row[measure] = round(float(np.mean(mine)), 4)
                 row[f"{measure}_sd"] = round(float(np.std(mine, ddof=1)), 4)
-                row[f"{measure}_vs_fresh"] = round(float(np.mean(diff)), 4)
+                row[f"{measure}_vs_fresh"] = round(mean, 4)
                 row[f"{measure}_vs_fresh_sd"] = round(sd, 4)
-                row[f"{measure}_t"] = (
-                    round(float(np.mean(diff)) / (sd / math.sqrt(len(diff))), 2) if sd > 0 else None
-                )
+                row[f"{measure}_t"] = t_stat
             if arm.name != "fresh" and t == ITERATIONS - 1 and len(seeds) >= 5:
                 row["keeps_seed_skill"] = row["seed_skill_vs_fresh"] >= -fresh_sd
                 row["keeps_gain"] = (row["score_t"] or 0) > T_CRITICAL
@@ -155,28 +116,9 @@ def report(rows: list[dict[str, Any]], out_dir: str, command: str, seconds: floa
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    ap.add_argument("--root", default="runs-bench")
-    ap.add_argument("--out", default=os.path.join("docs", "bench"))
-    args = ap.parse_args(argv)
-    root = os.path.abspath(os.path.join(args.root, "full"))
-    started = time.perf_counter()
-    results: dict[str, Any] = {}
-    theta0: str | None = None
-    for seed in args.seeds:
-        results[str(seed)], model = run_seed(root, seed, theta0)
-        theta0 = theta0 or model
-        print(json.dumps({seed: {a: results[str(seed)][a]["iterations"][-1] for a in
-                                 ("fresh", "eva")}}), flush=True)  # fmt: skip
-        os.makedirs(args.out, exist_ok=True)
-        rows = summarize(results) if len(results) > 1 else []
-        with open(os.path.join(args.out, "retention.json"), "w") as f:
-            json.dump({"summary": rows, "runs": results}, f, indent=1)
-    command = "python -m bench.retention " + " ".join(sys.argv[1:] if argv is None else argv)
-    print(report(summarize(results), args.out, command, time.perf_counter() - started))
+    run_seeds("retention", __doc__, argv, run_seed, summarize, report, lambda result: {
+        a: result[a]["iterations"][-1] for a in ("fresh", "eva")
+    })  # fmt: skip
 
 
 if __name__ == "__main__":
