@@ -17,7 +17,7 @@ from tasks.backends.judge.reference import for_heldout
 from tasks.bootstrap import bootstrap
 from tasks.complexity import complexity
 from tasks.context import RunContext
-from tasks.evaluate import EvaluateConfig, evaluate
+from tasks.evaluate import evaluate
 from tasks.evolve import evolve
 from tasks.generate import generate
 from tasks.judge import judge
@@ -75,23 +75,10 @@ def solver_step(
     rewarded = annotate(run, t, cfg.annotate, rollouts=rollouts)
     preference_pairs = pairs(run, t, cfg.pairs, annotated=rewarded)
     new_policy = train(run, t, cfg.train, pairs=preference_pairs, policy=policy)
-    score_checkpoint(run, t, cfg.evaluation, heldout, new_policy, answers)
-    return Step(prompts, new_policy, rewarded)
-
-
-def score_checkpoint(
-    run: RunContext,
-    t: int,
-    evaluation: EvaluateConfig,
-    heldout: Ref,
-    policy: Ref,
-    answers: Ref | None,
-) -> None:
-    """A trained checkpoint's held-out score and, with a judge, its win rate against the
-    reference answers (an offline iteration's policy, an online segment's)."""
-    evaluated = evaluate(run, t, evaluation.without_judge(), heldout=heldout, policy=policy)
-    if (judged := evaluation.judge) is not None and answers is not None:
+    evaluated = evaluate(run, t, cfg.evaluation.without_judge(), heldout=heldout, policy=new_policy)
+    if (judged := cfg.evaluation.judge) is not None and answers is not None:
         judge(run, t, judged.without_reference(), evaluated=evaluated, reference=answers)
+    return Step(prompts, new_policy, rewarded)
 
 
 # The parameters are the run's own objects, its config validated once at the edge

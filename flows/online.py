@@ -12,10 +12,12 @@ from prefect import flow
 
 from eva_runtime.prefect_ui import publish_markdown
 from flows.config import OnlineRunConfig
-from flows.iteration import score_checkpoint, setup
+from flows.iteration import setup
 from flows.launch import opened_run, publish_summary, run_name
 from flows.run_charts import online_run_charts
 from flows.summary import online_summary
+from tasks.evaluate import evaluate
+from tasks.judge import judge
 from tasks.online import online
 from tasks.plan import Plan
 
@@ -29,7 +31,12 @@ def eva_online(config: OnlineRunConfig, plan: Plan | None = None) -> list[dict[s
             policy = online(
                 run, segment, config.online, seeds=seeds, heldout=heldout, policy=policy
             )
-            score_checkpoint(run, segment, config.evaluation, heldout, policy, answers)
+            evaluated = evaluate(
+                run, segment, config.evaluation.without_judge(), heldout=heldout, policy=policy
+            )
+            if (judged := config.evaluation.judge) is not None and answers is not None:
+                judge(run, segment, judged.without_reference(), evaluated=evaluated,
+                      reference=answers)  # fmt: skip
 
         segments = config.online.segments(seeds.rows)
         rows = online_summary(run.store(), segments, config.evaluate.judge is not None)
