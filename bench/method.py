@@ -115,16 +115,17 @@ def run_seed(
     overrides: list[str],
     only: list[str] | None,
     theta0: str | None = None,
+    arm_list: list[Arm] | None = None,
 ) -> dict[str, Any]:
-    """Every arm of one seed; from ``theta0`` when given (the first seed's), else from the
-    world's SFT with this seed."""
+    """Every arm of one seed (``arm_list``, default the benchmark's); from ``theta0`` when given
+    (the first seed's), else from the world's SFT with this seed."""
     base, store, factor = seed_base(root, seed, quick, overrides, theta0)
     result: dict[str, Any] = {
         "theta_0": {**iteration_row(store, None), "model": model_path(store, None)},
         "theta_1": {**iteration_row(store, 0), "base": "theta_0", "topup": factor},
     }
     theta0, starts = model_path(store, None), {"theta_1": model_path(store, 0)}
-    for arm in arms(quick):
+    for arm in arm_list or arms(quick):
         if only and arm.name not in only:
             continue
         if arm.start not in starts:  # a paper solver's own theta_0 -> theta_1 (Table 2)
