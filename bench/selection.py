@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -28,6 +27,7 @@ import numpy as np
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
 from bench.arms import start_from
+from bench.held_apart import T_CRITICAL, paired
 from bench.method import run_arm, seed_base
 from bench.method_arms import Arm
 from bench.method_results import iteration_row, model_path
@@ -44,7 +44,6 @@ SELECTIONS: dict[str, tuple[dict[str, Any], str]] = {
     "var": ({"score": {"metric": "var"}}, "var"),
 }
 RHO_PROMPTS = 500
-T_CRITICAL = 2.776  # two-sided 95%, df 4 (five seeds)
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float | None:
@@ -105,9 +104,7 @@ def summarize(results: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, A
             continue
         gains = [results[s][key]["score"] - results[s][f"{n_text}/uniform"]["score"] for s in seeds]
         rhos = [r for s in seeds if (r := results[s][key]["rho"]) is not None]
-        mean = float(np.mean(gains))
-        sd = float(np.std(gains, ddof=1)) if len(gains) > 1 else math.nan
-        t = mean / (sd / math.sqrt(len(gains))) if len(gains) > 1 and sd > 0 else math.nan
+        mean, sd, t = paired(gains)
         rule = "top-k" if name.endswith("topk") else "proportional"
         rule = "uniform" if name == "uniform" else rule
         out.append({
@@ -116,12 +113,13 @@ def summarize(results: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, A
             "seeds": [int(s) for s in seeds],
             "score": round(float(np.mean([results[s][key]["score"] for s in seeds])), 4),
             "gain_over_uniform": round(mean, 4), "gain_sd": round(sd, 4),
-            "gains": [round(g, 4) for g in gains], "t": round(t, 2) if not math.isnan(t) else None,
+            "gains": [round(g, 4) for g in gains], "t": t,
             "rho": round(float(np.mean(rhos)), 3) if rhos else None,
             "rho_sd": round(float(np.std(rhos, ddof=1)), 3) if len(rhos) > 1 else None,
             "responses": round(float(np.mean([results[s][key]["responses"] for s in seeds]))),
             "verdict": None if name == "uniform" or len(gains) < 5 else (
-                "matters" if t > T_CRITICAL else "hurts" if t < -T_CRITICAL else "no difference"
+                "matters" if (t or 0) > T_CRITICAL else "hurts" if (t or 0) < -T_CRITICAL
+                else "no difference"
             ),
         })  # fmt: skip
     return out
