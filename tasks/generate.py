@@ -25,7 +25,12 @@ ROLLOUT_COLUMNS = (*PROMPT_COLUMNS, "responses")
 
 class GenerateConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    n: int = Field(default=6, ge=1, description="Responses per prompt (paper: 6).")
+    n: int = Field(
+        default=6,
+        ge=2,
+        description="Responses per prompt (paper: 6); at least 2, since a prompt's "
+        "informativeness and its pair compare the best response with the worst.",
+    )
     backend: GenerationBackend = Field(
         default_factory=TransformersGeneration,
         description="transformers (CPU/GPU), vllm (in-process, GPU env), openai (any "

@@ -105,6 +105,8 @@ def read_prompt_file(
     except OSError as exc:
         raise ValueError(f"{path}: cannot be read ({first_line(exc)})") from None
     columns = as_columns(table)
+    if not columns or not any(len(c) for c in columns.values()):  # empty, or a header only
+        raise ValueError(f"{path}: no prompts (0 rows)")
     if prompt_column not in columns:
         raise ValueError(
             f"{path}: no column {prompt_column!r} (columns: "

@@ -410,6 +410,7 @@ def _bad_files(tmp_path, policy_dir: str) -> dict[str, str]:
     """Files a new user might point eva at by mistake, by placeholder name."""
     files = {
         "HEADERONLY": ("h.csv", b"prompt,category\n"),
+        "EMPTY": ("e.jsonl", b""),
         "INTPROMPTS": ("i.jsonl", b'{"prompt": 5}\n'),
         "LATIN1": ("l.jsonl", '{"prompt": "caf\u00e9"}\n'.encode("latin-1")),
         "BROKENJSON": ("b.jsonl", b'{"prompt": \n'),
@@ -441,6 +442,8 @@ def _bad_files(tmp_path, policy_dir: str) -> dict[str, str]:
     ("args", "message"),
     [
         (["--set", "prompts.path=HEADERONLY"], "h.csv: no prompts (0 rows)"),
+        (["--set", "prompts.path=EMPTY"], "e.jsonl: no prompts (0 rows)"),
+        (["--set", "generate.n=1"], "generate.n: Input should be greater than or equal to 2"),
         (["--set", "prompts.path=DIRECTORY"], "is a directory, not a prompt file"),
         (["--set", "prompts.path=INTPROMPTS"], "row 0: prompt is not text (got int 5)"),
         (["--set", "prompts.path=LATIN1"], "l.jsonl: not UTF-8 text"),
