@@ -290,6 +290,36 @@ def test_the_edge_refuses_a_judge_it_cannot_reach_or_an_unset_key(
         check_inputs(_run_config(tmp_path, live, missing))
 
 
+@pytest.mark.parametrize("status", [401, 403, 503])
+def test_the_edge_refuses_a_judge_that_refuses_the_key_without_echoing_it(
+    tmp_path, monkeypatch, serve, status
+):
+    """The probe's refusal names the status and what to do; the server's message echoes the
+    key it was sent, and the line the user sees does not."""
+    from flows.inputs import check_inputs
+
+    server = serve(models_status=status)
+    bare = {"base_url": server.base_url, "model": "tiny"}
+    with pytest.raises(ConfigError) as refused:
+        check_inputs(_run_config(tmp_path, bare))
+    line = refused.value.line()
+    what = "answers no model" if status == 503 else "refuses the key"
+    assert line.startswith(f"evaluate.judge.llm.base_url: {server.base_url} {what} (HTTP {status}")
+    hint = "set evaluate.judge.llm.api_key_env" if status < 500 else "start the judge's server"
+    assert hint in line and "\n" not in line
+
+    monkeypatch.setenv("EVA_TEST_JUDGE_KEY", "sk-not-for-logs-0123456789")
+    keyed = {**bare, "api_key_env": "EVA_TEST_JUDGE_KEY"}
+    with pytest.raises(ConfigError) as refused:
+        check_inputs(_run_config(tmp_path, keyed))
+    line = refused.value.line()
+    # The server echoed the key it was sent; the line shows where, not what.
+    assert "[redacted]" in line and "sk-not-for-logs" not in line
+    if status < 500:
+        assert line.endswith("(check the key in EVA_TEST_JUDGE_KEY)")
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_judge_is_off_by_default_and_leaves_the_evaluate_key_as_it_was(tmp_path) -> None:
     from flows.config import validate_config
     from tasks.evaluate import EvaluateConfig

@@ -136,8 +136,10 @@ class OpenAICompatibleServer:
         keep_alive: bool = False,
         script: Sequence[Step] = (),
         delay: float = 0.0,
+        models_status: int = 200,
     ):
         self.respond, self.fail, self.model, self.root = respond, fail, model, root
+        self.models_status = models_status  # another status: GET /models answers as a bad key
         self.script, self.delay = list(script), delay
         # HTTP/1.1: a client may send its next request on the same connection, as to vLLM;
         # HTTP/1.0 (the default) closes it after each answer.
@@ -251,7 +253,9 @@ class OpenAICompatibleServer:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:
-                if self.path.rstrip("/").endswith("/models"):
+                if self.path.rstrip("/").endswith("/models") and server.models_status != 200:
+                    self._echo_key(server.models_status)
+                elif self.path.rstrip("/").endswith("/models"):
                     card: dict[str, Any] = {"id": server.model, "object": "model"}
                     if server.root is not None:
                         card["root"] = server.root
