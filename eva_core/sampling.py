@@ -10,6 +10,10 @@ Weights that are zero, negative or NaN are never drawn while a positive weight r
 subset needs more prompts than have positive weight, the rest are drawn uniformly from the
 zero-weight ones (``zero_weight_filled``), and if *every* weight is zero the whole draw is
 uniform (``fell_back_to_uniform``). Stages surface both in their stats.
+
+A ``temperature`` T other than 1 draws in proportion to ``w ** (1 / T)`` instead: below 1 it
+leans towards the most informative prompts (T -> 0 is ``greedy``), above 1 towards a uniform
+draw (T -> infinity is ``uniform``).
 """
 
 from __future__ import annotations
@@ -41,10 +45,15 @@ def subset_size(n_items: int, fraction: float) -> int:
     return min(n_items, max(1, math.floor(fraction * n_items + 1e-9)))
 
 
-def select_subset(weights: np.ndarray, k: int, method: str, seed: int) -> Subset:
-    """Draw ``k`` distinct indices; deterministic for a given ``seed``."""
+def select_subset(
+    weights: np.ndarray, k: int, method: str, seed: int, temperature: float = 1.0
+) -> Subset:
+    """Draw ``k`` distinct indices; deterministic for a given ``seed``. ``temperature``
+    sharpens (< 1) or flattens (> 1) the ``weighted`` draw."""
     if method not in SAMPLE_METHODS:
         raise ValueError(f"unknown sample method {method!r}; choose one of {SAMPLE_METHODS}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
     w = np.asarray(weights, dtype=np.float64)
     n = len(w)
     if not 0 <= k <= n:
@@ -52,6 +61,10 @@ def select_subset(weights: np.ndarray, k: int, method: str, seed: int) -> Subset
     rng = np.random.default_rng(seed)
     positive = np.isfinite(w) & (w > 0)
     n_positive = int(positive.sum())
+    if temperature != 1.0:
+        w = tempered(w, temperature)
+        positive = np.isfinite(w) & (w > 0)  # a weight that underflowed to 0 is zero weight
+        n_positive = int(positive.sum())
 
     if method == "uniform" or n_positive == 0:
         indices = rng.permutation(n)[:k]
@@ -79,6 +92,18 @@ def select_subset(weights: np.ndarray, k: int, method: str, seed: int) -> Subset
         rest = np.flatnonzero(~positive)
         take = np.concatenate([take, rng.permutation(rest)[:filled]])
     return Subset(take.astype(np.int64), fell_back_to_uniform=False, zero_weight_filled=filled)
+
+
+def tempered(weights: np.ndarray, temperature: float) -> np.ndarray:
+    """The weights a ``weighted`` draw at ``temperature`` is proportional to: ``w ** (1 / T)``
+    for the positive ones, the others as they are. Scaled by the largest first, so that a high
+    power cannot overflow (the draw is proportional: the scale does not matter)."""
+    w = np.asarray(weights, dtype=np.float64)
+    positive = np.isfinite(w) & (w > 0)
+    if temperature == 1.0 or not positive.any():
+        return w
+    scaled = np.where(positive, w, 0.0) / w[positive].max()
+    return np.where(positive, scaled ** (1.0 / temperature), w)
 
 
 def _descending(values: np.ndarray) -> np.ndarray:

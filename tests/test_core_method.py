@@ -125,6 +125,36 @@ def test_sampling_deterministic_zero_weights_and_methods() -> None:
         select_subset(w, 1, "top", seed=0)
 
 
+def test_temperature_draws_in_proportion_to_a_power_of_the_weights() -> None:
+    # k = 1: the first pick's probability is w_i ** (1/T) / sum_j w_j ** (1/T).
+    #   T = 0.5: weights 1, 2, 4 -> 1, 4, 16 of 21 = 0.0476, 0.1905, 0.7619
+    #   T = 2:   weights 1, 4, 16 -> 1, 2, 4 of 7 = 0.1429, 0.2857, 0.5714
+    trials = 20000
+    for w, temperature, expected in (
+        ([1.0, 2.0, 4.0], 0.5, [0.0476, 0.1905, 0.7619]),
+        ([1.0, 4.0, 16.0], 2.0, [0.1429, 0.2857, 0.5714]),
+    ):
+        counts = np.zeros(3)
+        for s in range(trials):
+            counts[select_subset(np.array(w), 1, "weighted", s, temperature).indices] += 1
+        np.testing.assert_allclose(counts / trials, expected, atol=0.012)
+    # T = 1 is the paper's draw, index for index; a weight too small for a sharp power counts
+    # as zero weight (filled last, and said); a huge one does not overflow.
+    w = np.array([0.0, 5.0, 1.0, 0.0, 2.0, NAN])
+    np.testing.assert_array_equal(
+        select_subset(w, 3, "weighted", 7, 1.0).indices,
+        select_subset(w, 3, "weighted", 7).indices,
+    )
+    sharp = select_subset(np.array([1e-3, 1.0, 10.0]), 3, "weighted", 0, 0.01)
+    assert list(sharp.indices[:2]) == [2, 1] and sharp.zero_weight_filled == 1
+    # 1e200 and 5e199 squared overflow; scaled first, they draw 1 : 0.25 (0.8 and 0.2).
+    first = [select_subset(np.array([1e200, 5e199]), 2, "weighted", s, 0.5) for s in range(4000)]
+    assert all(d.zero_weight_filled == 0 for d in first)
+    assert abs(np.mean([d.indices[0] == 0 for d in first]) - 0.8) < 0.025
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        select_subset(w, 1, "weighted", 0, 0.0)
+
+
 def test_inclusion_frequency_rises_with_weight() -> None:
     w = np.array([0.1, 0.5, 1.0, 2.0, 4.0])
     counts = np.zeros(5)

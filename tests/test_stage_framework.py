@@ -370,6 +370,12 @@ def test_ui_tables_show_lineage_the_creators_decision_and_the_distribution() -> 
     rows = drawn.ui_tables["drawn"]
     assert [r["draw_rank"] for r in rows] == [0, 1, 2, 3]
     assert all(r["weight_share"] == pytest.approx(r["informativeness"] / 4.75) for r in rows)
+    # At temperature 0.5 the odds are the squares: 5 x 0.25 + 0.390625 + 0.5625 + 0.765625.
+    sharp = sample.fn(ctx, SampleConfig(fraction=0.5, temperature=0.5), scores=scored.table)
+    assert all(
+        r["weight_share"] == pytest.approx(r["informativeness"] ** 2 / 2.96875)
+        for r in sharp.ui_tables["drawn"]
+    )
     # mix: which originals X_t keeps, with their lineage.
     evolved, _ = evolved_records(drawn.table, [[(f"{p} again", "m")] for p in "abcd"], 1)
     current = _annotated().select(list(evolved.schema.names))
@@ -418,3 +424,14 @@ def test_only_stage_errors_lose_their_traceback_in_prefects_run_logs() -> None:
                     logging.getLogger(name).error("failed: %r", exc, exc_info=True)
         assert [r.exc_info is None for r in logged] == [True, False]
         assert logged[0].getMessage() == "failed: StageError('mix: input lacks prompt')"
+
+
+def test_sample_temperature_keys_a_stage_only_when_set_and_only_for_weighted() -> None:
+    from tasks.keys import keyed_config
+
+    assert "temperature" not in keyed_config(SampleConfig())  # earlier runs keep their keys
+    assert keyed_config(SampleConfig(temperature=0.5))["temperature"] == 0.5
+    with pytest.raises(ValidationError, match="temperature: applies to method weighted only"):
+        SampleConfig(method="greedy", temperature=0.5)
+    with pytest.raises(ValidationError, match="greater than 0"):
+        SampleConfig(temperature=0)
