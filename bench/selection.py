@@ -5,7 +5,8 @@
 Design (pre-registered in docs/benchmarks.md, "When does selection matter?"): from each seed's
 theta_1 of ``bench.method`` (same root, same base runs), one eva iteration per setting, where a
 setting is N (responses per prompt, the creator's and the solver's) and a selection rule: uniform
-(the control), a_min proportional (the paper), a_min top-k, a_avg and var proportional. Every
+(the control), a_min proportional (the paper), a_min top-k, a_avg and var proportional, and
+(the addendum) a_min at temperatures 0.25 and 4 (``sample.temperature``). Every
 arm trains K pairs (topped up as in ``bench.method``). Reported per setting: the held-out gain
 over the uniform arm of the same N and seed (paired), and rho, how well theta_1's reading of a
 prompt predicts the trained policy's reading of the same prompt (Spearman, first
@@ -42,6 +43,9 @@ SELECTIONS: dict[str, tuple[dict[str, Any], str]] = {
     "a_min-topk": ({"sample": {"method": "greedy"}}, "a_min"),
     "a_avg": ({"score": {"metric": "a_avg"}}, "a_avg"),
     "var": ({"score": {"metric": "var"}}, "var"),
+    # The addendum: a_min drawn in proportion to a_min ** (1 / T)
+    "a_min-t0.25": ({"sample": {"temperature": 0.25}}, "a_min"),
+    "a_min-t4": ({"sample": {"temperature": 4.0}}, "a_min"),
 }
 RHO_PROMPTS = 500
 
@@ -105,11 +109,13 @@ def summarize(results: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, A
         gains = [results[s][key]["score"] - results[s][f"{n_text}/uniform"]["score"] for s in seeds]
         rhos = [r for s in seeds if (r := results[s][key]["rho"]) is not None]
         mean, sd, t = paired(gains)
-        rule = "top-k" if name.endswith("topk") else "proportional"
-        rule = "uniform" if name == "uniform" else rule
+        sample = SELECTIONS[name][0].get("sample", {})
+        temperature = "inf" if name == "uniform" else 0 if sample.get("method") == "greedy" else (
+            sample.get("temperature", 1)
+        )  # fmt: skip
         out.append({
             "n": int(n_text), "selection": name, "metric": SELECTIONS[name][1],
-            "temperature": {"uniform": "inf", "top-k": 0, "proportional": 1}[rule],
+            "temperature": temperature,
             "seeds": [int(s) for s in seeds],
             "score": round(float(np.mean([results[s][key]["score"] for s in seeds])), 4),
             "gain_over_uniform": round(mean, 4), "gain_sd": round(sd, 4),
