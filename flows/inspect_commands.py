@@ -21,12 +21,16 @@ if TYPE_CHECKING:
 def show(args: argparse.Namespace) -> int:
     check_run_name(args.run)  # before the imports that take seconds
     from flows.config import OnlineRunConfig
-    from flows.runs import close_match, is_online, seed_count, stored_config
+    from flows.runs import check_iteration, close_match, is_online, seed_count, stored_config
     from flows.summary import iteration_summary, online_summary, summary_table
     from tasks.store import RunStore
 
     config = stored_config(args.root, args.run, args.storage_options)
     store = RunStore(config.root, config.run, config.storage_options)
+    check_iteration(config, args.iteration)
+    if args.stage is None and args.iteration is not None:
+        print(iteration_artifacts(store, config, args.iteration))
+        return 0
     if args.stage is None:
         if isinstance(config, OnlineRunConfig):
             segments = config.online.segments(seed_count(config))
@@ -61,6 +65,26 @@ def show(args: argparse.Namespace) -> int:
     for row in with_parents(store, manifest, table):
         print(json.dumps(shorten(row, args.chars), default=str))
     return 0
+
+
+def iteration_artifacts(store: RunStore, config: Any, iteration: int) -> str:
+    """What an iteration (online: segment) holds, in the order its flow writes it: each
+    artifact's rows and seconds."""
+    from flows.commands import stage_artifacts
+    from flows.runs import is_online
+
+    step = "segment" if is_online(config) else "iteration"
+    written = store.artifacts(iteration)
+    order = stage_artifacts(iteration, is_online(config))
+    names = [a for a in order if a in written] + sorted(set(written) - set(order))
+    if not names:
+        return f"{step} {iteration} of {config.run}: nothing written yet"
+    lines = [f"{step} {iteration} of {config.run}: add --stage NAME for an artifact's rows"]
+    for name in names:
+        manifest = store.read_manifest(iteration, name) or {}
+        rows, seconds = manifest.get("rows", "-"), manifest.get("seconds", "-")
+        lines.append(f"  {name:<18} {rows:>8} rows  {seconds:>8} s")
+    return "\n".join(lines)
 
 
 def with_parents(store: RunStore, manifest: dict[str, Any], table: pa.Table) -> list[dict]:

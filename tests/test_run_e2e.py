@@ -328,6 +328,24 @@ def test_a_stage_that_does_not_run_there_is_refused(finished_run, capsys) -> Non
     assert "a run name (letters, digits" in capsys.readouterr().err
 
 
+def test_show_of_an_iteration_lists_what_it_holds_in_call_order(finished_run, capsys) -> None:
+    config, _ = finished_run
+    store = RunStore(config.root, config.run)
+    assert main(["show", "--run", "base", "--root", config.root, "--iteration", "1"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "iteration 1 of base: add --stage NAME for an artifact's rows"
+    names = [line.split()[0] for line in lines[1:]]
+    assert names == [a for a in (*CREATOR, *SOLVER) if a in names] and set(names) == set(
+        store.artifacts(1)
+    )
+    pairs = store.read_manifest(1, "pairs")
+    assert lines[1 + names.index("pairs")].split()[1] == str(pairs["rows"])
+    # An iteration the run does not have is refused as `eva stage` refuses it, not ignored.
+    assert main(["show", "--run", "base", "--root", config.root, "--iteration", "7"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("eva: error: --iteration 7: run base has iterations 0 to 1")
+
+
 def _cli(config_path: str, run: str) -> list[str]:
     return [sys.executable, "-m", "flows.cli", "run", "--config", config_path, "--run", run]
 
