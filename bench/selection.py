@@ -134,10 +134,11 @@ def summarize(results: dict[str, dict[str, dict[str, Any]]]) -> list[dict[str, A
 def report(rows: list[dict[str, Any]], out_dir: str, command: str, seconds: float) -> str:
     from bench.report import md_table
 
-    header = ["N", "selection", "seeds", "held-out", "gain over uniform (sd)", "t", "rho (sd)",
-              "responses", "verdict"]  # fmt: skip
+    header = ["N", "selection", "T", "seeds", "held-out", "gain over uniform (sd)", "t",
+              "rho (sd)", "responses", "verdict"]  # fmt: skip
     body = [
-        [str(r["n"]), r["selection"], str(len(r["seeds"])), f"{r['score']:.3f}",
+        [str(r["n"]), r["selection"], str(r["temperature"]), str(len(r["seeds"])),
+         f"{r['score']:.3f}",
          "-" if r["selection"] == "uniform"
          else f"{r['gain_over_uniform']:+.3f} ({r['gain_sd']:.3f})",
          "-" if r["t"] is None else f"{r['t']:+.2f}",
@@ -146,7 +147,8 @@ def report(rows: list[dict[str, Any]], out_dir: str, command: str, seconds: floa
         for r in sorted(rows, key=lambda r: (r["n"], r["selection"]))
     ]  # fmt: skip
     md = (
-        f"# Selection sweep (issue 32)\n\n`{command}`, {seconds / 60:.1f} min.\n\n"
+        f"# Selection sweep (issue 32)\n\n`{command}`, {seconds / 60:.1f} min for the arms it "
+        "ran (arms already recorded in selection.json are kept, not rerun).\n\n"
         + "\n".join(md_table(header, body))
         + "\n\nrho for `uniform` is a_min's (the reading it ignores).\n"
     )
