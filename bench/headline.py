@@ -12,11 +12,7 @@ apart from everything the seed's arms trained on (``bench.retention``'s seed ski
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import sys
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -26,7 +22,7 @@ import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
 from bench import method
 from bench.arms import BENCH_SEED_DISTRIBUTION
 from bench.claims import judge
-from bench.held_apart import paired, trained_prompts
+from bench.held_apart import paired, run_seeds, trained_prompts
 from bench.method_arms import Arm, arms
 from bench.method_results import model_path
 from bench.report import md_table, mean_std
@@ -48,15 +44,16 @@ def headline_arms() -> list[Arm]:
     return [replace(a, iterations=ITERATIONS) for a in arms(quick=False) if a.name in ARMS]
 
 
-def run_seed(root: str, seed: int) -> dict[str, Any]:
-    """One seed from its own theta_0: ``bench.method``'s rows, and the seed skill of every
-    offline checkpoint on a seed-distribution set none of the seed's arms trained on."""
+def run_seed(root: str, seed: int, theta0: str | None) -> tuple[dict[str, Any], str]:
+    """One seed from ``theta0``, else its own (``main`` passes none): ``bench.method``'s rows,
+    the seed skill of every offline checkpoint on a seed-distribution set none of the seed's
+    arms trained on, and the seed's theta_0."""
     from eva_world import world
     from eva_world.components import distribution_of
     from tasks.store import RunStore
 
-    result = method.run_seed(root, seed, False, [], None, theta0=None, arm_list=headline_arms())
-    result["theta_0"].pop("model")  # a path on this machine: not reported
+    result = method.run_seed(root, seed, False, [], None, theta0, arm_list=headline_arms())
+    model = result["theta_0"].pop("model")  # a path on this machine: not reported
     base = RunStore(root, f"s{seed}-base")
     stores = {name: RunStore(root, f"s{seed}-{name}") for name in ARMS}
     seen = trained_prompts([base, *stores.values()], ITERATIONS)
@@ -68,7 +65,7 @@ def run_seed(root: str, seed: int) -> dict[str, Any]:
     for name, store in stores.items():
         for t, row in enumerate(result[name]["iterations"], start=1):
             row["seed_skill"] = seed_skill(model_path(store, t), held)
-    return result
+    return result, model
 
 
 def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -141,35 +138,21 @@ def report(results: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    ap.add_argument("--root", default="runs-bench")
-    ap.add_argument("--out", default=os.path.join("docs", "bench"))
-    args = ap.parse_args(argv)
-    root = os.path.abspath(os.path.join(args.root, "headline"))
-    os.makedirs(args.out, exist_ok=True)
-    started = time.perf_counter()
-    results: dict[str, Any] = {}
-    for seed in args.seeds:  # saved after every seed: a crash keeps the seeds done
-        results[str(seed)] = run_seed(root, seed)
-        rows = summarize(results) if len(results) > 1 else []
-        with open(os.path.join(args.out, "headline.json"), "w") as f:
-            json.dump({"summary": rows, "runs": results}, f, indent=1)
-        print(json.dumps({seed: {a: results[str(seed)][a]["iterations"][-1]["score"]
-                                 for a in ARMS}}), flush=True)  # fmt: skip
+def write(results: dict[str, Any], out_dir: str, command: str, seconds: float) -> str:
+    """``headline.md``: ``bench.method``'s tables and claims, then this benchmark's own."""
     from bench.report import write_method_report
 
-    command = "python -m bench.headline " + " ".join(sys.argv[1:] if argv is None else argv)
-    md = write_method_report(
-        results, args.out, "headline", time.perf_counter() - started, False, command
-    )
+    md = write_method_report(results, out_dir, "headline", seconds, False, command)
     md += "\n" + report(results, summarize(results))
-    with open(os.path.join(args.out, "headline.md"), "w") as f:
+    with open(os.path.join(out_dir, "headline.md"), "w") as f:
         f.write(md)
-    print(md)
+    return md
+
+
+def main(argv: list[str] | None = None) -> None:
+    run_seeds("headline", __doc__, argv, run_seed, summarize, write, lambda result: {
+        a: result[a]["iterations"][-1]["score"] for a in ARMS
+    }, folder="headline", shared_theta0=False)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -87,11 +87,14 @@ def run_seeds(
     argv: list[str] | None,
     run_seed: Callable[[str, int, str | None], tuple[dict[str, Any], str]],
     summarize: Callable[[dict[str, Any]], list[dict[str, Any]]],
-    report: Callable[[list[dict[str, Any]], str, str, float], str],
+    report: Callable[[dict[str, Any], str, str, float], str],
     headline: Callable[[dict[str, Any]], dict[str, Any]],
+    folder: str = "full",
+    shared_theta0: bool = True,
 ) -> None:
-    """The command line of ``bench.<name>``: every seed in turn (one theta_0, the first
-    seed's), ``<name>.json`` rewritten after each, the report at the end."""
+    """The command line of ``bench.<name>``: every seed in turn under ``--root``/``folder``
+    (from one theta_0, the first seed's, when ``shared_theta0``; else each seed's own),
+    ``<name>.json`` rewritten after each, the report at the end."""
     ap = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -99,17 +102,40 @@ def run_seeds(
     ap.add_argument("--root", default="runs-bench")
     ap.add_argument("--out", default=os.path.join("docs", "bench"))
     args = ap.parse_args(argv)
-    root = os.path.abspath(os.path.join(args.root, "full"))
+    root = os.path.abspath(os.path.join(args.root, folder))
     started = time.perf_counter()
     results: dict[str, Any] = {}
     theta0: str | None = None
-    for seed in args.seeds:
+    for seed in args.seeds:  # saved after every seed: a crash keeps the seeds done
         results[str(seed)], model = run_seed(root, seed, theta0)
-        theta0 = theta0 or model
+        if shared_theta0:
+            theta0 = theta0 or model
         print(json.dumps({seed: headline(results[str(seed)])}), flush=True)
         os.makedirs(args.out, exist_ok=True)
         rows = summarize(results) if len(results) > 1 else []
         with open(os.path.join(args.out, f"{name}.json"), "w") as f:
             json.dump({"summary": rows, "runs": results}, f, indent=1)
     command = f"python -m bench.{name} " + " ".join(sys.argv[1:] if argv is None else argv)
-    print(report(summarize(results), args.out, command, time.perf_counter() - started))
+    print(report(results, args.out, command, time.perf_counter() - started))
+
+
+def write_report(
+    out_dir: str,
+    name: str,
+    title: str,
+    command: str,
+    seconds: float,
+    head: list[str],
+    body: list[list[str]],
+) -> str:
+    """``<name>.md``: a title, the command and its time, and one table; returns the text."""
+    from bench.report import md_table
+
+    md = (
+        f"# {title}\n\n`{command}`, {seconds / 60:.1f} min.\n\n"
+        + "\n".join(md_table(head, body))
+        + "\n"
+    )
+    with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
+        f.write(md)
+    return md

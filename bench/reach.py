@@ -12,13 +12,20 @@ held-out set and on R, three-operand sums no arm of the seed trained on.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
-from bench.held_apart import T_CRITICAL, paired, run_arms, run_seeds, trained_prompts, world_rewards
+from bench.held_apart import (
+    T_CRITICAL,
+    paired,
+    run_arms,
+    run_seeds,
+    trained_prompts,
+    world_rewards,
+    write_report,
+)
 from bench.method_arms import Arm
 from bench.method_results import model_path
 
@@ -98,9 +105,8 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def report(rows: list[dict[str, Any]], out_dir: str, command: str, seconds: float) -> str:
-    from bench.report import md_table
-
+def report(results: dict[str, Any], out_dir: str, command: str, seconds: float) -> str:
+    rows = summarize(results)
     head = ["arm", "t", "held-out (sd)", "R score (sd)", "R exact (sd)",
             "R vs eva (sd, t)", "R vs fresh-partial (sd, t)", "reaches"]  # fmt: skip
 
@@ -117,14 +123,7 @@ def report(rows: list[dict[str, Any]], out_dir: str, command: str, seconds: floa
          vs(r, "eva"), vs(r, "fresh-partial"), str(r.get("reaches", "-"))]
         for r in rows
     ]  # fmt: skip
-    md = (
-        f"# Reach (issue 32)\n\n`{command}`, {seconds / 60:.1f} min.\n\n"
-        + "\n".join(md_table(head, body))
-        + "\n"
-    )
-    with open(os.path.join(out_dir, "reach.md"), "w") as f:
-        f.write(md)
-    return md
+    return write_report(out_dir, "reach", "Reach (issue 32)", command, seconds, head, body)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,14 +11,21 @@ on S, a seed-distribution set that excludes every prompt any arm of the seed tra
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
 from bench.arms import BENCH_SEED_DISTRIBUTION
-from bench.held_apart import T_CRITICAL, paired, run_arms, run_seeds, trained_prompts, world_rewards
+from bench.held_apart import (
+    T_CRITICAL,
+    paired,
+    run_arms,
+    run_seeds,
+    trained_prompts,
+    world_rewards,
+    write_report,
+)
 from bench.method_arms import Arm
 from bench.method_results import model_path
 
@@ -87,9 +94,8 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def report(rows: list[dict[str, Any]], out_dir: str, command: str, seconds: float) -> str:
-    from bench.report import md_table
-
+def report(results: dict[str, Any], out_dir: str, command: str, seconds: float) -> str:
+    rows = summarize(results)
     head = ["arm", "t", "held-out (sd)", "vs fresh (sd, t)", "seed skill (sd)",
             "vs fresh (sd, t)", "keeps seed skill", "keeps gain"]  # fmt: skip
 
@@ -105,14 +111,7 @@ def report(rows: list[dict[str, Any]], out_dir: str, command: str, seconds: floa
          str(r.get("keeps_gain", "-"))]
         for r in rows
     ]  # fmt: skip
-    md = (
-        f"# Retention (issue 32)\n\n`{command}`, {seconds / 60:.1f} min.\n\n"
-        + "\n".join(md_table(head, body))
-        + "\n"
-    )
-    with open(os.path.join(out_dir, "retention.md"), "w") as f:
-        f.write(md)
-    return md
+    return write_report(out_dir, "retention", "Retention (issue 32)", command, seconds, head, body)
 
 
 def main(argv: list[str] | None = None) -> None:
