@@ -104,9 +104,9 @@ def read_prompt_file(
         raise
     except OSError as exc:
         raise ValueError(f"{path}: cannot be read ({first_line(exc)})") from None
-    columns = as_columns(table)
-    if not columns or not any(len(c) for c in columns.values()):  # empty, or a header only
-        raise ValueError(f"{path}: no prompts (0 rows)")
+    # An empty file has no columns at all: zero rows of the prompt column, which the row
+    # checks below refuse as they refuse a header alone.
+    columns = as_columns(table) or {prompt_column: []}
     if prompt_column not in columns:
         raise ValueError(
             f"{path}: no column {prompt_column!r} (columns: "
