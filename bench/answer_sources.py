@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
         policy = bench_world.theta0(args.root, bench_world.SFT_2, seed, heldout)
         kids, _ = children(args.parents, args.evolutions, seed)
         gen = TransformersGeneration(temperature=0.7, top_p=0.9, max_new_tokens=10, batch_size=512)
-        samples = gen.load(policy).generate(kids, args.samples, seed=seed)
+        samples = gen.load(policy).generate(kids, args.samples, seed=seed).texts
         rows = measure(kids, samples, thresholds)
         per_seed[seed] = rows
     os.makedirs(args.out, exist_ok=True)

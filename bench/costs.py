@@ -76,7 +76,7 @@ def rollout_efficiency(cfg: RunConfig, t: int, stage_seconds: float) -> dict[str
     started = time.perf_counter()
     with close_after(cfg.generate.backend.load(model_dir)) as generator:
         seed = stage_seed(cfg.seed, t, "generate")
-        responses = generator.generate(prompts, cfg.generate.n, seed)
+        responses = generator.generate(prompts, cfg.generate.n, seed).texts
     direct = time.perf_counter() - started
 
     stored = store.read_table(manifest["uri"]).column("responses").to_pylist()

@@ -68,7 +68,7 @@ def world_rewards(model_dir: str, prompts: list[str], n: int = 1) -> np.ndarray:
     backend = TransformersGeneration(
         temperature=0.0 if n == 1 else 0.7, max_new_tokens=10, batch_size=512
     )
-    answers = backend.load(model_dir).generate(prompts, n=n, seed=0)
+    answers = backend.load(model_dir).generate(prompts, n=n, seed=0).texts
     return np.array(
         [[world.reward(p, a) for a in rs] for p, rs in zip(prompts, answers, strict=True)]
     )

@@ -73,7 +73,7 @@ def reading_rho(store: Any, n: int, metric: str, seed: int) -> dict[str, Any]:
         config = json.load(f)
     backend = TransformersGeneration.model_validate(config["generate"]["backend"])
     generator = backend.load(model_path(store, 1))
-    responses = generator.generate(prompts, n=n, seed=content_seed(seed, "selection-rho"))
+    responses = generator.generate(prompts, n=n, seed=content_seed(seed, "selection-rho")).texts
     pairs = zip(prompts, responses, strict=True)
     rewards = np.array([[world.reward(p, r) for r in rs] for p, rs in pairs])
     after = informativeness(rewards, metric)

@@ -84,7 +84,7 @@ def stream(dist: world.Distribution, seed: int, exclude: set[str]) -> Iterator[l
 def score(policy: str, prompts: list[str]) -> dict[str, float]:
     """Held-out score (mean dense reward of greedy answers), overall and per category."""
     gen = TransformersGeneration(temperature=0.0, max_new_tokens=10, batch_size=512)
-    answers = [rs[0] for rs in gen.load(policy).generate(prompts, 1, seed=0)]
+    answers, _ = gen.load(policy).generate(prompts, 1, seed=0).firsts()
     rewards = np.array([world.reward(p, a) for p, a in zip(prompts, answers, strict=True)])
     cats = np.array([world.category_of(p) for p in prompts])
     out = {"score": float(rewards.mean()), "solved": float((rewards == 1).mean())}
@@ -101,7 +101,7 @@ def step(policy: str, chunks: Iterator[list[str]], seed: int, out: str) -> dict[
     rejected: list[str] = []
     drawn = 0
     for i, chunk in enumerate(chunks):
-        samples = sampler.generate(chunk, 6, seed=seed * 100 + i)
+        samples = sampler.generate(chunk, 6, seed=seed * 100 + i).texts
         rewards = np.array(
             [[world.reward(p, r) for r in rs] for p, rs in zip(chunk, samples, strict=True)]
         )

@@ -105,12 +105,15 @@ class _Aborted(Exception):
 
 class Reply(NamedTuple):
     """One answer: its choices' texts in ``index`` order ("" for null content), how many had
-    null content (a refusal or an empty turn), and the tokens its ``usage`` reports (0 if none)."""
+    null content (a refusal or an empty turn), the tokens its ``usage`` reports (0 if none), and
+    each choice's ``finish_reason`` (``"length"``: cut at ``max_tokens``; None where the server
+    gives none)."""
 
     texts: list[str]
     nulls: int
     prompt_tokens: int
     completion_tokens: int
+    finish_reasons: list[str | None]
 
 
 class LLMClient:
@@ -425,6 +428,7 @@ class LLMClient:
         try:
             choices = sorted(answer["choices"], key=lambda c: c.get("index", 0))
             texts = [text(c) for c in choices]
+            reasons = [c.get("finish_reason") for c in choices]
             if bad := [t for t in texts if t is not None and not isinstance(t, str)]:
                 raise TypeError(f"choice text is a {type(bad[0]).__name__}")
         except (KeyError, TypeError, AttributeError) as exc:
@@ -432,7 +436,8 @@ class LLMClient:
             message = f"malformed response ({exc!r}): {self._text(answer, 200)!r}"
             raise LLMRequestError(message) from exc
         # null content is a refusal or an empty turn: that is an (empty) answer, counted.
-        return Reply([t or "" for t in texts], texts.count(None), *_tokens(answer))
+        finish = [r if isinstance(r, str) else None for r in reasons]
+        return Reply([t or "" for t in texts], texts.count(None), *_tokens(answer), finish)
 
 
 def _tokens(answer: dict[str, Any]) -> tuple[int, int]:

@@ -34,7 +34,7 @@ def show(args: argparse.Namespace) -> int:
     if args.stage is None:
         if isinstance(config, OnlineRunConfig):
             segments = config.online.segments(seed_count(config))
-            rows = online_summary(store, segments, config.evaluate.judge is not None)
+            rows = online_summary(store, config, segments)
         else:
             rows = iteration_summary(store, config)
         print(summary_table(rows))

@@ -39,7 +39,7 @@ def eva_online(config: OnlineRunConfig, plan: Plan | None = None) -> list[dict[s
                       reference=answers)  # fmt: skip
 
         segments = config.online.segments(seeds.rows)
-        rows = online_summary(run.store(), segments, config.evaluate.judge is not None)
+        rows = online_summary(run.store(), config, segments)
         publish_summary(config.run, rows, "eva online run")
         charts = online_run_charts(run.store(), config.run, rows)
         publish_markdown(

@@ -6,10 +6,12 @@ import itertools
 from typing import Any
 
 from eva_core.winrate import paired_by_id, win_rate
-from flows.config import RunConfig
+from flows.config import OnlineRunConfig, RunConfig
 from flows.judged import COLUMNS as JUDGE_COLUMNS
 from flows.judged import judge_columns, judge_lines, judge_markdown, judged
 from flows.markdown import md_table
+from tasks.backends.generate import length_cap
+from tasks.generate import TRUNCATED_WARNING_SHARE
 from tasks.store import RunStore
 
 COLUMNS = (
@@ -19,8 +21,10 @@ COLUMNS = (
     "mean_informativeness",
     "evolved_kept",
     "pairs",
+    "truncated",
     "heldout_score",
     "heldout_solved",
+    "heldout_truncated",
     "answers_changed",
     "win_vs_theta_0",
 )
@@ -77,12 +81,18 @@ def iteration_summary(store: RunStore, config: RunConfig) -> list[dict[str, Any]
     # Only a run that judges reads judge stages: one a judge was dropped from may have some
     # left, of checkpoints since retrained.
     judging = config.evaluate.judge is not None
+    caps = {
+        "truncated": _cap("generate.backend", config.generate.backend),
+        "heldout_truncated": _cap("evaluate.generation", config.evaluate.generation),
+    }
     rows = [
         {
             "iteration": "theta_0",
             "prompts": stat(None, "prompts", "prompts"),
             "heldout_score": stat(None, "evaluate", "score"),
             "heldout_solved": stat(None, "evaluate", "solved"),
+            "heldout_truncated": stat(None, "evaluate", "truncated_share"),
+            CAPS: caps,
             **(judge_columns(store, None) if judging else {}),
         }
     ]
@@ -96,8 +106,11 @@ def iteration_summary(store: RunStore, config: RunConfig) -> list[dict[str, Any]
             "mean_informativeness": stat(t, "score", "mean_informativeness"),
             "evolved_kept": stat(t, "mix", "evolved"),
             "pairs": stat(t, "pairs", "pairs"),
+            "truncated": stat(t, "generate", "truncated_share"),
             "heldout_score": stat(t, "evaluate", "score"),
             "heldout_solved": stat(t, "evaluate", "solved"),
+            "heldout_truncated": stat(t, "evaluate", "truncated_share"),
+            CAPS: caps,
             "answers_changed": answers_changed(store, t, t - 1 if t > first else None),
             "win_vs_theta_0": win_vs_theta0(store, t, reference),
             **(judge_columns(store, t) if judging else {}),
@@ -114,16 +127,32 @@ ONLINE_COLUMNS = (
     "mean_reward",
     "mean_informativeness",
     "children",
+    "truncated",
     "heldout_score",
     "heldout_solved",
+    "heldout_truncated",
     "answers_changed",
     "win_vs_theta_0",
 )
+# Under this key a row names the length cap behind each of its truncated shares, for the
+# warning line (not a column).
+CAPS = "length_caps"
 
 
-def online_summary(store: RunStore, segments: int, judging: bool = False) -> list[dict[str, Any]]:
-    """One row per finished segment of an online run (and theta_0); with the judge's columns
-    when the run has a judge (``judging``)."""
+def _cap(field: str, backend: Any) -> str:
+    name, value = length_cap(backend)
+    return f"{field}.{name} ({value})"
+
+
+def online_summary(store: RunStore, config: OnlineRunConfig, segments: int) -> list[dict[str, Any]]:
+    """One row per finished segment of an online run (and theta_0), ``segments`` at most; with
+    the judge's columns when the run has a judge."""
+    judging = config.evaluate.judge is not None
+    solver = config.online.solver
+    caps = {
+        "truncated": f"online.solver.max_completion_length ({solver.max_completion_length})",
+        "heldout_truncated": _cap("evaluate.generation", config.evaluate.generation),
+    }
 
     def stats(it: int | None, stage: str) -> dict[str, Any]:
         m = store.read_manifest(it, stage)
@@ -133,6 +162,7 @@ def online_summary(store: RunStore, segments: int, judging: bool = False) -> lis
     reference = evaluated_rewards(store, None)
     rows = [{"segment": "theta_0", "heldout_score": theta0.get("score"),
              "heldout_solved": theta0.get("solved"),
+             "heldout_truncated": theta0.get("truncated_share"), CAPS: caps,
              **(judge_columns(store, None) if judging else {})}]  # fmt: skip
     for s in range(1, segments + 1):
         seg, ev = stats(s, "online"), stats(s, "evaluate")
@@ -147,8 +177,11 @@ def online_summary(store: RunStore, segments: int, judging: bool = False) -> lis
             "mean_reward": seg.get("mean_reward"),
             "mean_informativeness": seg.get("mean_informativeness"),
             "children": seg.get("children_added"),
+            "truncated": seg.get("truncated_share"),
             "heldout_score": ev.get("score"),
             "heldout_solved": ev.get("solved"),
+            "heldout_truncated": ev.get("truncated_share"),
+            CAPS: caps,
             "answers_changed": answers_changed(store, s, s - 1 if s > 1 else None),
             "win_vs_theta_0": win_vs_theta0(store, s, reference),
             **(judge_columns(store, s) if judging else {}),
@@ -178,7 +211,27 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     table = "\n".join(
         "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells
     )
-    return "\n".join([table, *unmoved(rows), *judge_lines(rows, columns[0])])
+    lines = [*unmoved(rows), *truncation_lines(rows)]
+    return "\n".join([table, *lines, *judge_lines(rows, columns[0])])
+
+
+def truncation_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """A warning per checkpoint and share (its solver's samples, its held-out answers) where
+    more than ``TRUNCATED_WARNING_SHARE`` of the responses were cut at the length cap, naming
+    the cap (the field that sets it and its value)."""
+    key = _columns(rows)[0]
+    lines = []
+    for row in rows:
+        for column, what in (("truncated", "samples"), ("heldout_truncated", "held-out answers")):
+            value = row.get(column)
+            if isinstance(value, float) and value > TRUNCATED_WARNING_SHARE:
+                cap = row.get(CAPS, {}).get(column, "the length cap")
+                lines.append(
+                    f"warning: {key} {row[key]}: {value:.0%} of its {what} were cut at {cap} "
+                    "before the policy ended them: raise it (cut answers score as unfinished; "
+                    "they are never trained as the chosen side)"
+                )
+    return lines
 
 
 def unmoved(rows: list[dict[str, Any]]) -> list[str]:
@@ -197,7 +250,9 @@ def unmoved(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-HELDOUT_COLUMNS = ("heldout_score", "heldout_solved", "answers_changed", "win_vs_theta_0")
+HELDOUT_COLUMNS = (
+    "heldout_score", "heldout_solved", "heldout_truncated", "answers_changed", "win_vs_theta_0",
+)  # fmt: skip
 
 
 def summary_markdown(run: str, rows: list[dict[str, Any]], title: str = "eva run") -> str:

@@ -15,7 +15,7 @@ from tasks.backends.protocols import stats_of
 from tasks.backends.ray_cluster import RayJob, run_on_ray
 from tasks.backends.reward import RewardBackend
 from tasks.context import StageContext, StageOutput, check_failures
-from tasks.generate import ROLLOUT_COLUMNS
+from tasks.generate import ROLLOUT_COLUMNS, share
 from tasks.stage import StageError, stage
 
 ANNOTATED_COLUMNS = (*ROLLOUT_COLUMNS, "rewards")
@@ -55,7 +55,8 @@ class AnnotateConfig(BaseModel):
     )
 
 
-@stage("annotate", version=1, inputs={"rollouts": ROLLOUT_COLUMNS}, outputs=ANNOTATED_COLUMNS)
+# 2: counts the truncated responses and their mean reward beside the finished ones'.
+@stage("annotate", version=2, inputs={"rollouts": ROLLOUT_COLUMNS}, outputs=ANNOTATED_COLUMNS)
 def annotate(ctx: StageContext, config: AnnotateConfig, rollouts: pa.Table) -> StageOutput:
     started = time.perf_counter()  # load included, as in every stage's backend_seconds
     prompts = rollouts.column("prompt").to_pylist()
@@ -64,9 +65,8 @@ def annotate(ctx: StageContext, config: AnnotateConfig, rollouts: pa.Table) -> S
         raise StageError(f"{ctx.artifact}: no reward model", field="annotate.reward")
     if config.ray is not None:
         counts = [len(rs) for rs in responses]
-        rewards, cluster = run_on_ray(
-            ctx, config.ray, "annotate", "rollouts", config.reward, counts
-        )
+        values, cluster = run_on_ray(ctx, config.ray, "annotate", "rollouts", config.reward, counts)
+        rewards = values["reward"]
         backend: dict[str, Any] = {}
     else:
         model = config.reward.load()
@@ -92,10 +92,16 @@ def annotate(ctx: StageContext, config: AnnotateConfig, rollouts: pa.Table) -> S
             f"{ctx.artifact}: every scored prompt's rewards are equal ({int(tied.sum())} of {n}):"
             " no preference signal (annotate.fail_on_no_signal)"
         )
+    finished = np.array([f for fs in rollouts.column("finished").to_pylist() for f in fs], bool)
+    truncated = int((~finished).sum())
     stats = {
         "responses": int(flat.size), "unscored": int(flat.size - finite.size),
         "unscored_prompts": int(n - scored.sum()), "tied_prompts": int(tied.sum()),
-        "mean_reward": round(float(finite.mean()), 4) if finite.size else None,
+        "mean_reward": _mean(flat),
+        # Whether the reward tells a cut-off answer from a finished one: their mean rewards.
+        "truncated": truncated, "truncated_share": share(truncated, int(flat.size)),
+        "mean_reward_finished": _mean(flat[finished]),
+        "mean_reward_truncated": _mean(flat[~finished]),
         "backend_seconds": round(seconds, 3),
         # The reward model's own counts (failures, too-long conversations, unreadable verdicts;
         # on a Ray cluster they stay with its workers), or the Ray job that scored.
@@ -103,6 +109,12 @@ def annotate(ctx: StageContext, config: AnnotateConfig, rollouts: pa.Table) -> S
         **cluster,
     }  # fmt: skip
     return StageOutput(out, stats=stats)
+
+
+def _mean(values: np.ndarray) -> float | None:
+    """The mean of the finite values, to 4 places; None of none (a manifest holds no NaN)."""
+    finite = values[np.isfinite(values)]
+    return round(float(finite.mean()), 4) if finite.size else None
 
 
 def _check_magnitude(artifact: str, flat: np.ndarray, counts: list[int]) -> None:

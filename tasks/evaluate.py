@@ -22,6 +22,7 @@ from tasks.backends.judge.llm import JudgeConfig
 from tasks.backends.protocols import close_after, engine_stats, stats_of
 from tasks.backends.reward import PointwiseRewardBackend
 from tasks.context import StageContext, StageOutput
+from tasks.generate import share, warn_truncated
 from tasks.stage import MODEL, StageError, stage
 
 
@@ -56,9 +57,11 @@ class EvaluateConfig(BaseModel):
 
 @stage(
     "evaluate",
-    version=2,
+    # 3: records whether each answer finished before the length cap; prompts without a
+    # category get no per-category mean.
+    version=3,
     inputs={"heldout": ("prompt_id", "prompt", "category"), "policy": MODEL},
-    outputs=("prompt_id", "prompt", "category", "response", "reward"),
+    outputs=("prompt_id", "prompt", "category", "response", "finished", "reward"),
 )
 def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> StageOutput:
     prompts = heldout.column("prompt").to_pylist()
@@ -67,7 +70,7 @@ def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> St
     # Closed before the reward model loads: an in-process policy gives its GPU back first (a
     # served one stays up for the next iteration's creator unless its config says reuse: false).
     with close_after(config.generation.load(model_dir)) as generator:
-        responses = [rs[0] for rs in generator.generate(prompts, 1, ctx.seed, ctx.progress)]
+        responses, finished = generator.generate(prompts, 1, ctx.seed, ctx.progress).firsts()
         requests = stats_of(generator) or None  # HTTP backends count their requests
         engines = engine_stats(generator)
     if config.reward is None:  # a run config resolves it to the run's own reward model
@@ -76,16 +79,20 @@ def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> St
         [rs[0] for rs in config.reward.load().score(prompts, [[r] for r in responses])]
     )
     seconds = time.perf_counter() - started
+    truncated = finished.count(False)
+    warn_truncated(ctx, "evaluate.generation", config.generation, truncated, len(prompts))
     categories = heldout.column("category").to_pylist()
     by_cat: dict[str, list[float]] = defaultdict(list)
     for c, r in zip(categories, rewards, strict=True):
-        by_cat[str(c)].append(float(r))
+        if c is not None:  # a prompt without a category is in the score, not in a category
+            by_cat[str(c)].append(float(r))
     out = pa.table(
         {
             "prompt_id": heldout.column("prompt_id"),
             "prompt": prompts,
             "category": categories,
             "response": responses,
+            "finished": finished,
             "reward": rewards,
         }
     )
@@ -93,6 +100,8 @@ def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> St
         "score": _finite_mean(rewards),
         "solved": _solved(rewards),
         "unscored": int(np.count_nonzero(~np.isfinite(rewards))),
+        "truncated": truncated,
+        "truncated_share": share(truncated, len(finished)),
         # A category no answer of which was scored is left out (charts plot numbers only).
         "per_category": {
             c: m for c, v in sorted(by_cat.items()) if (m := _finite_mean(v)) is not None

@@ -12,15 +12,19 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eva_core.schema import PROMPT_COLUMNS
-from tasks.backends.generate import GenerationBackend
+from tasks.backends.generate import GenerationBackend, length_cap
 from tasks.backends.generate.transformers import TransformersGeneration
-from tasks.backends.protocols import close_after, engine_stats, stats_of
+from tasks.backends.protocols import Generations, close_after, engine_stats, stats_of
 from tasks.backends.ray_cluster import RayJob, run_on_ray
 from tasks.backends.ray_job import CLUSTER_BACKENDS
 from tasks.context import StageContext, StageOutput
 from tasks.stage import MODEL, stage
 
-ROLLOUT_COLUMNS = (*PROMPT_COLUMNS, "responses")
+# ``finished``: per response, whether the policy ended it before the length cap (False: cut at
+# the cap, truncated; ``tasks.backends.protocols.Generations``).
+ROLLOUT_COLUMNS = (*PROMPT_COLUMNS, "responses", "finished")
+# Above this share of truncated responses, a stage and the run's summary warn, naming the cap.
+TRUNCATED_WARNING_SHARE = 0.1
 
 
 class GenerateConfig(BaseModel):
@@ -57,7 +61,8 @@ class GenerateConfig(BaseModel):
 
 @stage(
     "generate",
-    version=1,
+    # 2: records whether each response finished (``finished``) and counts the truncated.
+    version=2,
     inputs={"prompts": PROMPT_COLUMNS, "policy": MODEL},
     outputs=ROLLOUT_COLUMNS,
 )
@@ -68,21 +73,27 @@ def generate(ctx: StageContext, config: GenerateConfig, prompts: pa.Table) -> St
     cluster: dict[str, object] = {}
     requests, engines = None, {}
     if config.ray is not None:
-        responses, cluster = run_on_ray(
+        values, cluster = run_on_ray(
             ctx, config.ray, "generate", "prompts", config.backend, [config.n] * len(texts),
             n=config.n, model="policy",
         )  # fmt: skip
+        generations = Generations(values["response"], values["finished"])
     else:
         with close_after(config.backend.load(ctx.model_dir("policy"))) as generator:
-            responses = generator.generate(texts, config.n, ctx.seed, ctx.progress)
+            generations = generator.generate(texts, config.n, ctx.seed, ctx.progress)
             requests = stats_of(generator) or None  # HTTP backends count their requests
             engines = engine_stats(generator)  # served: 0 when an earlier stage's server was reused
     seconds = time.perf_counter() - started
+    responses = generations.texts
     out = prompts.append_column("responses", pa.array(responses, pa.list_(pa.string())))
+    out = out.append_column("finished", pa.array(generations.finished, pa.list_(pa.bool_())))
     chars = sum(len(r) for rs in responses for r in rs)
     distinct = sum(len(set(rs)) for rs in responses) / max(len(responses), 1)
+    truncated = generations.truncated()
+    warn_truncated(ctx, "generate.backend", config.backend, truncated, len(texts) * config.n)
     stats = {
         "prompts": len(texts), "responses": len(texts) * config.n,
+        "truncated": truncated, "truncated_share": share(truncated, len(texts) * config.n),
         "backend_seconds": round(seconds, 3), "response_chars": chars,
         "mean_distinct_responses": round(distinct, 3),
         **({"backend": requests} if requests is not None else {}),
@@ -90,3 +101,24 @@ def generate(ctx: StageContext, config: GenerateConfig, prompts: pa.Table) -> St
         **cluster,
     }  # fmt: skip
     return StageOutput(out, stats=stats)
+
+
+def share(part: int, whole: int) -> float:
+    """``part / whole`` to 4 places (0.0 of nothing)."""
+    return round(part / whole, 4) if whole else 0.0
+
+
+def warn_truncated(
+    ctx: StageContext, field: str, backend: object, truncated: int, total: int
+) -> None:
+    """One warning line when more than ``TRUNCATED_WARNING_SHARE`` of ``total`` responses ran
+    into the backend's length cap, naming the field that sets it."""
+    if not total or truncated / total <= TRUNCATED_WARNING_SHARE:
+        return
+    name, cap = length_cap(backend)
+    ctx.log.warning(
+        f"{ctx.artifact}: {truncated} of {total} responses ({truncated / total:.0%}) were cut at "
+        f"{field}.{name} ({cap}) before the policy ended them: raise it, or they score as "
+        "unfinished answers (a truncated response is never the chosen side of a pair unless "
+        "pairs.truncated says so)"
+    )

@@ -35,7 +35,9 @@ from tasks.online_loop import BufferConfig, OnlineLoop, pending_batches, rewrite
 from tasks.stage import MODEL, StageError, stage
 
 STATE_FILE = "eva_online_state.json"
-LOG_COLUMNS = (*PROMPT_COLUMNS, "step", "phase", "from_buffer", "rewards", "informativeness")
+LOG_COLUMNS = (
+    *PROMPT_COLUMNS, "step", "phase", "from_buffer", "rewards", "finished", "informativeness",
+)  # fmt: skip
 
 
 class OnlineConfig(BaseModel):
@@ -122,7 +124,8 @@ def _log_table(rows: list[dict[str, Any]]) -> pa.Table:
 
 @stage(
     "online",
-    version=1,
+    # 2: records whether each completion finished; cut ones train nothing by default.
+    version=2,
     inputs={"seeds": PROMPT_COLUMNS, "heldout": ("prompt_id",), "policy": MODEL},
     outputs=LOG_COLUMNS,
 )

@@ -117,11 +117,16 @@ class LoopStats:
     steps: int = 0
     trained_prompts: int = 0
     from_buffer: int = 0
+    completions: int = 0  # scored for the trained batches
+    truncated: int = 0  # of them, cut at max_completion_length (they train nothing by default)
     evolve_seconds: float = 0.0  # time the evolver worked (in the worker thread)
     evolve_wait_seconds: float = 0.0  # time training waited for the creator at step ends
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
+        out["truncated_share"] = (
+            round(self.truncated / self.completions, 4) if self.completions else 0.0
+        )
         out["evolve_seconds"] = round(self.evolve_seconds, 3)
         out["evolve_wait_seconds"] = round(self.evolve_wait_seconds, 3)
         return out
@@ -155,6 +160,7 @@ class OnlineLoop:
         self.stats = LoopStats()
         self.log: list[dict[str, Any]] = []  # one row per trained prompt
         self._scores: dict[str, list[float]] = {}  # row -> its samples' rewards, this step
+        self._finished: dict[str, list[bool]] = {}  # row -> whether each sample finished
         if creator.rewriter is not None:  # time the evolver where it works
             self._rewriter = creator.rewriter
             creator.rewriter = self._timed_rewrite
@@ -193,13 +199,21 @@ class OnlineLoop:
     # --- 3. score --------------------------------------------------------------------------
 
     def score(
-        self, rows: Sequence[str], prompts: Sequence[str], completions: Sequence[str]
+        self,
+        rows: Sequence[str],
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        finished: Sequence[bool] | None = None,
     ) -> list[float]:
-        """One reward per completion; ``rows[j]`` is the row ``completions[j]`` answers. Each
-        row's samples are scored together (as the reward model expects) and recorded."""
-        if not len(rows) == len(prompts) == len(completions):
+        """One reward per completion; ``rows[j]`` is the row ``completions[j]`` answers and
+        ``finished[j]`` whether it ended before the length cap (None: all did). Each row's
+        samples are scored together (as the reward model expects) and recorded."""
+        if finished is None:
+            finished = [True] * len(completions)
+        if not len(rows) == len(prompts) == len(completions) == len(finished):
             raise ValueError(
-                f"{len(rows)} rows, {len(prompts)} prompts, {len(completions)} samples"
+                f"{len(rows)} rows, {len(prompts)} prompts, {len(completions)} samples, "
+                f"{len(finished)} finished flags"
             )
         samples: dict[str, list[int]] = {}  # row -> its completions' positions, in order
         for j, row in enumerate(rows):
@@ -216,6 +230,7 @@ class OnlineLoop:
             if len(values) != len(js):
                 raise RuntimeError(f"row {row}: {len(values)} rewards for {len(js)} samples")
             self._scores[row] = values
+            self._finished[row] = [bool(finished[j]) for j in js]
             for j, value in zip(js, values, strict=True):
                 flat[j] = value
         return flat
@@ -234,6 +249,7 @@ class OnlineLoop:
                 f"last step are {sorted(self._scores)[:4]}, not {rows[:4]}"
             )
         per_row = [self._scores.pop(row) for row in rows]
+        done = [self._finished.pop(row) for row in rows]
         if len({len(r) for r in per_row}) != 1:
             raise RuntimeError(
                 f"step {batch.step}: rows have {sorted({len(r) for r in per_row})} samples"
@@ -245,12 +261,15 @@ class OnlineLoop:
         self.stats.evolve_wait_seconds += time.perf_counter() - waited
         parents = set(seen.parents)
         for i, (record, rewards) in enumerate(zip(batch.records, per_row, strict=True)):
+            self.stats.completions += len(rewards)
+            self.stats.truncated += done[i].count(False)
             self.log.append({
                 **{k: v for k, v in record.items() if k != "from_buffer"},
                 "step": batch.step,
                 "phase": batch.phase,
                 "from_buffer": record["from_buffer"],
                 "rewards": [float(x) for x in rewards],
+                "finished": done[i],
                 "informativeness": seen.informativeness[i],
                 "evolved": i in parents,
             })  # fmt: skip

@@ -6,7 +6,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.informativeness import reward_matrix
-from eva_core.pairs import cap_pairs, choose_pairs, pick
+from eva_core.pairs import TruncatedRule, cap_pairs, choose_pairs, pick
 from tasks.context import StageContext, StageOutput
 from tasks.stage import stage
 
@@ -28,18 +28,27 @@ class PairsConfig(BaseModel):
         description="Skip prompts whose best response scores below this (not in the paper; "
         "with a verifier reward, 1.0 trains only on correct chosen answers). None: off.",
     )
+    truncated: TruncatedRule = Field(
+        default="reject_only",
+        description="Responses cut at the length cap: reject_only = never the chosen side "
+        "(the solver would close it with the end-of-turn token and teach stopping "
+        "mid-sentence), but may be the rejected one; exclude = on neither side; allow = pair "
+        "by reward alone.",
+    )
 
 
 @stage(
     "pairs",
-    version=1,
+    # 2: a response cut at the length cap is never chosen (``truncated``).
+    version=2,
     libraries=("numpy",),
-    inputs={"annotated": ("prompt_id", "prompt", "responses", "rewards")},
+    inputs={"annotated": ("prompt_id", "prompt", "responses", "finished", "rewards")},
     outputs=PAIR_COLUMNS,
 )
 def pairs(ctx: StageContext, config: PairsConfig, annotated: pa.Table) -> StageOutput:
     rewards = reward_matrix(annotated.column("rewards"))
-    choice, stats = choose_pairs(rewards, config.min_chosen_reward)
+    finished = reward_matrix(annotated.column("finished").cast(pa.list_(pa.float64()))) == 1.0
+    choice, stats = choose_pairs(rewards, config.min_chosen_reward, finished, config.truncated)
     capped = cap_pairs(choice, config.max_pairs, ctx.seed)
     over_budget = len(choice.rows) - len(capped.rows)
     choice = capped

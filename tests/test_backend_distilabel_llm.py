@@ -28,7 +28,7 @@ def chat(text: str) -> list[dict[str, str]]:
 def test_generate_sends_through_the_client_and_returns_distilabels_shape():
     with OpenAICompatibleServer() as server:
         eva = client(server)
-        llm = ClientLLM.over(eva, seed=5, temperature=0.3, max_new_tokens=7)
+        llm = ClientLLM.over(eva, seed=5, temperature=0.3, max_new_tokens=70)
         llm.load()
         assert llm.model_name == "tiny"
         out = llm.generate(
@@ -49,7 +49,7 @@ def test_generate_sends_through_the_client_and_returns_distilabels_shape():
         body = request["body"]
         text = body["messages"][-1]["content"] if "messages" in body else body["prompt"]
         assert body["seed"] == content_seed(5, text)  # from the content, not the position
-        assert (body["n"], body["max_tokens"], body["temperature"]) == (2, 7, 0.3)
+        assert (body["n"], body["max_tokens"], body["temperature"]) == (2, 70, 0.3)
         assert "stop" not in body
     assert llm.counts == {"requests": 3, "skipped_after_failure": 1}
     assert eva.stats()["requests"] == 3 and eva.stats()["prompt_tokens"] == 3
@@ -89,11 +89,11 @@ def test_a_stock_distilabel_task_runs_over_it():
         from distilabel.steps.tasks import TextGeneration
 
         with OpenAICompatibleServer() as server:
-            task = TextGeneration(llm=ClientLLM.over(client(server), max_new_tokens=9))
+            task = TextGeneration(llm=ClientLLM.over(client(server), max_new_tokens=90))
             task.load()
             rows = next(task.process([{"instruction": "hello"}]))
     assert rows[0]["generation"] == "reply 0 to: hello" and rows[0]["model_name"] == "tiny"
-    assert server.requests[0]["body"]["max_tokens"] == 9
+    assert server.requests[0]["body"]["max_tokens"] == 90
 
 
 def test_failure_keys():

@@ -47,8 +47,11 @@ def test_loads_as_a_generator_on_cpu_in_float32(model_dir: str):
 
 def test_greedy_returns_only_the_new_tokens(model_dir: str):
     gen = _load(model_dir, temperature=0.0)
-    out = gen.generate([p for p, _ in ADDITION], n=2, seed=0)
+    got = gen.generate([p for p, _ in ADDITION], n=2, seed=0)
+    out = got.texts
     assert all(len(r) == 2 and r[0] == r[1] for r in out)
+    # A learnt sum ends with eos well inside 6 new tokens: every answer finished.
+    assert got.truncated() == 0 and all(f == [True, True] for f in got.finished)
     correct = sum(r[0] == answer for r, (_, answer) in zip(out, ADDITION, strict=True))
     # Exact answers mean: no prompt echoed, cut at eos, no "<eos>"/"<pad>" text.
     assert correct >= 90, [r[0] for r in out]
@@ -58,8 +61,8 @@ def test_greedy_output_does_not_depend_on_left_padding(model_dir: str):
     gen = _load(model_dir, temperature=0.0, max_new_tokens=12)
     widths = {len(gen.tokenizer(p)["input_ids"]) for p in MIXED}
     assert len(widths) >= 3  # the batch really is padded
-    alone = [gen.generate([p], n=1, seed=0)[0][0] for p in MIXED]
-    together = [r[0] for r in gen.generate(MIXED, n=1, seed=0)]
+    alone = [gen.generate([p], n=1, seed=0).texts[0][0] for p in MIXED]
+    together = gen.generate(MIXED, n=1, seed=0).firsts()[0]
     assert together == alone
     # And the responses are not trivially equal (a broken model would print "" everywhere).
     assert len(set(alone)) >= 4
@@ -70,13 +73,14 @@ def test_sampling_is_seeded_and_independent_of_batching(model_dir: str):
     # Temperature 2 so that even the learnt sums are uncertain enough for seeds to matter.
     gen = _load(model_dir, temperature=2.0, top_p=1.0, max_new_tokens=8)
     seen: list[float] = []
-    first = gen.generate(prompts, n=6, seed=11, progress=seen.append)
+    got = gen.generate(prompts, n=6, seed=11, progress=seen.append)
+    first = got.texts
     assert len(first) == len(prompts) and all(len(r) == 6 for r in first)
-    assert gen.generate(prompts, n=6, seed=11) == first
+    assert gen.generate(prompts, n=6, seed=11) == got  # the finished flags too
     assert seen == sorted(seen) and seen[-1] == 1.0 and len(seen) == 1  # one batch of 49
     small = _load(model_dir, temperature=2.0, top_p=1.0, max_new_tokens=8, batch_size=5)
-    assert small.generate(prompts, n=6, seed=11) == first
-    other = gen.generate(prompts, n=6, seed=12)
+    assert small.generate(prompts, n=6, seed=11) == got
+    other = gen.generate(prompts, n=6, seed=12).texts
     differ = sum(a != b for a, b in zip(first, other, strict=True))
     assert differ > len(prompts) // 2
     assert sum(len(set(r)) > 1 for r in first) > len(prompts) // 2  # samples vary per prompt
@@ -93,7 +97,8 @@ def test_a_shard_with_its_indices_reproduces_the_whole_set(model_dir: str):
     whole = gen.generate(prompts, n=3, seed=5)
     odd = list(range(1, len(prompts), 2))
     shard = gen.generate([prompts[i] for i in odd], n=3, seed=5, indices=odd)
-    assert shard == [whole[i] for i in odd]
+    assert shard.texts == [whole.texts[i] for i in odd]
+    assert shard.finished == [whole.finished[i] for i in odd]
     # Without its indices the shard samples as if it were the whole input: other responses.
     assert gen.generate([prompts[i] for i in odd], n=3, seed=5) != shard
     # A prompt that cannot fit is named by its position in the whole input.
@@ -116,7 +121,7 @@ def test_first_token_frequencies_match_the_tempered_nucleus(model_dir: str):
     target[keep] = probs[keep] / probs[keep].sum()
 
     n = 4000
-    samples = gen.generate([prompt], n=n, seed=3)[0]
+    samples = gen.generate([prompt], n=n, seed=3).texts[0]
     # Special tokens (eos, pad, unk) all decode to "": compare them as one bucket.
     special = torch.tensor(gen.tokenizer.all_special_ids)
     counts = torch.zeros_like(probs)
@@ -153,7 +158,7 @@ def test_chat_template_always_requires_a_template(model_dir: str):
 def test_a_tokenizer_without_pad_or_eos_names_the_checkpoint(model_dir: str):
     gen = _load(model_dir)
     gen.tokenizer.pad_token, gen.tokenizer.eos_token = None, None
-    gen.model.config.eos_token_id = None
+    gen.model.config.eos_token_id = gen.model.generation_config.eos_token_id = None
     with pytest.raises(ConfigError, match="neither a pad nor an eos token") as e:
         TransformersGenerator(gen.model, gen.tokenizer, gen.config)
     assert e.value.field == "bootstrap.init_checkpoint" and "eos_token" in (e.value.hint or "")
@@ -167,6 +172,31 @@ def test_a_prompt_that_cannot_fit_is_named_instead_of_shortening_its_batch(model
         gen.generate(["1+2=", "1" * 59 + "=", "3+4="], n=1, seed=0)
     assert e.value.field == "generate.backend.max_new_tokens"
     long_and_short = gen.generate(["1" * 50 + "=", "1+2="], n=1, seed=0)
-    assert long_and_short[1] == gen.generate(["1+2="], n=1, seed=0)[0]
+    assert long_and_short.texts[1] == gen.generate(["1+2="], n=1, seed=0).texts[0]
     with pytest.raises(ValueError, match="no tokens"):
         gen.generate([""], n=1, seed=0)
+
+
+def test_an_answer_cut_at_max_new_tokens_is_marked_truncated(model_dir: str):
+    # With room for the sum and its eos every answer finishes; with one new token, the first
+    # digit of a two-digit sum is all there is: cut before eos, so not finished.
+    prompts = ["7+8=", "9+9=", "1+2="]
+    roomy = _load(model_dir, temperature=0.0, max_new_tokens=6).generate(prompts, n=2, seed=0)
+    assert roomy.finished == [[True, True]] * 3 and roomy.texts[0] == ["51", "51"]
+    cut = _load(model_dir, temperature=0.0, max_new_tokens=1).generate(prompts, n=2, seed=0)
+    assert cut.texts[0] == ["5", "5"] and cut.finished[0] == [False, False]
+    # "3" is the whole answer to 1+2, but its eos did not fit either: cut is cut.
+    assert cut.texts[2] == ["3", "3"] and cut.finished[2] == [False, False]
+    assert cut.truncated() == 6
+
+
+def test_an_end_id_of_the_generation_config_finishes_an_answer(model_dir: str):
+    # A chat model ends its turn with a token its generation config lists beside the
+    # tokenizer's eos (Llama 3's <|eot_id|>): an answer cut there finished.
+    gen = _load(model_dir, temperature=0.0, max_new_tokens=6)
+    one = gen.tokenizer.convert_tokens_to_ids("1")
+    gen.model.generation_config.eos_token_id = [gen.tokenizer.eos_token_id, one]
+    again = TransformersGenerator(gen.model, gen.tokenizer, gen.config)
+    assert one in again.end_ids
+    got = again.generate(["7+8=", "2+2="], n=1, seed=0)
+    assert got.texts == [["5"], ["4"]] and got.finished == [[True], [True]]  # "51" stops at "1"

@@ -140,9 +140,9 @@ def test_map_stops_at_the_first_failure_and_names_it(serve):
 def test_answers_turn_failures_into_empty_text_but_stop_on_config_errors(serve):
     server = serve(Step(), Step(400), Step())
     llm = client(server, concurrency=1, max_retries=0)
-    assert llm.answers(["a", "b", "c"], seed=7, max_tokens=5) == ["answer 0", "", "answer 2"]
+    assert llm.answers(["a", "b", "c"], seed=7, max_tokens=50) == ["answer 0", "", "answer 2"]
     seeds = [b["seed"] for b in server.bodies]
-    assert seeds[0] != seeds[1] and all(b["max_tokens"] == 5 for b in server.bodies)
+    assert seeds[0] != seeds[1] and all(b["max_tokens"] == 50 for b in server.bodies)
     with pytest.raises(LLMBatchError, match="HTTP 404"):
         client(serve(Step(404)), max_retries=0).answers(["a"])
 
@@ -164,8 +164,10 @@ def test_config_defaults_and_validation():
 def test_a_reply_counts_null_content_and_tokens_and_a_timeout_says_so(serve):
     server = serve(Step(null=True, usage=(4, 0)), Step(usage=None))
     llm = client(server)
-    assert llm.chat_reply(HELLO) == ([""], 1, 4, 0)
-    assert llm.chat_reply(HELLO) == (["answer 1"], 0, 0, 0)
+    assert llm.chat_reply(HELLO) == ([""], 1, 4, 0, ["stop"])
+    assert llm.chat_reply(HELLO) == (["answer 1"], 0, 0, 0, ["stop"])
+    # An answer cut at max_tokens says so in its finish reason.
+    assert llm.chat_reply(HELLO, max_tokens=3) == (["ans"], 0, 1, 1, ["length"])
     slow = serve(Step(delay=1.0))
     with pytest.raises(LLMRequestError, match="timed out") as info:
         client(slow, timeout_s=0.2, max_retries=0).chat(HELLO)

@@ -73,7 +73,9 @@ def test_n_responses_per_prompt_in_order_with_progress(serve):
     gen = load(server)
     assert isinstance(gen, Generator)
     seen: list[float] = []
-    out = gen.generate(PROMPTS, n=3, seed=5, progress=seen.append)
+    got = gen.generate(PROMPTS, n=3, seed=5, progress=seen.append)
+    out = got.texts
+    assert got.truncated() == 0  # every answer of 6 characters fits max_tokens 1024
     assert len(out) == len(PROMPTS) and all(len(r) == 3 and len(set(r)) == 3 for r in out)
     by_prompt = {prompt_of(r["body"]): r["body"] for r in server.requests}
     for prompt, responses in zip(PROMPTS, out, strict=True):
@@ -97,13 +99,13 @@ def test_seeded_results_do_not_depend_on_concurrency_or_request_split(serve):
     assert split.generate(PROMPTS, n=4, seed=1) == first
     assert len(server.requests) - before == 4 * len(PROMPTS)
     other = load(server).generate(PROMPTS, n=4, seed=2)
-    assert sum(a != b for a, b in zip(first, other, strict=True)) == len(PROMPTS)
+    assert sum(a != b for a, b in zip(first.texts, other.texts, strict=True)) == len(PROMPTS)
 
 
 def test_concurrency_limit_is_respected_and_used(serve):
     server = serve(fail=lambda request: ("sleep", 0.05))
     out = load(server, concurrency=3).generate(PROMPTS, n=2, seed=0)
-    assert len(out) == len(PROMPTS)
+    assert len(out.texts) == len(PROMPTS)
     assert server.max_in_flight == 3
 
 
@@ -184,7 +186,7 @@ def test_completions_endpoint_and_chat_options(serve):
     assert request["path"] == "/v1/completions" and "messages" not in request["body"]
     assert request["body"]["prompt"] == "3+4=" and request["body"]["model"] == "served-name"
     assert request["body"]["top_k"] == 5
-    assert out == [[seeded("3+4=", k, request["body"]) for k in range(2)]]
+    assert out.texts == [[seeded("3+4=", k, request["body"]) for k in range(2)]]
     load(server, system_prompt="Answer reversed.").generate(["3+4="], n=1, seed=0)
     assert server.requests[-1]["body"]["messages"] == [
         {"role": "system", "content": "Answer reversed."},
@@ -229,6 +231,21 @@ def test_world_answers_flow_through_to_the_verifier(serve):
 
     server = serve(respond=solver)
     prompts = ["12+34=", "53-17=", "999+1="]
-    out = load(server).generate(prompts, n=3, seed=0)
+    out = load(server).generate(prompts, n=3, seed=0).texts
     rewards = [[world.reward(p, r) for r in rs] for p, rs in zip(prompts, out, strict=True)]
     assert all(rs[0] == 1.0 and max(rs[1:]) < 1.0 for rs in rewards)
+
+
+@pytest.mark.parametrize("n_per_request", [True, False])
+def test_an_answer_cut_at_max_tokens_is_marked_truncated(serve, n_per_request: bool):
+    # The server's finish_reason "length" (an answer cut at max_tokens) marks a response
+    # truncated; "stop" finished. Here a server whose answers never end, then one whose
+    # answers end at 6 characters, under a cap of 5 and of 8.
+    endless = serve(respond=lambda prompt, index, request: "and so on " * 1000)
+    got = load(endless, max_tokens=5, n_per_request=n_per_request).generate(PROMPTS[:3], 2, 0)
+    assert got.texts == [["and s", "and s"]] * 3 and got.truncated() == 6
+    short = serve()
+    cut = load(short, max_tokens=5, n_per_request=n_per_request).generate(PROMPTS[:2], 2, 0)
+    assert cut.finished == [[False, False]] * 2 and all(len(t) == 5 for rs in cut.texts for t in rs)
+    room = load(short, max_tokens=8, n_per_request=n_per_request).generate(PROMPTS[:2], 2, 0)
+    assert room.finished == [[True, True]] * 2 and all(len(t) == 6 for rs in room.texts for t in rs)

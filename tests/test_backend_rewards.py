@@ -255,6 +255,8 @@ def _annotate(tmp_path: Path, reward: dict[str, Any], responses: list[list[str]]
     rollouts = seed_records(prompts).append_column(
         "responses", pa.array(responses, pa.list_(pa.string()))
     )
+    finished = [[True] * len(rs) for rs in responses]
+    rollouts = rollouts.append_column("finished", pa.array(finished, pa.list_(pa.bool_())))
     return annotate.fn(ctx, AnnotateConfig.model_validate({"reward": reward, **cfg}), rollouts)
 
 

@@ -97,7 +97,7 @@ def test_serves_the_stage_checkpoint_answers_and_stops(tmp_path: Path):
         assert gen.argv[gen.argv.index("--checkpoint") + 1] == ckpt
         card = httpx.get(f"{gen.base_url}/models").json()["data"][0]
         assert card == {"id": "policy", "object": "model", "root": ckpt}
-        out = gen.generate(PROMPTS, 2, seed=0)
+        out = gen.generate(PROMPTS, 2, seed=0).texts
         assert out[:3] == [["64"] * 2, ["cba"] * 2, ["5"] * 2]
         assert out[3] == [f"reply {j} to: not a world prompt" for j in range(2)]
         assert os.path.exists(gen.log_path)
@@ -117,7 +117,7 @@ def test_close_kills_the_servers_children_too(tmp_path: Path):
     script = f'sleep 120 & echo $! > {pid_file}; exec "$@"'
     with served(["sh", "-c", script, "sh", *SERVER], reuse=False).load(str(tmp_path)) as gen:
         child = int(pid_file.read_text())
-        assert alive(child) and gen.generate(["1+1="], 1, seed=0) == [["2"]]
+        assert alive(child) and gen.generate(["1+1="], 1, seed=0).texts == [["2"]]
     assert not alive(gen.process.pid) and wait_gone(child)
 
 
@@ -282,7 +282,7 @@ def test_stages_on_one_checkpoint_share_one_server_and_a_new_checkpoint_replaces
     greedy = served(client={**FAST_CLIENT, "temperature": 0.0})  # another client, same server
     b = greedy.load(first, pool=pool)  # the next iteration's creator_generate
     assert b.process.pid == a.process.pid and (a.engine_starts, b.engine_starts) == (1, 0)
-    assert b.generate(["2+2="], 1, seed=0) == [["4"]]
+    assert b.generate(["2+2="], 1, seed=0).texts == [["4"]]
     b.close()
     c = served().load(second, pool=pool)  # after training: theta_2
     assert c.engine_starts == 1 and c.process.pid != a.process.pid
@@ -302,7 +302,7 @@ def test_a_reused_server_that_died_is_started_again(tmp_path: Path):
         os.killpg(gen.process.pid, signal.SIGKILL)
         assert wait_gone(gen.process.pid)
     again = served().load(str(tmp_path), pool=pool)
-    assert again.engine_starts == 1 and again.generate(["1+1="], 1, seed=0) == [["2"]]
+    assert again.engine_starts == 1 and again.generate(["1+1="], 1, seed=0).texts == [["2"]]
     pool.stop_all()
 
 
@@ -407,7 +407,7 @@ def test_every_vllm_server_listens_on_loopback_unless_the_config_names_a_host(tm
     # The command line as configs/world-served.yaml writes it: no {host} in it.
     line = [str(binary), "serve", "{model}", "--port", "{port}", "--served-model-name", "{name}"]
     with served(line, reuse=False).load(str(tmp_path)) as gen:
-        assert gen.generate(["1+1="], 1, seed=0) == [["2"]]
+        assert gen.generate(["1+1="], 1, seed=0).texts == [["2"]]
         assert gen.base_url == f"http://127.0.0.1:{gen.port}/v1"
     started = json.loads(record.read_text().splitlines()[0])
     assert started[started.index("--host") + 1] == "127.0.0.1" and started.count("--host") == 1

@@ -177,13 +177,21 @@ class Feed:
     def __init__(self, prompts: Sequence[str]):
         self.queue = list(prompts)
         self.scored: list[tuple[list[str], list[Any], list[Any]]] = []
+        self.finished: list[bool] = []
 
     def prompts(self) -> Any:
         for i in itertools.count():
             yield {"prompt": self.queue[i % len(self.queue)], "prompt_id": str(i), "row": f"{i}"}
 
-    def score(self, rows: Sequence[str], prompts: Sequence[Any], completions: Sequence[Any]):
+    def score(
+        self,
+        rows: Sequence[str],
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        finished: Sequence[bool] | None = None,
+    ):
         self.scored.append((list(rows), list(prompts), list(completions)))
+        self.finished += list(finished) if finished is not None else [True] * len(rows)
         return [float(j % 2) for j in range(len(rows))]  # every group has a signal
 
     def step_end(self) -> None:
@@ -218,6 +226,37 @@ def test_online_trainers_sample_from_the_ids_generation_feeds(
     for _, texts, completions in feed.scored:
         assert all(isinstance(t, str) for t in [*texts, *completions])
         assert set(texts) <= set(streamed)
+
+
+@pytest.mark.parametrize("kind", ["rloo", "grpo", "online_dpo"])
+def test_online_trainers_tell_the_feed_which_completions_were_cut(
+    policies: dict[str, str], tmp_path: Path, kind: Any
+) -> None:
+    # One new token: a completion finished only if that token ended its turn (eos, decoded to
+    # ""); every other one was cut at max_completion_length. RLOO and GRPO mask the cut ones
+    # with TRL's own option, on by default.
+    path, prompts = policies["chat"], [p for p, _, _ in PAIRS]
+    config = OnlineSolverConfig(
+        kind=kind, learning_rate=1e-3, beta=0.1, num_generations=2, prompts_per_step=2,
+        max_completion_length=1, device="cpu", temperature=2.0,
+    )  # fmt: skip
+    feed = Feed(prompts)
+    trainer = build_online_trainer(config, path, feed, 2, str(tmp_path), 0)
+    if kind != "online_dpo":
+        assert trainer.args.mask_truncated_completions is True
+    else:
+        assert trainer.args.missing_eos_penalty is None  # TRL's default unless set
+    trainer.train()
+    completions = [c for _, _, cs in feed.scored for c in cs]
+    assert len(feed.finished) == len(completions) == 2 * 4
+    # Each step's share of cut completions is the one TRL logs for it.
+    logged = [e for e in trainer.state.log_history if "loss" in e]
+    key = "val/contain_eos_token" if kind == "online_dpo" else "completions/clipped_ratio"
+    trl = [e[key] if kind != "online_dpo" else 1 - e[key] for e in logged]
+    ours = [feed.finished[4 * k : 4 * k + 4].count(False) / 4 for k in range(2)]
+    assert ours == pytest.approx(trl)
+    if kind != "online_dpo":  # its two samples here both ran past the one token
+        assert 0 < sum(ours) < 2  # some finished, some were cut
 
 
 def _math_recipe() -> Any:

@@ -264,6 +264,49 @@ def test_pairs_best_worst_ties_and_unscored() -> None:
     assert (stats.pairs, stats.skipped_low_chosen, stats.skipped_tied) == (1, 1, 1)
 
 
+def test_a_truncated_response_is_never_chosen_by_default() -> None:
+    r = np.array(
+        [
+            [0.2, 0.9, 0.5, 0.8],  # the best (0.9) was cut: chosen is the best finished, 0.8
+            [0.1, 0.9, 0.3, 0.3],  # the worst (0.1) was cut: still the rejected side
+            [0.2, 0.9, 0.5, 0.7],  # only the worst finished: no finished answer beats another
+            [0.5, 0.5, 0.5, 0.5],  # tied whatever finished
+            [0.0, 1.0, NAN, NAN],  # every response cut
+        ]
+    )
+    done = np.array(
+        [
+            [True, False, True, True],
+            [False, True, True, True],
+            [True, False, False, False],
+            [False, False, True, True],
+            [False, False, False, False],
+        ]
+    )
+    choice, stats = choose_pairs(r, finished=done)
+    assert choice.rows.tolist() == [0, 1]
+    assert choice.chosen.tolist() == [3, 1] and choice.rejected.tolist() == [0, 0]
+    assert (stats.pairs, stats.skipped_truncated, stats.skipped_tied) == (2, 2, 1)
+    assert stats.rejected_truncated == 1  # row 1's rejected 0.1
+    # exclude: neither side; row 1 pairs 0.9 with 0.3, row 0 keeps 0.8 against 0.2.
+    choice, stats = choose_pairs(r, finished=done, truncated="exclude")
+    assert choice.rows.tolist() == [0, 1] and choice.rejected.tolist() == [0, 2]
+    assert (stats.pairs, stats.rejected_truncated, stats.skipped_truncated) == (2, 0, 2)
+    # allow: by reward alone, as before finished was known.
+    choice, stats = choose_pairs(r, finished=done, truncated="allow")
+    assert choice.rows.tolist() == [0, 1, 2, 4] and choice.chosen.tolist() == [1, 1, 1, 1]
+    assert (stats.pairs, stats.skipped_truncated, stats.skipped_tied) == (4, 0, 1)
+    assert stats.rejected_truncated == 2  # rows 1 and 4 reject a cut answer
+    assert choose_pairs(r)[0].rows.tolist() == [0, 1, 2, 4]  # finished unknown: all finished
+    # min_chosen judges the chosen side: row 0's best finished (0.8) is below 0.85.
+    choice, stats = choose_pairs(r, 0.85, finished=done)
+    assert choice.rows.tolist() == [1] and stats.skipped_low_chosen == 1
+    with pytest.raises(ValueError, match="truncated must be one of"):
+        choose_pairs(r, finished=done, truncated="drop")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"finished has shape \(1, 4\)"):
+        choose_pairs(r, finished=done[:1])
+
+
 def test_cap_pairs_seeded_subset_in_row_order() -> None:
     r = np.array([[0.0, 1.0]] * 10)
     choice, _ = choose_pairs(r)

@@ -395,7 +395,10 @@ def test_the_summary_prints_the_win_rate_its_interval_and_each_category() -> Non
         "     add  0.250 [0.100, 0.400]  0.500 [0.300, 0.700]",
     ]
     markdown = summary_markdown("r", rows)
-    heldout = "| iteration | heldout_score | heldout_solved | answers_changed | win_vs_theta_0 |"
+    heldout = (
+        "| iteration | heldout_score | heldout_solved | heldout_truncated | answers_changed "
+        "| win_vs_theta_0 |"
+    )
     assert f"{heldout} judge_win_rate | judge_interval |" in markdown
     assert "| add | 0.250 [0.100, 0.400] | 0.500 [0.300, 0.700] |" in markdown
     # Without a judge the summary is what it always was.

@@ -30,7 +30,13 @@ from tasks.annotate import AnnotateConfig, annotate
 from tasks.backends.generate.openai import derive_seed
 from tasks.backends.generate.vllm import VLLMGeneration
 from tasks.backends.python import PythonComponent
-from tasks.backends.ray_job import JobSpec, fan_out, vllm_processor_kwargs, vllm_requests
+from tasks.backends.ray_job import (
+    JobSpec,
+    fan_out,
+    vllm_processor_kwargs,
+    vllm_requests,
+    vllm_response,
+)
 from tasks.content_hashes import hash_directory
 from tasks.context import RunContext
 from tasks.generate import GenerateConfig, generate
@@ -189,13 +195,18 @@ def test_a_vllm_stage_becomes_ray_data_llm_engine_replicas():
     greedy = VLLMGeneration(temperature=0.0)
     (request,) = vllm_requests({"row": 2, "prompt": "x"}, greedy, spec)
     assert request["copies"] == 3 and request["sampling_params"]["temperature"] == 0.0
-    done = pa.table({"row": [2, 5], "sample": [0, 1], "copies": [3, 1], "response": ["a", "b"]})
+    # Ray Data LLM's rows carry no finish reason: one that used all of max_tokens was cut.
+    generated = [
+        {"row": 2, "sample": 0, "copies": 3, "generated_text": "a", "num_generated_tokens": 7},
+        {"row": 5, "sample": 1, "copies": 1, "generated_text": "b", "num_generated_tokens": 8},
+    ]
+    done = pa.Table.from_pylist([vllm_response(r, max_tokens=8) for r in generated])
     out = fan_out(done)
     assert out.to_pylist() == [
-        {"row": 2, "sample": 0, "response": "a"},
-        {"row": 2, "sample": 1, "response": "a"},
-        {"row": 2, "sample": 2, "response": "a"},
-        {"row": 5, "sample": 1, "response": "b"},
+        {"row": 2, "sample": 0, "response": "a", "finished": True},
+        {"row": 2, "sample": 1, "response": "a", "finished": True},
+        {"row": 2, "sample": 2, "response": "a", "finished": True},
+        {"row": 5, "sample": 1, "response": "b", "finished": False},
     ]
 
 

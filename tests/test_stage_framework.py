@@ -294,7 +294,7 @@ def test_keys_follow_declared_versions_not_code_text(tmp_path, monkeypatch) -> N
     monkeypatch.setattr(WorldVerifier, "version", 2)  # the world's verifier changed
     assert annotate.cache_key(run, 1, config, "annotate", {}) != key
     monkeypatch.undo()
-    monkeypatch.setattr(annotate, "version", 2)  # the stage itself changed
+    monkeypatch.setattr(annotate, "version", annotate.version + 1)  # the stage itself changed
     assert annotate.cache_key(run, 1, config, "annotate", {}) != key
 
 

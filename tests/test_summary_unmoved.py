@@ -1,4 +1,5 @@
-"""A checkpoint that did not move is said so, and `solved` is only a verifier's."""
+"""A checkpoint that did not move is said so, as is a large share of answers cut at the length
+cap; `solved` is only a verifier's."""
 
 from __future__ import annotations
 
@@ -32,3 +33,25 @@ def test_solved_is_a_verifiers_share_and_nothing_for_a_reward_model() -> None:
     assert _solved(np.array([1.0, -2.3, 0.7])) is None  # a reward model's logits
     assert _solved(np.array([1.0, 3.0])) is None
     assert _solved(np.array([np.nan, np.nan])) is None  # nothing scored: no 0.000 to misread
+
+
+def test_a_large_truncated_share_is_warned_about_naming_the_cap() -> None:
+    from flows.summary import CAPS, truncation_lines
+
+    caps = {
+        "truncated": "generate.backend.max_new_tokens (64)",
+        "heldout_truncated": "evaluate.generation.max_new_tokens (64)",
+    }
+    rows = [
+        {"iteration": "theta_0", "heldout_truncated": 0.5, CAPS: caps},
+        {"iteration": 1, "truncated": 0.1, "heldout_truncated": 0.0, CAPS: caps},  # at the line
+        {"iteration": 2, "truncated": 0.88, "heldout_truncated": None, CAPS: caps},
+    ]
+    first, second = truncation_lines(rows)
+    assert first.startswith("warning: iteration theta_0: 50% of its held-out answers were cut at ")
+    assert "evaluate.generation.max_new_tokens (64)" in first
+    assert second.startswith("warning: iteration 2: 88% of its samples were cut at ")
+    assert "generate.backend.max_new_tokens (64) before the policy ended them" in second
+    assert summary_table(rows).splitlines()[-2:] == [first, second]
+    online = [{"segment": 1, "truncated": 0.3}]  # no caps known: said plainly
+    assert "cut at the length cap" in truncation_lines(online)[0]

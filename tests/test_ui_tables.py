@@ -32,19 +32,21 @@ def test_online_summary_splits_into_heldout_and_training_tables() -> None:
     rows = [
         {"segment": "theta_0", "heldout_score": 0.365, "heldout_solved": 0.2},
         {"segment": 1, "steps": 25, "phase": "warm-up", "budget": 0.4, "buffer": 320,
-         "mean_reward": 0.41, "mean_informativeness": 0.3, "children": 640,
-         "heldout_score": 0.497, "heldout_solved": 0.3, "answers_changed": 0.4,
-         "win_vs_theta_0": 0.72},
+         "mean_reward": 0.41, "mean_informativeness": 0.3, "children": 640, "truncated": 0.05,
+         "heldout_score": 0.497, "heldout_solved": 0.3, "heldout_truncated": 0.0,
+         "answers_changed": 0.4, "win_vs_theta_0": 0.72},
     ]  # fmt: skip
     md = summary_markdown("online", rows, "eva online run")
     heldout, work = md.split("### What each segment did")
     assert (
-        "| segment | heldout_score | heldout_solved | answers_changed | win_vs_theta_0 |" in heldout
+        "| segment | heldout_score | heldout_solved | heldout_truncated | answers_changed "
+        "| win_vs_theta_0 |" in heldout
     )
-    assert "| 1 | 0.497 | 0.300 | 0.400 | 0.720 |" in heldout and "| theta_0 | 0.365 |" in heldout
+    assert "| 1 | 0.497 | 0.300 | 0.000 | 0.400 | 0.720 |" in heldout
+    assert "| theta_0 | 0.365 |" in heldout
     assert work.strip().splitlines()[0] == (
         "| segment | steps | phase | budget | buffer | mean_reward | mean_informativeness "
-        "| children |"
+        "| children | truncated |"
     )
     assert "theta_0" not in work and "| 1 | 25 | warm-up | 0.400 | 320 |" in work
 

@@ -198,12 +198,18 @@ def test_through_the_annotate_stage(tmp_path: Path) -> None:
         "responses",
         pa.array([["3", "4"], ["7", "7", "1"], ["11", "21"]], pa.list_(pa.string())),
     )
+    finished = [[True, False], [True, True, True], [True, True]]  # "4" was cut at the cap
+    rollouts = rollouts.append_column("finished", pa.array(finished, pa.list_(pa.bool_())))
     reward = {"kind": "verifiable", "function": MATCH, "answers": answers}
     out = annotate.fn(ctx, AnnotateConfig.model_validate({"reward": reward}), rollouts)
     rewards = out.table.column("rewards").to_pylist()
     assert rewards[0] == [1.0, 0.0] and rewards[1] == [1.0, 1.0, 0.0]
     assert all(math.isnan(r) for r in rewards[2])  # "11" and "21" tie: unscored
     assert out.stats["unscored_prompts"] == 1 and out.stats["tied_prompts"] == 0
+    # 1 of 7 responses truncated; finished ones scored 1, 1, 1, 0 (the tie's two are NaN).
+    assert (out.stats["truncated"], out.stats["truncated_share"]) == (1, 0.1429)
+    assert out.stats["mean_reward_finished"] == 0.75
+    assert out.stats["mean_reward_truncated"] == 0.0
     assert out.stats["backend"] == {
         "known": 1, "majority": 1, "dropped": 1,
         "dropped_uncertain": 0, "dropped_tied": 1, "dropped_unanswered": 0,

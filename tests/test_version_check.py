@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tasks import source, versions
+from tasks.backends.generate.openai import OpenAIGeneration
 
 SEEDS = versions.SEEDS
 CLIENT = "eva_runtime.llm_client"
@@ -75,8 +76,8 @@ def test_editing_a_seed_derivation_fails_the_check_for_every_entry(lock, edit) -
     assert _changed(problems) == entries
     assert (
         "component:tasks.backends.generate.openai:OpenAIGeneration: its code changed but its "
-        "version is still 1 (eva_runtime.seeds:content_seed): bump it if what it writes can "
-        "change; if it cannot, record it: python -m tasks.versions --write"
+        f"version is still {OpenAIGeneration.version} (eva_runtime.seeds:content_seed): bump it "
+        "if what it writes can change; if it cannot, record it: python -m tasks.versions --write"
     ) in problems
 
 

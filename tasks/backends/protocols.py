@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
 
 Progress = Callable[[float], None]
@@ -79,14 +80,41 @@ def close_after(backend: T) -> Iterator[T]:
             backend.close()
 
 
+@dataclass(frozen=True)
+class Generations:
+    """What a ``Generator`` returns: ``n`` responses per prompt and, for each, whether it
+    finished. A response finished when the policy ended it itself (its end-of-turn token, a
+    stop string); one that ran into the length cap (``max_new_tokens``, ``max_tokens``) is
+    truncated: its text reads like an answer, but the policy had not finished it, and a solver
+    that trains it as the chosen side of a pair (closing it with the end-of-turn token, as
+    TRL's templates do) teaches the policy to stop mid-sentence."""
+
+    texts: list[list[str]]
+    finished: list[list[bool]]
+
+    def __post_init__(self) -> None:
+        shape = [len(rs) for rs in self.texts]
+        if shape != [len(fs) for fs in self.finished]:
+            raise ValueError("finished must have one flag per response")
+
+    def firsts(self) -> tuple[list[str], list[bool]]:
+        """Each prompt's first response and its flag (one greedy answer per prompt)."""
+        return [rs[0] for rs in self.texts], [fs[0] for fs in self.finished]
+
+    def truncated(self) -> int:
+        """How many responses ran into the length cap."""
+        return sum(not f for fs in self.finished for f in fs)
+
+
 @runtime_checkable
 class Generator(Protocol):
     """Samples responses from a policy checkpoint."""
 
     def generate(
         self, prompts: Sequence[str], n: int, seed: int, progress: Progress = no_progress
-    ) -> list[list[str]]:
-        """Return ``n`` responses for every prompt, reproducible for a given ``seed``."""
+    ) -> Generations:
+        """Return ``n`` responses for every prompt, reproducible for a given ``seed``, each
+        with whether it finished or was cut at the length cap."""
         ...
 
 

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from eva_runtime.errors import StageError, first_line
 from eva_runtime.poll import PollTimeout, wait_until
 from eva_runtime.progress import read_progress
-from tasks.backends.ray_job import ERROR_MARK, VALUE_COLUMN, JobSpec
+from tasks.backends.ray_job import ERROR_MARK, VALUE_COLUMNS, JobSpec
 from tasks.context import StageContext
 from tasks.run_paths import iteration_dir
 
@@ -128,9 +128,11 @@ def run_on_ray(
     *,
     n: int = 1,
     model: str | None = None,
-) -> tuple[list[list[Any]], dict[str, Any]]:
-    """Run ``backend`` on the stage input ``table`` as a Ray job; return one list per input
-    row, ``counts[i]`` values long, exactly as the in-process backend returns them, and stats."""
+) -> tuple[dict[str, list[list[Any]]], dict[str, Any]]:
+    """Run ``backend`` on the stage input ``table`` as a Ray job; return each value column of
+    the task (``VALUE_COLUMNS``: generate's responses and whether each finished, annotate's
+    rewards) as one list per input row, ``counts[i]`` values long, exactly as the in-process
+    backend returns them, and stats."""
     spec = JobSpec(
         task=task,
         root=ctx.run.root,
@@ -150,11 +152,11 @@ def run_on_ray(
     )
     stats: dict[str, Any] = {"ray_workers": ray.workers}
     if not counts:
-        return [], stats
+        return {column: [] for column in VALUE_COLUMNS[task]}, stats
     staging = ctx.store.resolve(spec.output)
     try:
         stats.update(_submit_and_follow(ctx, ray, spec, total=sum(counts)))
-        return _assemble(ctx, staging, VALUE_COLUMN[task], counts), stats
+        return _assemble(ctx, staging, VALUE_COLUMNS[task], counts), stats
     finally:
         if ctx.store.fs.exists(staging):
             ctx.store.fs.rm(staging, recursive=True)
@@ -271,10 +273,10 @@ class _LogFollower:
 
 
 def _assemble(
-    ctx: StageContext, staging: str, column: str, counts: Sequence[int]
-) -> list[list[Any]]:
-    """The job's long-form output as one list per input row, after checking that it holds
-    exactly ``counts[i]`` values for row ``i``, each once, and nothing else."""
+    ctx: StageContext, staging: str, columns: Sequence[str], counts: Sequence[int]
+) -> dict[str, list[list[Any]]]:
+    """The job's long-form output, each of ``columns`` as one list per input row, after checking
+    that it holds exactly ``counts[i]`` values for row ``i``, each once, and nothing else."""
     try:
         table = pq.read_table(staging, filesystem=ctx.store.fs)
     except (FileNotFoundError, pa.ArrowInvalid) as exc:
@@ -292,6 +294,9 @@ def _assemble(
             f"{ctx.artifact}: the Ray job returned {table.num_rows} values for "
             f"{int(want.sum())} expected ({len(want)} rows): missing or duplicated shards"
         )
-    values = table.column(column).to_pylist()
-    bounds = np.cumsum(want)
-    return [values[b - c : b] for b, c in zip(bounds.tolist(), want.tolist(), strict=True)]
+    bounds = list(zip(np.cumsum(want).tolist(), want.tolist(), strict=True))
+    out: dict[str, list[list[Any]]] = {}
+    for column in columns:
+        values = table.column(column).to_pylist()
+        out[column] = [values[b - c : b] for b, c in bounds]
+    return out

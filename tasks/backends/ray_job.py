@@ -41,7 +41,8 @@ from tasks.store import RunStore
 # eva_runtime.progress marks). Both go to stdout through ``child_logger`` (eva_runtime.log).
 ERROR_MARK = "eva-ray-error"
 LOGGER = "eva.ray_job"
-VALUE_COLUMN = {"generate": "response", "annotate": "reward"}
+# What a job writes per response, by task: its value and, for generation, whether it finished.
+VALUE_COLUMNS = {"generate": ("response", "finished"), "annotate": ("reward",)}
 CLUSTER_BACKENDS = ("transformers", "vllm")  # generation backends a cluster can run
 
 
@@ -74,17 +75,19 @@ def blocks(table: pa.Table, rows_per_task: int) -> list[pa.Table]:
     return [table.slice(s, rows_per_task) for s in range(0, table.num_rows, rows_per_task)]
 
 
-def long_form(rows: list[int], values: list[list[Any]], column: str, kind: pa.DataType) -> pa.Table:
+def long_form(rows: list[int], columns: dict[str, tuple[list[list[Any]], pa.DataType]]) -> pa.Table:
     """One output row per response: ``row``, ``sample`` (its position in the prompt's list),
-    and the value; a prompt with no responses has no rows."""
-    flat = [(r, j, v) for r, vs in zip(rows, values, strict=True) for j, v in enumerate(vs)]
-    return pa.table(
-        {
-            "row": pa.array([f[0] for f in flat], pa.int64()),
-            "sample": pa.array([f[1] for f in flat], pa.int32()),
-            column: pa.array([f[2] for f in flat], kind),
-        }
-    )
+    and its value in each of ``columns`` (name: one list per row, and its type); a prompt with
+    no responses has no rows."""
+    counts = [len(vs) for vs in next(iter(columns.values()))[0]]
+    per_row = zip(rows, counts, strict=True)
+    table = {
+        "row": pa.array([r for r, c in per_row for _ in range(c)], pa.int64()),
+        "sample": pa.array([j for c in counts for j in range(c)], pa.int32()),
+    }
+    for name, (values, kind) in columns.items():
+        table[name] = pa.array([v for vs in values for v in vs], kind)
+    return pa.table(table)
 
 
 def vllm_processor_kwargs(
@@ -194,11 +197,15 @@ class StageWorker:
         spec, rows = self.spec, batch.column("row").to_pylist()
         prompts = batch.column("prompt").to_pylist()
         if spec.task == "generate":
-            values = self.generator.generate(prompts, spec.n, spec.seed, indices=rows)
-            out = long_form(rows, values, "response", pa.string())
+            got = self.generator.generate(prompts, spec.n, spec.seed, indices=rows)
+            out = long_form(
+                rows,
+                {"response": (got.texts, pa.string()), "finished": (got.finished, pa.bool_())},
+            )
         else:
             responses = batch.column("responses").to_pylist()
-            out = long_form(rows, self.scorer.score(prompts, responses), "reward", pa.float64())
+            rewards = self.scorer.score(prompts, responses)
+            out = long_form(rows, {"reward": (rewards, pa.float64())})
         child_logger(LOGGER).info(progress_line(done=out.num_rows))  # as the stage counts
         return out
 
@@ -216,13 +223,21 @@ def _vllm(ds: Any, spec: JobSpec, model_source: str) -> Any:
     )
     processor = build_processor(
         config,
-        postprocess=lambda r: {
-            "row": r["row"], "sample": r["sample"], "copies": r["copies"],
-            "response": r["generated_text"],
-        },
+        postprocess=lambda r: vllm_response(r, backend.max_tokens),
     )  # fmt: skip
     ds = processor(ds.flat_map(lambda r: vllm_requests(r, backend, spec)))
     return ds.map_batches(fan_out, batch_format="pyarrow")
+
+
+def vllm_response(row: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    """A Ray Data LLM output row as the job writes it. Ray Data LLM passes no finish reason: a
+    response that used every one of ``max_tokens`` counts as cut at the cap (one that ended on
+    its very last token counts so too)."""
+    return {
+        "row": row["row"], "sample": row["sample"], "copies": row["copies"],
+        "response": row["generated_text"],
+        "finished": row["num_generated_tokens"] < max_tokens,
+    }  # fmt: skip
 
 
 def fan_out(batch: pa.Table) -> pa.Table:
@@ -236,6 +251,7 @@ def fan_out(batch: pa.Table) -> pa.Table:
             "row": batch.column("row").cast(pa.int64()).take(take),
             "sample": pc.add(batch.column("sample").cast(pa.int32()).take(take), offset),
             "response": batch.column("response").cast(pa.string()).take(take),
+            "finished": batch.column("finished").cast(pa.bool_()).take(take),
         }
     )
     child_logger(LOGGER).info(progress_line(done=out.num_rows))

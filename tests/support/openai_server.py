@@ -97,7 +97,14 @@ def mixed_answer(prompt: str, index: int, request: dict[str, Any]) -> str:
     return world_answer(prompt, index, request) if index == 0 else echo(prompt, index, request)
 
 
-ANSWERS: dict[str, Respond] = {"world": world_answer, "echo": echo, "mixed": mixed_answer}
+def endless(prompt: str, index: int, request: dict[str, Any]) -> str:
+    """An answer that never ends: every request is cut at its ``max_tokens``."""
+    return "and so on " * 100_000
+
+
+ANSWERS: dict[str, Respond] = {
+    "world": world_answer, "echo": echo, "mixed": mixed_answer, "endless": endless,
+}  # fmt: skip
 
 
 def judging(verdict: Callable[[str, str, str], str]) -> Respond:
@@ -335,34 +342,32 @@ class OpenAICompatibleServer:
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
 
             def _body(self, request: dict[str, Any]) -> dict[str, Any]:
-                """The completion ``request`` asks for (chat or raw prompt, by the path)."""
+                """The completion ``request`` asks for (chat or raw prompt, by the path). A
+                character is a token here: an answer longer than ``max_tokens`` is cut there,
+                with ``finish_reason: length`` as vLLM reports a cut answer."""
                 n = int(request.get("n") or 1)
-                if self.path.endswith("/chat/completions"):
+                limit = request.get("max_tokens")
+                chat = self.path.endswith("/chat/completions")
+                if chat:
                     messages = request.get("messages") or []
                     prompt = messages[-1]["content"] if messages else ""
-                    choices = [
-                        {
-                            "index": i,
-                            "finish_reason": "stop",
-                            "message": {
-                                "role": "assistant",
-                                "content": server.respond(prompt, i, request),
-                            },
-                        }
-                        for i in range(n)
-                    ]
-                    obj = "chat.completion"
                 else:
                     prompt = request.get("prompt") or ""
-                    choices = [
-                        {
-                            "index": i,
-                            "finish_reason": "stop",
-                            "text": server.respond(prompt, i, request),
-                        }
-                        for i in range(n)
-                    ]
-                    obj = "text_completion"
+                choices = []
+                for i in range(n):
+                    text = server.respond(prompt, i, request)
+                    cut = isinstance(limit, int) and isinstance(text, str) and len(text) > limit
+                    text = text[:limit] if cut else text
+                    choice: dict[str, Any] = {
+                        "index": i,
+                        "finish_reason": "length" if cut else "stop",
+                    }
+                    if chat:
+                        choice["message"] = {"role": "assistant", "content": text}
+                    else:
+                        choice["text"] = text
+                    choices.append(choice)
+                obj = "chat.completion" if chat else "text_completion"
                 return {
                     "id": "cmpl-test",
                     "object": obj,

@@ -41,6 +41,16 @@ GenerationBackend = Annotated[
 ]
 """``backend: GenerationBackend = Field(default_factory=TransformersGeneration)`` in a stage."""
 
+
+def length_cap(backend: Any) -> tuple[str, int]:
+    """The backend's response length cap: its field, relative to the backend, and value."""
+    if isinstance(backend, ServedGeneration):
+        return "client.max_tokens", backend.client.max_tokens
+    if isinstance(backend, TransformersGeneration):
+        return "max_new_tokens", backend.max_new_tokens
+    return "max_tokens", backend.max_tokens
+
+
 __all__ = [
     "KINDS",
     "GenerationBackend",
@@ -52,4 +62,5 @@ __all__ = [
     "TransformersGeneration",
     "VLLMGeneration",
     "VLLMGenerator",
+    "length_cap",
 ]

@@ -20,7 +20,7 @@ from eva_runtime.errors import EvaError
 from eva_runtime.llm_client import LLMBatchError, LLMClient, LLMRequestError
 from eva_runtime.llm_config import LLMClientConfig
 from eva_runtime.seeds import derive_seed as derive_seed  # a prompt's request seed
-from tasks.backends.protocols import Progress, no_progress
+from tasks.backends.protocols import Generations, Progress, no_progress
 
 # Keys the backend sets itself; extra_body may not override them (it would silently change what
 # the config hash claims was sampled).
@@ -41,7 +41,8 @@ class GenerationError(EvaError, RuntimeError):
 class OpenAIGeneration(BaseModel):
     """Sample responses from an OpenAI-compatible HTTP endpoint (e.g. ``vllm serve``)."""
 
-    version: ClassVar[int] = 1  # bump when a change can change what it computes
+    # 2: each response says whether it finished before the length cap (``Generations``).
+    version: ClassVar[int] = 2  # bump when a change can change what it computes
     libraries: ClassVar[tuple[str, ...]] = ()
 
     model_config = ConfigDict(extra="forbid")
@@ -104,27 +105,31 @@ class OpenAIGenerator:
         """The client's request counts since load (requests, retries, failures, tokens)."""
         return self.client.stats()
 
-    def _request(self, prompt: str, n: int, seed: int) -> list[str]:
+    def _request(self, prompt: str, n: int, seed: int) -> list[tuple[str, bool]]:
+        """``n`` samples, each with whether it finished (any ``finish_reason`` but
+        ``"length"``, the server's word for an answer cut at ``max_tokens``)."""
         cfg = self.config
         sampling: dict[str, Any] = {**cfg.extra_body, "n": n, "seed": seed}
         sampling.update(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_tokens)
         if cfg.endpoint == "chat":
             system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
-            texts = self.client.chat([*system, {"role": "user", "content": prompt}], **sampling)
+            message = [*system, {"role": "user", "content": prompt}]
+            reply = self.client.chat_reply(message, **sampling)
         else:
-            texts = self.client.completions(prompt, **sampling)
-        if len(texts) != n:
+            reply = self.client.completion_reply(prompt, **sampling)
+        if len(reply.texts) != n:
             raise LLMRequestError(
-                f"asked for n={n} samples, got {len(texts)}: if the server ignores `n`, set "
-                "n_per_request=false"
+                f"asked for n={n} samples, got {len(reply.texts)}: if the server ignores `n`, "
+                "set n_per_request=false"
             )
-        return texts
+        return [(t, r != "length") for t, r in zip(reply.texts, reply.finish_reasons, strict=True)]
 
     def generate(
         self, prompts: Sequence[str], n: int, seed: int, progress: Progress = no_progress
-    ) -> list[list[str]]:
-        """``n`` responses per prompt, in sample order; raises ``GenerationError`` if any
-        prompt still fails after its retries (in-flight work finishes, nothing new starts)."""
+    ) -> Generations:
+        """``n`` responses per prompt, in sample order, each with whether it finished; raises
+        ``GenerationError`` if any prompt still fails after its retries (in-flight work
+        finishes, nothing new starts)."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         # (prompt index, first sample index, samples) per request
@@ -132,7 +137,7 @@ class OpenAIGenerator:
         if not self.config.n_per_request:
             jobs = [(i, j, 1) for i in range(len(prompts)) for j in range(n)]
 
-        def request(job: tuple[int, int, int]) -> list[str]:
+        def request(job: tuple[int, int, int]) -> list[tuple[str, bool]]:
             i, j, count = job
             return self._request(prompts[i], count, derive_seed(seed, i) + j)
 
@@ -150,6 +155,8 @@ class OpenAIGenerator:
                 failed,
             ) from exc
         results = [[""] * n for _ in prompts]
+        finished = [[True] * n for _ in prompts]
         for (i, j, count), got in zip(jobs, texts, strict=True):
-            results[i][j : j + count] = got
-        return results
+            results[i][j : j + count] = [text for text, _ in got]
+            finished[i][j : j + count] = [done for _, done in got]
+        return Generations(results, finished)

@@ -21,7 +21,7 @@ from transformers import (
 from eva_runtime.errors import ConfigError
 from tasks.backends.chat_template import GENERATION
 from tasks.backends.generate.transformers import TransformersGeneration, check_fits
-from tasks.backends.protocols import Progress, no_progress
+from tasks.backends.protocols import Generations, Progress, no_progress
 
 _M32 = 0xFFFFFFFF
 
@@ -86,10 +86,16 @@ class TransformersGenerator:
         self.use_template = config.chat_template == "always" or (
             config.chat_template == "auto" and bool(tokenizer.chat_template)
         )
-        eos = tokenizer.eos_token_id
-        if eos is None:
-            eos = model.config.eos_token_id
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+        # Every id that ends a turn: the tokenizer's eos and the checkpoint's generation
+        # config's (a chat model often lists its end-of-turn token there: Llama 3's <|eot_id|>,
+        # Qwen's <|im_end|> beside <|endoftext|>).
+        configured = getattr(model.generation_config, "eos_token_id", None)
+        ends = _ids(tokenizer.eos_token_id) + _ids(configured)
+        ends += _ids(model.config.eos_token_id) if not ends else []
+        self.end_ids: list[int] = list(dict.fromkeys(ends))
+        pad = tokenizer.pad_token_id
+        if pad is None and self.end_ids:
+            pad = self.end_ids[0]
         if pad is None:
             named = getattr(tokenizer, "name_or_path", None) or "the policy"
             raise ConfigError(
@@ -97,7 +103,6 @@ class TransformersGenerator:
                 field="bootstrap.init_checkpoint",
                 hint="set its eos_token (or pad_token) in the checkpoint's tokenizer_config.json",
             )
-        self.eos_id: int | None = eos
         self.pad_id: int = pad
 
     def _encode(self, prompt: str) -> list[int]:
@@ -109,10 +114,13 @@ class TransformersGenerator:
             return self.tokenizer(text, add_special_tokens=False)["input_ids"]
         return self.tokenizer(prompt)["input_ids"]
 
-    def _decode(self, ids: list[int]) -> str:
-        if self.eos_id is not None and self.eos_id in ids:
-            ids = ids[: ids.index(self.eos_id)]
-        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+    def _decode(self, ids: list[int]) -> tuple[str, bool]:
+        """The response's text, cut at its first end-of-turn token, and whether it had one (it
+        finished) or ran into ``max_new_tokens`` (truncated)."""
+        end = next((k for k, t in enumerate(ids) if t in self.end_ids), None)
+        if end is not None:
+            ids = ids[:end]
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True)), end is not None
 
     def generate(
         self,
@@ -122,8 +130,9 @@ class TransformersGenerator:
         progress: Progress = no_progress,
         *,
         indices: Sequence[int] | None = None,
-    ) -> list[list[str]]:
-        """``n`` responses per prompt (new tokens only, cut at eos, special tokens removed).
+    ) -> Generations:
+        """``n`` responses per prompt (new tokens only, cut at the first end-of-turn token,
+        special tokens removed), each with whether it finished before ``max_new_tokens``.
 
         ``indices`` are the prompts' positions in the whole stage input (default 0, 1, ...):
         they address the sampling noise, so a shard of the prompts, generated on its own with
@@ -155,6 +164,7 @@ class TransformersGenerator:
                 "prompts.max_chars",
             ) from None
         results: list[list[str]] = [[] for _ in prompts]
+        finished: list[list[bool]] = [[] for _ in prompts]
         device = self.model.device
         for start in range(0, len(order), cfg.batch_size):
             # Every prompt gets the full max_new_tokens: positions come from the attention mask,
@@ -186,7 +196,7 @@ class TransformersGenerator:
                 top_p=1.0,
                 max_new_tokens=max_new,
                 pad_token_id=self.pad_id,
-                eos_token_id=self.eos_id,
+                eos_token_id=self.end_ids or None,
             )
             # Any: transformers' stubs type `generate` through nn.Module.__getattr__.
             model: Any = self.model
@@ -199,8 +209,17 @@ class TransformersGenerator:
                 )
             new_tokens = out[:, width:].tolist()
             for row, ids in enumerate(new_tokens):
-                results[chunk[row // rows_per_prompt]].append(self._decode(ids))
+                text, done = self._decode(ids)
+                results[chunk[row // rows_per_prompt]].append(text)
+                finished[chunk[row // rows_per_prompt]].append(done)
             progress(min(1.0, (start + len(chunk)) / len(order)))
         if greedy:
-            results = [r * n for r in results]
-        return results
+            results, finished = [r * n for r in results], [f * n for f in finished]
+        return Generations(results, finished)
+
+
+def _ids(value: int | list[int] | None) -> list[int]:
+    """A config's token id field (one id, a list of them, or none) as a list."""
+    if value is None:
+        return []
+    return [value] if isinstance(value, int) else list(value)

@@ -54,7 +54,7 @@ from eva_runtime.engines import ENGINES, Engine, EnginePool
 from eva_runtime.llm_config import LLMClientConfig, auth_headers
 from eva_runtime.process import ServerStartError, free_port
 from tasks.backends.generate.openai import GenerationError, OpenAIGeneration, OpenAIGenerator
-from tasks.backends.protocols import Progress, no_progress
+from tasks.backends.protocols import Generations, Progress, no_progress
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,8 @@ class ServedGeneration(BaseModel):
     """Start an OpenAI-compatible server (``vllm serve``) on the stage's checkpoint, sample from
     it, stop it."""
 
-    version: ClassVar[int] = 1  # bump when a change can change what it computes
+    # 2: each response says whether it finished before the length cap (``Generations``).
+    version: ClassVar[int] = 2  # bump when a change can change what it computes
     libraries: ClassVar[tuple[str, ...]] = ()  # vLLM runs in its own environment
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -284,7 +285,7 @@ class ServedGenerator:
 
     def generate(
         self, prompts: Sequence[str], n: int, seed: int, progress: Progress = no_progress
-    ) -> list[list[str]]:
+    ) -> Generations:
         """``n`` responses per prompt from the served checkpoint (see ``OpenAIGenerator``)."""
         if self._closed or self.engine.stopped:
             raise RuntimeError(f"{self!r} is closed: load the backend again")

@@ -29,7 +29,9 @@ if TYPE_CHECKING:
 class TransformersGeneration(BaseModel):
     """Sample responses with ``transformers`` ``generate`` (no vLLM needed)."""
 
-    version: ClassVar[int] = 1  # bump when a change can change what it computes
+    # 2: each response says whether it finished before the length cap (``Generations``), and
+    # an answer ends at any end id of the checkpoint's generation config too.
+    version: ClassVar[int] = 2  # bump when a change can change what it computes
     libraries: ClassVar[tuple[str, ...]] = ("torch", "transformers")
 
     model_config = ConfigDict(extra="forbid")

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tasks.backends.chat_template import GENERATION, template_use
 from tasks.backends.devices import spawn_vllm_engines
 from tasks.backends.generate.openai import derive_seed
-from tasks.backends.protocols import Progress, no_progress
+from tasks.backends.protocols import Generations, Progress, no_progress
 
 MISSING_VLLM = (
     "the 'vllm' generation backend needs vLLM, which is not installed in this environment. "
@@ -36,7 +36,8 @@ MISSING_VLLM = (
 class VLLMGeneration(BaseModel):
     """Sample responses with vLLM's offline ``LLM`` engine (needs a GPU and vLLM installed)."""
 
-    version: ClassVar[int] = 1  # bump when a change can change what it computes
+    # 2: each response says whether it finished before the length cap (``Generations``).
+    version: ClassVar[int] = 2  # bump when a change can change what it computes
     libraries: ClassVar[tuple[str, ...]] = ("vllm",)
 
     model_config = ConfigDict(extra="forbid")
@@ -109,14 +110,16 @@ class VLLMGenerator:
 
     def generate(
         self, prompts: Sequence[str], n: int, seed: int, progress: Progress = no_progress
-    ) -> list[list[str]]:
-        """``n`` responses per prompt (text only, in vLLM's sample index order)."""
+    ) -> Generations:
+        """``n`` responses per prompt (text, in vLLM's sample index order), each finished
+        unless vLLM stopped it at ``max_tokens`` (``finish_reason == "length"``)."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         cfg = self.config
         greedy = cfg.temperature == 0.0
         per_request = 1 if greedy else n  # n greedy samples would all be the same
         results: list[list[str]] = []
+        finished: list[list[bool]] = []
         for start in range(0, len(prompts), cfg.chunk_size):
             chunk = list(prompts[start : start + cfg.chunk_size])
             params = [
@@ -135,7 +138,10 @@ class VLLMGenerator:
             else:
                 outputs = self.llm.generate(chunk, params, use_tqdm=False)
             for out in outputs:  # RequestOutputs come back in input order
-                texts = [c.text for c in sorted(out.outputs, key=lambda c: c.index)]
+                samples = sorted(out.outputs, key=lambda c: c.index)
+                texts = [c.text for c in samples]
+                done = [c.finish_reason != "length" for c in samples]
                 results.append(texts * n if greedy else texts)
+                finished.append(done * n if greedy else done)
             progress(min(1.0, (start + len(chunk)) / len(prompts)))
-        return results
+        return Generations(results, finished)

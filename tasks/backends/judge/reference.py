@@ -215,16 +215,19 @@ class GeneratedAnswers:
         self.counts: Counter[str] = Counter()
 
     def stats(self) -> dict[str, int]:
-        """The reference model's generation counts (an HTTP backend's requests and tokens),
-        since load over every ``answers`` call, each of which loads the model anew."""
+        """The reference model's generation counts (an HTTP backend's requests and tokens, and
+        the answers cut at the length cap), since load over every ``answers`` call, each of
+        which loads the model anew."""
         return dict(self.counts)
 
     def answers(
         self, prompts: Sequence[str], seed: int, progress: Progress = no_progress
     ) -> list[str | None]:
         with close_after(self.config.generation.load(self.config.model)) as generator:
-            out = [rs[0] for rs in generator.generate(list(prompts), 1, seed, progress)]
+            out, finished = generator.generate(list(prompts), 1, seed, progress).firsts()
             self.counts.update(stats_of(generator))
+        # Judged as they are, but said: a cut-off reference answer is easier to beat.
+        self.counts["truncated"] += finished.count(False)
         return [a if a.strip() else None for a in out]
 
 

@@ -47,9 +47,14 @@ class OnlineFeed(Protocol):
         ...
 
     def score(
-        self, rows: Sequence[str], prompts: Sequence[str], completions: Sequence[str]
+        self,
+        rows: Sequence[str],
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        finished: Sequence[bool] | None = None,
     ) -> list[float]:
-        """One reward per completion; ``rows[j]`` names the streamed prompt it answers."""
+        """One reward per completion; ``rows[j]`` names the streamed prompt it answers;
+        ``finished[j]``: whether the policy ended it before ``max_completion_length``."""
         ...
 
     def step_end(self) -> None:
@@ -62,7 +67,8 @@ class OnlineSolverConfig(BaseModel):
     defaults apply (KL beta 0.05, clipping 0.2); the world's recipe sets its own."""
 
     # 2: prompts are sampled and trained in the policy's chat template when it has one.
-    version: ClassVar[int] = 2  # bump when a change can change what it computes
+    # 3: a completion cut at max_completion_length trains nothing (mask_truncated_completions).
+    version: ClassVar[int] = 3  # bump when a change can change what it computes
     libraries: ClassVar[tuple[str, ...]] = (
         "torch",
         "transformers",
@@ -87,6 +93,21 @@ class OnlineSolverConfig(BaseModel):
     temperature: float = Field(default=0.7, gt=0, description="Sampling temperature.")
     top_p: float = Field(default=0.9, gt=0, le=1, description="Nucleus sampling mass.")
     max_completion_length: int = Field(default=512, ge=1, description="Response token cap.")
+    mask_truncated_completions: bool = Field(
+        default=True,
+        description="rloo/grpo: TRL's option of that name: a completion cut at "
+        "max_completion_length is scored (its reward still counts in its group's baseline) but "
+        "trains nothing, so the policy is never taught to stop where the cap cut it. false: "
+        "TRL's default, every completion trains.",
+    )
+    missing_eos_penalty: float | None = Field(
+        default=None,
+        ge=0,
+        description="online_dpo: TRL's option of that name, subtracted from the reward of a "
+        "completion cut at max_completion_length before the better of the two is chosen; above "
+        "the reward's range, a finished completion always wins over a cut one. None: off (a "
+        "cut completion can be chosen; TRL's online DPO has no option to mask it).",
+    )
     optim: str = Field(default="adamw_torch", description="transformers optimizer name.")
     bf16: bool = Field(default=False, description="bf16 autocast (GPU).")
     gradient_checkpointing: bool = Field(default=False, description="Recompute activations.")

@@ -44,6 +44,7 @@ def _trainer_args(config: OnlineSolverConfig, common: dict[str, Any]) -> Any:
             **vllm,
             per_device_train_batch_size=config.prompts_per_step,
             max_new_tokens=config.max_completion_length,
+            missing_eos_penalty=config.missing_eos_penalty,
             # accelerate dispatches an IterableDataset's batches as tensors by default; the
             # prompts are text, so each process reads its own (RLOO/GRPO do this themselves).
             accelerator_config={"dispatch_batches": False},
@@ -58,6 +59,7 @@ def _trainer_args(config: OnlineSolverConfig, common: dict[str, Any]) -> Any:
         steps_per_generation=1,
         num_generations=config.num_generations,
         max_completion_length=config.max_completion_length,
+        mask_truncated_completions=config.mask_truncated_completions,
         shuffle_dataset=False,
     )
 
@@ -80,17 +82,36 @@ def _as_input(record: dict[str, Any], chat: bool) -> dict[str, Any]:
 
 class _Reward:
     """TRL reward function: scores each completion through the feed, by its prompt's row. With
-    a chat template TRL passes prompts and completions as messages: the feed gets their text."""
+    a chat template TRL passes prompts and completions as messages: the feed gets their text,
+    and whether each completion finished, read off its token ids as TRL's own truncation test
+    reads them (``mask_truncated_completions``, ``completions/clipped_ratio``): its last id is
+    an end-of-turn or the pad id (``stop_ids``)."""
 
-    def __init__(self, feed: OnlineFeed):
+    def __init__(self, feed: OnlineFeed, stop_ids: Sequence[int]):
         self.feed = feed
+        self.stop_ids = frozenset(stop_ids)
         self.__name__ = "eva_reward"  # TRL names logged metrics after the function
 
     def __call__(
-        self, prompts: Sequence[Any], completions: Sequence[Any], row: Sequence[str], **_: Any
+        self,
+        prompts: Sequence[Any],
+        completions: Sequence[Any],
+        row: Sequence[str],
+        completion_ids: Sequence[Sequence[int]],
+        **_: Any,
     ) -> list[float]:
         texts = [message_text(p) for p in prompts]
-        return self.feed.score(row, texts, [message_text(c) for c in completions])
+        finished = [bool(ids) and ids[-1] in self.stop_ids for ids in completion_ids]
+        return self.feed.score(row, texts, [message_text(c) for c in completions], finished)
+
+
+def stop_ids(tokenizer: Any, model: Any) -> list[int]:
+    """The ids a finished completion ends with, as TRL's trainers tell them: the tokenizer's
+    eos and the generation config's (where generation stops), and the pad id (what a batch of
+    completions is padded with after its end)."""
+    ids = [tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)]
+    flat = [i for x in ids for i in (x if isinstance(x, list) else [x])]
+    return [i for i in [*flat, tokenizer.pad_token_id] if i is not None]
 
 
 class _StepEnd(TrainerCallback):
@@ -145,7 +166,7 @@ def build_online_trainer(
     model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
     trainer = _trainer_class(config)(
         model=model,
-        reward_funcs=_Reward(feed),
+        reward_funcs=_Reward(feed, stop_ids(tokenizer, model)),
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
