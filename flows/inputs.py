@@ -150,8 +150,10 @@ def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: lis
     from transformers import AutoConfig, AutoTokenizer
 
     from tasks.backends.generate.transformers import check_fits
+    from tasks.checkpoints import local_checkpoint
 
     try:
+        checkpoint = local_checkpoint(checkpoint, say=print)  # a GGUF file: its folder
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
         model_config = AutoConfig.from_pretrained(checkpoint)
     except Exception as exc:  # a Hub id that does not exist, or is not cached offline
