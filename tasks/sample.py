@@ -40,7 +40,7 @@ class SampleConfig(BaseModel):
 
 @stage(
     "sample",
-    version=1,
+    version=2,  # 2: a temperature other than 1 ranks in log space (T = 1 draws as before)
     libraries=("numpy",),
     inputs={"scores": (*PROMPT_COLUMNS, "informativeness")},
     outputs=(*PROMPT_COLUMNS, "informativeness", "draw_rank"),
