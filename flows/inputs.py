@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from eva_runtime.errors import ConfigError, EvaError, first_line
-from flows.config import OnlineRunConfig, RunConfig
+from flows.config import OnlineRunConfig, RunConfig, check_finite
 from flows.machine_checks import check_accelerate, check_api_keys, check_devices, check_reporters
 from flows.model_checks import check_chat_templates, check_checkpoint, check_hub_models
 from flows.roots import check_root, check_storage_options
@@ -35,6 +35,7 @@ OWN_MODEL = "start from configs/own-model.yaml"
 
 
 def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
+    check_finite(config)  # a config built without validate_config (a flow's parameter)
     _check_required(config)
     if isinstance(config, RunConfig):
         check_chat_templates(config)

@@ -43,6 +43,7 @@ from tasks.context import (
     StageContext,
     StageOutput,
     check_stats,
+    recorded_stats,
     stage_seed,
 )
 from tasks.keys import cache_key, recorded_versions, sha
@@ -202,6 +203,7 @@ class Stage:
             )
             out = self.fn(ctx, config, **tables)
             check_stats(artifact, out.stats)
+            stats = recorded_stats(out.stats)
             if missing := missing_columns(out.table, self.outputs):
                 raise StageError(
                     f"{artifact}: output lacks declared column(s) {', '.join(missing)}"
@@ -227,13 +229,13 @@ class Stage:
             "rows": out.table.num_rows, "content_hash": content_hash, "model_uri": model_uri,
             "config": config_json, "config_hash": sha(json.dumps(config_json, sort_keys=True)),
             "inputs": {k: read.get(k) or checkpoint_input(r) for k, r in refs.items()},
-            "seconds": round(seconds, 3), "stats": out.stats, "versions": recorded_versions(),
+            "seconds": round(seconds, 3), "stats": stats, "versions": recorded_versions(),
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }  # fmt: skip
         ensure_held(store, f"{artifact} {where}'s manifest")
         store.write_manifest(iteration, artifact, manifest)
         ctx.log.info(
-            "%s %s: %s (%d rows, %.1f s)", artifact, where, headline(self.name, out.stats),
+            "%s %s: %s (%d rows, %.1f s)", artifact, where, headline(self.name, stats),
             out.table.num_rows, seconds,
         )  # fmt: skip
         publish_stage(run.run, where, artifact, manifest, out.ui_tables, out.ui_notes)

@@ -403,3 +403,40 @@ def test_a_solver_and_generation_that_lay_out_prompts_differently_are_refused(
     status, err = eva(capsys, *argv)
     assert status == 2 and "\n" not in err and err.startswith(f"eva: error: {says}"), err
     assert not root.exists()
+
+
+# --- issue 43: a number that is not finite -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("setting", "field"),
+    [
+        ("sample.temperature=inf", "sample.temperature"),  # a float field: pydantic takes inf
+        ("pairs.min_chosen_reward=-.inf", "pairs.min_chosen_reward"),
+        ("evolve.evolver.options.rate=.nan", "evolve.evolver.options.rate"),  # a component's own
+    ],
+)
+def test_a_number_that_is_not_finite_is_refused_before_anything_is_written(
+    tmp_path, capsys, setting, field
+):
+    # It used to run, and write a bare Infinity (not JSON) into config.json and the manifests.
+    root = tmp_path / "runs"
+    status, err = eva(capsys, "run", "--root", str(root), "--set", setting)
+    assert status == 2 and "\n" not in err, err
+    assert err.startswith(f"eva: error: {field}: not a finite number (got ")
+    assert not root.exists()
+
+
+def test_a_flow_given_a_config_that_is_not_finite_refuses_it_too(tmp_path) -> None:
+    # A flow's parameter (the UI, a deployment, Python) is a model pydantic built, not one the
+    # CLI read: the run's own edge checks it before the run is opened.
+    from flows.config import RunConfig
+    from flows.run import eva_run
+    from tests.conftest import tiny_run_config
+
+    config = RunConfig.model_validate(
+        tiny_run_config(str(tmp_path / "runs"), sample={"temperature": math.inf})
+    )
+    with pytest.raises(EvaError, match=r"^sample\.temperature: not a finite number \(got inf\)"):
+        eva_run.fn(config)
+    assert not (tmp_path / "runs").exists()
