@@ -201,7 +201,7 @@ def _output(table: pa.Table) -> StageOutput:
 
 @stage(
     "prompts",
-    version=1,
+    version=2,  # 2: a folder of data files is read from its bytes, never load_dataset's cache
     libraries=("pyarrow",),
     inputs={},
     outputs=PROMPT_COLUMNS,
@@ -213,7 +213,7 @@ def load_prompts(ctx: StageContext, config: PromptsConfig) -> StageOutput:
 
 @stage(
     "heldout",
-    version=1,
+    version=2,  # 2: a folder of data files is read from its bytes, never load_dataset's cache
     libraries=("pyarrow",),
     inputs={"seed_set": ("prompt",)},
     outputs=PROMPT_COLUMNS,
