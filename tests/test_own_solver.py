@@ -144,7 +144,7 @@ def test_options_the_solver_refuses_are_refused_at_the_edge(tmp_path: Path, monk
         check_inputs(config)
 
 
-BROKEN = '''
+BROKEN = """
 class Fails:
     def __init__(self):
         raise RuntimeError("solver init failed: no GPU here")
@@ -156,7 +156,7 @@ def nothing():
 
 def not_a_solver():
     return {"train": "a dict, not a solver"}
-'''
+"""
 
 
 @pytest.mark.parametrize(
