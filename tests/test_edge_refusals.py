@@ -440,3 +440,46 @@ def test_a_flow_given_a_config_that_is_not_finite_refuses_it_too(tmp_path) -> No
     with pytest.raises(EvaError, match=r"^sample\.temperature: not a finite number \(got inf\)"):
         eva_run.fn(config)
     assert not (tmp_path / "runs").exists()
+
+
+# --- issue 43: a configured Prefect API that does not answer ----------------------------------
+
+
+def _closed_port() -> int:
+    """A port on this machine nothing listens on: a dead Prefect API."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["serve"], ["run", "--set", "iterations=0"], ["online"]],
+    ids=["serve", "run", "online"],
+)
+def test_a_dead_prefect_api_is_one_line_naming_it(tmp_path, argv):
+    # eva serve used to end in a 101-line traceback ending in httpx.ConnectError, eva run in
+    # one ending in "Failed to reach API": the client's, from inside Prefect's engine.
+    import os
+    import subprocess
+
+    from tests.test_cli_first_hour import PROJECT
+
+    url = f"http://127.0.0.1:{_closed_port()}/api"
+    env = {**os.environ, "PREFECT_API_URL": url}
+    root = tmp_path / "runs"
+    more = [] if argv == ["serve"] else ["--root", str(root)]
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.cli", *argv, *more],
+        cwd=PROJECT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    err = done.stderr.strip()
+    assert err == (
+        f"eva: error: PREFECT_API_URL: the Prefect API at {url} does not answer (ConnectError: "
+        "[Errno 111] Connection refused) (start that server (eva prefect-server), or unset "
+        "PREFECT_API_URL and eva starts a temporary one)"
+    )
+    assert not root.exists()
