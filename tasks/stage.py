@@ -181,8 +181,11 @@ class Stage:
                 )
             tables[name] = table
 
-        store.invalidate(iteration, artifact)
         where = iteration_dir(iteration)
+        # The stage's first write (its manifest withdrawn) and its scratch in the run: a launch
+        # that lost the run's lock makes neither.
+        ensure_held(store, f"{artifact} {where}")
+        store.invalidate(iteration, artifact)
         bar = ProgressArtifact(artifact_key(run.run, where, artifact, "progress"))
         progress = TerminalProgress(f"{artifact} {where}", bar)
         # Scratch lives in the run's own scratch area, which the next launch sweeps: a killed

@@ -219,6 +219,26 @@ def test_run_json_is_written_strict_or_not_at_all(tmp_path) -> None:
         assert _strict_json(f.read()) == {"a": 1.5}
 
 
+def test_a_launch_that_lost_the_lock_starts_no_stage_and_writes_nothing(tmp_path) -> None:
+    # A holder that resumes between two stages, after another launch took the run over: the
+    # next stage it would run withdrew that launch's manifest and wrote a traceback in logs/.
+    from tasks.run_lock import RunLockLost, lock_path, run_lock
+
+    run = _run(tmp_path)
+    store = run.store()
+    annotated = _input(store, 1, "creator_annotate", _annotated())
+    with run_lock(store) as owner:
+        score(run, 1, ScoreConfig(), annotated=annotated)
+        theirs = store.read_manifest(1, "score")
+        with open(lock_path(store), "w") as f:
+            json.dump({**owner, "token": "taken-over", "pid": 1, "host": "elsewhere"}, f)
+        before = sorted(os.listdir(store.base)), sorted(os.listdir(store.scratch_dir()))
+        with pytest.raises(RunLockLost, match=r"lost the run's lock to pid 1 on elsewhere"):
+            score(run, 1, ScoreConfig(metric="var"), annotated=annotated)
+        assert store.read_manifest(1, "score") == theirs
+        assert (sorted(os.listdir(store.base)), sorted(os.listdir(store.scratch_dir()))) == before
+
+
 def test_plan_targets_one_stage_and_follows_refs_not_order(tmp_path) -> None:
     run = _run(tmp_path)
     store = run.store()
