@@ -23,18 +23,19 @@ from typing import Any
 from pydantic import BaseModel
 
 from eva_runtime.errors import ConfigError, EvaError, first_line
-from flows.config import OnlineRunConfig, RunConfig
+from flows.config import OnlineRunConfig, RunConfig, check_finite
 from flows.machine_checks import check_accelerate, check_api_keys, check_devices, check_reporters
 from flows.model_checks import check_chat_templates, check_checkpoint, check_hub_models
 from flows.roots import check_root, check_storage_options
-from tasks.backends.python import PythonComponent
-from tasks.config_tree import walk
+from tasks.backends.python import Builds, PythonComponent
+from tasks.config_tree import Node, walk
 from tasks.prompts import PromptsConfig, read_prompts
 
 OWN_MODEL = "start from configs/own-model.yaml"
 
 
 def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
+    check_finite(config)  # a config built without validate_config (a flow's parameter)
     _check_required(config)
     if isinstance(config, RunConfig):
         check_chat_templates(config)
@@ -126,16 +127,37 @@ def _check_required(config: RunConfig | OnlineRunConfig) -> None:
 
 
 def _loaded_components(config: BaseModel) -> Iterator[tuple[str, tuple[str, Any]]]:
-    """Every Python component the config names, built now: options it refuses fail here.
-    ``(field, (its factory, the component))``."""
+    """Every Python component the config names, built now: options it refuses, a factory that
+    fails, and an object that cannot serve the field's role (``Builds``: None, or without the
+    methods the stages call) fail here. ``(field, (its factory, the component))``."""
     for node in walk(config, descend=lambda node: not isinstance(node.value, PythonComponent)):
-        if isinstance(node.value, PythonComponent):
-            try:
-                yield node.path, (node.value.factory, node.value.load())
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(
-                    f"{node.path}.options: {first_line(exc, with_type=False)}"
-                ) from None
+        if not isinstance(node.value, PythonComponent):
+            continue
+        factory = node.value.factory
+        try:
+            built = node.value.load()
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{node.path}.options: {first_line(exc, with_type=False)}") from None
+        except Exception as exc:  # its own code failed: the user's to fix, named here
+            raise ConfigError(
+                f"{factory} raised {first_line(exc)}",
+                field=f"{node.path}.factory",
+                hint="eva builds each component of yours once before the run starts",
+            ) from None
+        role = _role(node)
+        if role is not None and (why := role.lacks(built)) is not None:
+            raise ConfigError(
+                f"{factory} {why}",
+                field=f"{node.path}.factory",
+                hint=f"it must build {role.wants()}",
+            )
+        yield node.path, (factory, built)
+
+
+def _role(node: Node) -> Builds | None:
+    """What the field holding a component declares the component must build."""
+    metadata = node.field.metadata if node.field is not None else []
+    return next((m for m in metadata if isinstance(m, Builds)), None)
 
 
 def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: list[str]) -> None:

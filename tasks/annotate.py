@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pyarrow as pa
@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.informativeness import reward_matrix
 from tasks.backends.protocols import stats_of
+from tasks.backends.python import Builds
 from tasks.backends.ray_cluster import RayJob, run_on_ray
 from tasks.backends.reward import RewardBackend
 from tasks.context import StageContext, StageOutput, check_failures
@@ -26,7 +27,7 @@ MAX_ABS_REWARD = 1e150
 
 class AnnotateConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    reward: RewardBackend | None = Field(
+    reward: Annotated[RewardBackend | None, Builds("a reward model", ("score",))] = Field(
         default=None,
         description="The reward model, by kind: sequence_classifier (Skywork/ArmoRM-style RM; "
         "the paper's is RLHFlow/ArmoRM-Llama3-8B-v0.1 with trust_remote_code and output: "

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Annotated
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from eva_runtime.hub import record_revision
 from tasks.backends.protocols import stats_of
-from tasks.backends.python import PythonComponent
+from tasks.backends.python import Builds, PythonComponent
 from tasks.checkpoints import converted, gguf_path, is_gguf
 from tasks.content_hashes import checkpoint_hash, hash_file, hub_ref, is_hub_id
 from tasks.context import StageContext, StageOutput
@@ -37,7 +38,7 @@ class BootstrapConfig(BaseModel):
         "converted once into a Hugging Face folder, cached by its bytes); write a relative "
         "local path as ./dir. When set, it is used instead of builder.",
     )
-    builder: PythonComponent | None = Field(
+    builder: Annotated[PythonComponent | None, Builds("a policy builder", ("build",))] = Field(
         default=None,
         description="Build theta_0 with code instead: {kind: python, factory: "
         "package.module:Name, options: {...}}, an object with build(out_dir, seed, exclude, "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from typing import Annotated
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +21,7 @@ from tasks.backends.generate import GenerationBackend
 from tasks.backends.generate.transformers import TransformersGeneration
 from tasks.backends.judge.llm import JudgeConfig
 from tasks.backends.protocols import close_after, engine_stats, stats_of
+from tasks.backends.python import Builds
 from tasks.backends.reward import PointwiseRewardBackend
 from tasks.context import StageContext, StageOutput
 from tasks.generate import share, warn_truncated
@@ -32,7 +34,7 @@ class EvaluateConfig(BaseModel):
         default_factory=lambda: TransformersGeneration(temperature=0.0),
         description="Decoding for evaluation (greedy by default).",
     )
-    reward: PointwiseRewardBackend | None = Field(
+    reward: Annotated[PointwiseRewardBackend | None, Builds("a reward model", ("score",))] = Field(
         default=None,
         description="Scores one answer per prompt: a reward model, a function, an object of "
         "yours, or a verifiable reward against the held-out set's known answers (unknown: "

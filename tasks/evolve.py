@@ -9,6 +9,7 @@ records lineage. Stats carry the drop counts and, for LLM evolvers, their reques
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,6 +18,7 @@ from eva_core.evolution import clean_rewrite, evolved_records
 from eva_core.schema import LINEAGE_COLUMNS, PROMPT_COLUMNS
 from tasks.backends.evolve import EvolverBackend
 from tasks.backends.protocols import ReportsStats
+from tasks.backends.python import Builds
 from tasks.context import StageContext, StageOutput, check_failures
 from tasks.stage import StageError, stage
 
@@ -42,7 +44,7 @@ class EvolveConfig(BaseModel):
         "else it is dropped as unrelated; parents of fewer than 3 such words and in-breadth "
         "rewrites are not judged. 0: off.",
     )
-    evolver: EvolverBackend | None = Field(
+    evolver: Annotated[EvolverBackend | None, Builds("an evolver", ("evolve",))] = Field(
         default=None,
         description="The rewriter, by kind: distilabel (EvolInstruct over an OpenAI-compatible "
         "LLM, the paper's), paper (the paper's appendix-F templates), python (an object of "

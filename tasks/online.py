@@ -17,7 +17,7 @@ import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +28,7 @@ from eva_core.creator import Creator
 from eva_core.schema import PROMPT_COLUMNS
 from eva_runtime.errors import ConfigError
 from tasks.backends.evolve import EvolverBackend
+from tasks.backends.python import Builds
 from tasks.backends.reward import PointwiseRewardBackend
 from tasks.backends.train.online import OnlineSolverConfig
 from tasks.context import StageContext, StageOutput, check_failures
@@ -52,13 +53,13 @@ class OnlineConfig(BaseModel):
     steps_per_segment: int = Field(
         default=50, ge=1, description="Optimizer steps per segment (a cached, resumable stage)."
     )
-    reward: PointwiseRewardBackend | None = Field(
+    reward: Annotated[PointwiseRewardBackend | None, Builds("a reward model", ("score",))] = Field(
         default=None,
         description="Scores samples: a reward model, a function or an object of yours "
         "(required; see annotate.reward of an offline run).",
     )
 
-    evolver: EvolverBackend | None = Field(
+    evolver: Annotated[EvolverBackend | None, Builds("an evolver", ("evolve",))] = Field(
         default=None, description="The rewriter (required unless buffer.evolve is false)."
     )
     max_chars: int | None = Field(
