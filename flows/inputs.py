@@ -58,11 +58,13 @@ def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
         if prompts.path is not None:
             check_storage_options(prompts.path, prompts.storage_options, f"{field}.storage_options")
         try:
-            texts = read_prompts(prompts).column("prompt").to_pylist()
+            table = read_prompts(prompts)
         except FileNotFoundError:
             raise ConfigError(f"{field}.path: no file at {prompts.path!r}") from None
         except ValueError as exc:
             raise ConfigError(f"{field}.{named}: {exc}") from None
+        texts = table.column("prompt").to_pylist()
+        _check_instructions(config, f"{field}.{named}: {shown}", table)
         for where, (factory, component) in components.items():
             check = getattr(component, "check_prompts", None)
             try:
@@ -158,6 +160,35 @@ def _role(node: Node) -> Builds | None:
     """What the field holding a component declares the component must build."""
     metadata = node.field.metadata if node.field is not None else []
     return next((m for m in metadata if isinstance(m, Builds)), None)
+
+
+def _check_instructions(config: RunConfig | OnlineRunConfig, where: str, table: Any) -> None:
+    """Where a component reads each prompt's instructions (the instruction-following reward or
+    evolver), the prompts carry them, and the checkers here can run every one."""
+    readers = [
+        node.path
+        for node in walk(config)
+        if isinstance(node.value, BaseModel) and getattr(node.value, "prompt_columns", None)
+    ]
+    if not readers:
+        return
+    from tasks.backends.ifeval import parse
+
+    ids = table.column("instruction_id_list").to_pylist()
+    if all(i is None for i in ids):
+        raise ConfigError(
+            f"{where}: no prompt carries instructions (instruction_id_list), and {readers[0]} "
+            "checks a response against its prompt's",
+            hint="give each row IFEval's instruction_id_list and kwargs "
+            "(python -m bench.if_prompts writes such files)",
+        )
+    kwargs_cells = table.column("kwargs").to_pylist()
+    for row, (given, kwargs) in enumerate(zip(ids, kwargs_cells, strict=True)):
+        try:
+            if given is not None:
+                parse(given, kwargs)
+        except (ValueError, ImportError) as exc:
+            raise ConfigError(f"{where}: prompt {row}: {exc}", hint=f"{readers[0]}") from None
 
 
 def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: list[str]) -> None:

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tasks.backends.generate import GenerationBackend
 from tasks.backends.generate.transformers import TransformersGeneration
 from tasks.backends.judge.llm import JudgeConfig
-from tasks.backends.protocols import close_after, engine_stats, stats_of
+from tasks.backends.protocols import close_after, engine_stats, prompt_columns, stats_of
 from tasks.backends.python import Builds
 from tasks.backends.reward import PointwiseRewardBackend
 from tasks.context import StageContext, StageOutput
@@ -77,9 +77,9 @@ def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> St
         engines = engine_stats(generator)
     if config.reward is None:  # a run config resolves it to the run's own reward model
         raise StageError(f"{ctx.artifact}: no reward model", field="evaluate.reward")
-    rewards = np.array(
-        [rs[0] for rs in config.reward.load().score(prompts, [[r] for r in responses])]
-    )
+    reward = config.reward.load()
+    scores = reward.score(prompts, [[r] for r in responses], **prompt_columns(reward, heldout))
+    rewards = np.array([rs[0] for rs in scores])
     seconds = time.perf_counter() - started
     truncated = finished.count(False)
     warn_truncated(ctx, "evaluate.generation", config.generation, truncated, len(prompts))

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from eva_core.evolution import clean_rewrite, evolved_records
 from eva_core.schema import LINEAGE_COLUMNS, PROMPT_COLUMNS
 from tasks.backends.evolve import EvolverBackend
-from tasks.backends.protocols import ReportsStats
+from tasks.backends.protocols import ReportsStats, prompt_columns
 from tasks.backends.python import Builds
 from tasks.context import StageContext, StageOutput, check_failures
 from tasks.stage import StageError, stage
@@ -54,7 +54,8 @@ class EvolveConfig(BaseModel):
 
 @stage(
     "evolve",
-    version=2,
+    # 3: a child carries instruction columns of its own where its evolver gives them.
+    version=3,
     inputs={"subset": PROMPT_COLUMNS, "heldout": ("prompt_id",)},
     outputs=PROMPT_COLUMNS,
 )
@@ -67,10 +68,11 @@ def evolve(
     started = time.perf_counter()
     evolver = config.evolver.load()
     raw = evolver.evolve(
-        parents, subset.column("category").to_pylist(), config.num_evolutions, ctx.seed
-    )
+        parents, subset.column("category").to_pylist(), config.num_evolutions, ctx.seed,
+        **prompt_columns(evolver, subset),
+    )  # fmt: skip
     seconds = time.perf_counter() - started
-    failed = sum(not any(clean_rewrite(text) for text, _ in rewrites) for rewrites in raw)
+    failed = sum(not any(clean_rewrite(r[0]) for r in rewrites) for rewrites in raw)
     endpoint = getattr(getattr(config.evolver, "llm", None), "base_url", None)
     if endpoint is not None:  # the world's operators cannot fail; an LLM behind a URL can
         check_failures(

@@ -201,7 +201,9 @@ def _output(table: pa.Table) -> StageOutput:
 
 @stage(
     "prompts",
-    version=2,  # 2: a folder of data files is read from its bytes, never load_dataset's cache
+    # 2: a folder of data files is read from its bytes, never load_dataset's cache.
+    # 3: prompts keep the instructions a file gives them (instruction_id_list, kwargs).
+    version=3,
     libraries=("pyarrow",),
     inputs={},
     outputs=PROMPT_COLUMNS,
@@ -213,7 +215,9 @@ def load_prompts(ctx: StageContext, config: PromptsConfig) -> StageOutput:
 
 @stage(
     "heldout",
-    version=2,  # 2: a folder of data files is read from its bytes, never load_dataset's cache
+    # 2: a folder of data files is read from its bytes, never load_dataset's cache.
+    # 3: prompts keep the instructions a file gives them (instruction_id_list, kwargs).
+    version=3,
     libraries=("pyarrow",),
     inputs={"seed_set": ("prompt",)},
     outputs=PROMPT_COLUMNS,
