@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
+from eva_core.creator_checks import RewriterError, checked_rewrites
 from eva_core.evolution import EvolveStats, clean_rewrite, evolved_records
 from eva_core.schema import PROMPT_SCHEMA, prompt_id, seed_records
 
@@ -63,11 +64,13 @@ def evolve_children(
 ) -> Evolved:
     """Children of ``parents`` as prompt records with lineage, each starting at its parent's
     informativeness as priority, made at observation ``at`` (their ``iteration``); and the
-    parents the rewriter gave nothing usable."""
-    raw = [[(r, "rewrite") if isinstance(r, str) else r for r in rewrites]
-           for rewrites in rewriter(parents, n, seed)]  # fmt: skip
-    if len(raw) != len(parents):
-        raise ValueError(f"the rewriter returned {len(raw)} lists for {len(parents)} parents")
+    parents the rewriter gave nothing usable. A rewriter that raises, or answers something else
+    than up to ``n`` rewrites per parent, raises an error naming it."""
+    try:
+        answer = rewriter(parents, n, seed)
+    except Exception as exc:
+        raise RewriterError(rewriter, exc) from exc
+    raw = checked_rewrites(rewriter, answer, parents, n)
     failed = sum(not any(clean_rewrite(text) for text, _ in rewrites) for rewrites in raw)
     table = pa.Table.from_pylist(
         [{name: p.get(name) for name in PROMPT_SCHEMA.names} for p in parents],
