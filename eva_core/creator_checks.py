@@ -174,17 +174,6 @@ def checked_rewrites(
     return checked
 
 
-class RewriterError(RuntimeError):
-    """The user's rewriter raised: the message names it; the cause is its own exception."""
-
-    def __init__(self, rewriter: Any, error: BaseException):
-        text = str(error).strip().splitlines()
-        super().__init__(
-            f"rewriter {rewriter_name(rewriter)} raised {type(error).__name__}"
-            + (f": {text[0]}" if text else "")
-        )
-
-
 def rewriter_name(rewriter: Any) -> str:
     """``module:qualname`` of a rewriter (its repr when it has none)."""
     module = getattr(rewriter, "__module__", None)
