@@ -186,6 +186,17 @@ class Creator:
                 **({"ties": self.ties.state()} if self.ties is not None else {}),
             }
 
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Resume this creator, in place, at a saved ``state()`` over its own seeds: its options
+        (rewriter, executor, ...) stay, what the state holds is replaced (``from_state``)."""
+        with self._lock:
+            restored = Creator.from_state(
+                self.buffer.seeds, state, rewriter=self.rewriter, executor=self.executor,
+                max_chars=self.max_chars, exclude_ids=self.exclude_ids,
+                categorize=self.categorize, inherit=self.inherit,
+            )  # fmt: skip
+            vars(self).update({k: v for k, v in vars(restored).items() if k != "_lock"})
+
     # --- draw ------------------------------------------------------------------------------
 
     def _draw(self, k: int) -> list[Record]:
