@@ -283,7 +283,7 @@ def test_math_recipe_samples_from_the_ids_generation_feeds(
     recipe.main(
         [
             *("--model", path, "--prompts", str(data), "--out", str(tmp_path / "out")),
-            *("--rounds", "1", "--steps-per-round", "1", "--num-generations", "2"),
+            *("--steps", "1", "--num-generations", "2"),
             *("--prompts-per-step", "2", "--max-completion-length", "2"),
             *([flag] if flag else []),
         ]
