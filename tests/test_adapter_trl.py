@@ -116,7 +116,7 @@ def test_resume_from_checkpoint_continues_as_an_uninterrupted_run(policy_dir, tm
         return creator, observed
 
     whole, everything = run(tmp_path / "whole")
-    head, first = run(tmp_path / "cut", stop=3)
+    _, first = run(tmp_path / "cut", stop=3)
     saved = json.loads((tmp_path / "cut/checkpoint-3/trainer_state.json").read_text())
     pending = saved["stateful_callbacks"]["FeedCallback"]["attributes"]["eva"]["pending"]
     assert [d["step"] for d in pending] == [3]  # fetched ahead of step 3, not trained
