@@ -29,14 +29,15 @@ class OptionError(ValueError):
         self.option, self.requirement, self.value = option, requirement, value
         super().__init__(f"{option} {requirement}, got {short(value)}")
 
-    def under(self, prefix: str) -> ValueError:
+    def under(self, prefix: str) -> OptionError:
         """The same error naming the key a framework's config holds the option under."""
-        return ValueError(f"{prefix}.{self.option} {self.requirement}, got {short(self.value)}")
+        return OptionError(f"{prefix}.{self.option}", self.requirement, self.value)
 
 
 def short(value: Any) -> str:
+    """A value as an error line quotes it (a long one cut: a whole state does not fit a line)."""
     text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def is_int(value: Any) -> bool:
