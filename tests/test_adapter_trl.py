@@ -6,6 +6,7 @@ uninterrupted run. Settings the feed cannot work with are refused when the train
 from __future__ import annotations
 
 import json
+import re
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -170,3 +171,46 @@ def test_a_trainer_without_the_callback_stops_at_the_next_draw(policy_dir, tmp_p
     )  # fmt: skip
     with pytest.raises(RuntimeError, match=r"pass feed.callback\(\) in the trainer's callbacks"):
         bare.train()
+
+
+def docs_example() -> str:
+    """The TRL example of docs/trainers.md, as a user copies it."""
+    docs = (Path(__file__).parents[1] / "docs" / "trainers.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", docs, re.S)
+    (example,) = [b for b in blocks if "CreatorFeed" in b]
+    return example
+
+
+def test_the_docs_example_runs_as_written(policy_dir, tmp_path, monkeypatch) -> None:
+    """docs/trainers.md's TRL example, run as written with TRL's defaults: only the sizes a CPU
+    test needs are made small (steps, batch, completion length), through ``GRPOConfig``."""
+    import trl
+
+    small = dict(
+        max_steps=4, per_device_train_batch_size=4, num_generations=2, max_completion_length=3,
+        use_cpu=True, report_to=[], disable_tqdm=True,
+    )  # fmt: skip
+    monkeypatch.setattr(trl, "GRPOConfig", lambda **kw: GRPOConfig(**{**kw, **small}))
+    monkeypatch.chdir(tmp_path)
+    seeds = [{"prompt": p, "answer": str(2 * i)} for i, p in enumerate(PROMPTS)]
+    space: dict[str, Any] = dict(seeds=seeds, my_rewriter=tagger, model=policy_dir,
+                                 my_reward=first_char_reward, buffer_size=4)  # fmt: skip
+    observed: list[str] = []
+    observe = Creator.observe
+
+    def watched(self: Creator, groups: Any) -> Any:
+        groups = list(groups)
+        observed.extend(pid for pid, _ in groups)
+        return observe(self, groups)
+
+    monkeypatch.setattr(Creator, "observe", watched)
+    exec(compile(docs_example(), "docs/trainers.md", "exec"), space)
+    creator, trainer = space["creator"], space["trainer"]
+    assert trainer.args.shuffle_dataset is True and trainer.state.global_step == 4
+    assert creator.stats.observed == 8 and creator.stats.drawn == 10  # one batch fetched ahead
+    # each drawn group observed once; children joined B, B filled (mix-up), and the trainer
+    # trained children: their groups came back to the creator.
+    assert len(observed) == 8 and len(set(observed)) == 8
+    seed_ids = {r["prompt_id"] for r in creator.buffer.seeds}
+    assert creator.stats.children > 0 and creator.buffer.phase == "mixup"
+    assert any(pid not in seed_ids for pid in observed)

@@ -228,6 +228,8 @@ def test_none_rewrites_are_failed_ones_and_state_is_strict_json() -> None:
 
 def test_calls_with_the_wrong_shape_are_refused() -> None:
     creator = Creator(SEEDS)
+    before = snapshot(creator)
+    assert creator.observe([]).prompt_ids == [] and snapshot(creator) == before  # nothing
     with pytest.raises(ValueError, match="draw takes a number of prompts >= 1, got 0"):
         creator.draw(0)
     batch = creator.draw(1)
