@@ -37,8 +37,8 @@ def _trainer_args(config: OnlineSolverConfig, common: dict[str, Any]) -> Any:
             per_device_train_batch_size=config.prompts_per_step,
             max_new_tokens=config.max_completion_length,
             missing_eos_penalty=config.missing_eos_penalty,
-            # accelerate dispatches an IterableDataset's batches as tensors by default; the
-            # prompts are text, so each process reads its own (RLOO/GRPO do this themselves).
+            # The prompts are text, never dispatched as tensors: each process reads its own
+            # batch (RLOO/GRPO set this themselves). The bridge runs in one process anyway.
             accelerator_config={"dispatch_batches": False},
         )
     from trl import GRPOConfig, RLOOConfig
