@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eva_core.buffer import PromptBuffer
 from eva_core.creator import Creator
@@ -101,6 +101,15 @@ class OnlineConfig(BaseModel):
         description="Children of step t's prompts enter the buffer at step t + lag, so a slow "
         "API evolver overlaps with training; 0 waits for it every step.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rloo_by_default(cls, data: Any) -> Any:
+        """A solver section without a kind is TRL's RLOO (as before solvers had kinds)."""
+        solver = data.get("solver") if isinstance(data, dict) else None
+        if isinstance(solver, dict) and "kind" not in solver:
+            return {**data, "solver": {**solver, "kind": "rloo"}}
+        return data
 
     def check_budget(self, seeds: int) -> None:
         """Refuse a step larger than the whole budget: ``total_steps`` rounds up to one step, so

@@ -42,9 +42,7 @@ from typing import Annotated, Any, ClassVar, Literal, Protocol, runtime_checkabl
 from pydantic import (
     BaseModel,
     ConfigDict,
-    Discriminator,
     Field,
-    Tag,
     field_validator,
     model_validator,
 )
@@ -207,13 +205,8 @@ class PythonOnlineSolver(PythonComponent):
         return solver
 
 
-def _solver_kind(value: Any) -> str:
-    kind = value.get("kind") if isinstance(value, dict) else getattr(value, "kind", None)
-    return "python" if kind == "python" else "trl"
-
-
-# ``online.solver``: TRL's (kind rloo, the default, grpo or online_dpo) or yours (kind python).
+# ``online.solver``: TRL's (kind rloo, grpo or online_dpo) or yours (kind python); a solver
+# section without a kind is TRL's RLOO, the paper's (``tasks.online.OnlineConfig`` fills it in).
 OnlineSolverBackend = Annotated[
-    Annotated[OnlineSolverConfig, Tag("trl")] | Annotated[PythonOnlineSolver, Tag("python")],
-    Discriminator(_solver_kind),
+    OnlineSolverConfig | PythonOnlineSolver, Field(discriminator="kind")
 ]
