@@ -137,10 +137,12 @@ def checked_groups(groups: Sequence[Any], drawn: Callable[[str], int]) -> tuple[
 
 def checked_rewrites(
     rewriter: Any, out: Any, parents: Sequence[Mapping[str, Any]], n: int
-) -> list[list[tuple[str, str]]]:
-    """A rewriter's answer as ``(text, method)`` pairs per parent, checked: one list per parent,
-    at most ``n`` rewrites each, each a text, ``None`` (a failed rewrite, counted as empty) or a
-    ``(text, method)`` pair of texts. Anything else raises ``ValueError`` naming the rewriter."""
+) -> list[list[tuple[Any, ...]]]:
+    """A rewriter's answer as ``(text, method)`` tuples per parent, checked: one list per
+    parent, at most ``n`` rewrites each, each a text, ``None`` (a failed rewrite, counted as
+    empty), a ``(text, method)`` pair of texts, or ``(text, method, columns)`` with a mapping
+    of the instruction columns the rewrite carries (``eva_core.evolution`` checks their cells).
+    Anything else raises ``ValueError`` naming the rewriter."""
     name = rewriter_name(rewriter)
     listed = isinstance(out, Sequence) and not isinstance(out, str | bytes)
     if not listed or len(out) != len(parents):
@@ -149,27 +151,28 @@ def checked_rewrites(
             f"rewriter {name} returned {size} for {len(parents)} parents; expected one list "
             "of rewrites per parent"
         )
-    checked: list[list[tuple[str, str]]] = []
+    checked: list[list[tuple[Any, ...]]] = []
     for i, rewrites in enumerate(out):
         where = f"rewriter {name}, parent {i} ({parents[i].get('prompt_id')})"
         if isinstance(rewrites, str | bytes) or not isinstance(rewrites, Sequence):
             raise ValueError(f"{where}: expected a list of rewrites, got {short(rewrites)}")
         if len(rewrites) > n:
             raise ValueError(f"{where}: {len(rewrites)} rewrites, at most n={n} were asked for")
-        pairs: list[tuple[str, str]] = []
+        pairs: list[tuple[Any, ...]] = []
         for rewrite in rewrites:
             if rewrite is None or isinstance(rewrite, str):
                 pairs.append((rewrite or "", "rewrite"))  # None: failed, dropped as empty
             elif (
                 isinstance(rewrite, Sequence)
-                and len(rewrite) == 2
-                and all(isinstance(x, str) for x in rewrite)
+                and len(rewrite) in (2, 3)
+                and all(isinstance(x, str) for x in rewrite[:2])
+                and (len(rewrite) == 2 or isinstance(rewrite[2], Mapping))
             ):
-                pairs.append((rewrite[0], rewrite[1]))
+                pairs.append(tuple(rewrite))
             else:
                 raise ValueError(
-                    f"{where}: a rewrite must be a text or a (text, method) pair of texts, got "
-                    f"{short(rewrite)}"
+                    f"{where}: a rewrite must be a text, a (text, method) pair of texts or "
+                    f"(text, method, instruction columns), got {short(rewrite)}"
                 )
         checked.append(pairs)
     return checked

@@ -73,7 +73,7 @@ def evolve_children(
             exc.add_note(f"raised by the creator's rewriter {rewriter_name(rewriter)}")
         raise
     raw = checked_rewrites(rewriter, answer, parents, n)
-    failed = sum(not any(clean_rewrite(text) for text, _ in rewrites) for rewrites in raw)
+    failed = sum(not any(clean_rewrite(r[0]) for r in rewrites) for rewrites in raw)
     table = pa.Table.from_pylist(
         [{name: p.get(name) for name in PROMPT_SCHEMA.names} for p in parents],
         schema=PROMPT_SCHEMA,

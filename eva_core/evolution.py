@@ -15,10 +15,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import pyarrow as pa
 
-from eva_core.schema import EVOLVED, PROMPT_SCHEMA, prompt_id
+from eva_core.schema import EVOLVED, PROMPT_SCHEMA, instruction_cells, prompt_id
 
 # Lower-cased openings of a rewriter declining the task; such output is not a prompt.
 REFUSAL_PREFIXES = (
@@ -83,7 +84,7 @@ class EvolveStats:
 
 def evolved_records(
     parents: pa.Table,
-    candidates: Sequence[Sequence[tuple[str, str]]],
+    candidates: Sequence[Sequence[tuple[str, str] | tuple[str, str, dict[str, Any]]]],
     iteration: int,
     max_chars: int | None = None,
     categorize: Callable[[str], str | None] | None = None,
@@ -93,8 +94,11 @@ def evolved_records(
 ) -> tuple[pa.Table, EvolveStats]:
     """Prompt records for the rewrites of each parent row.
 
-    ``candidates[i]`` holds ``(text, method)`` pairs for ``parents`` row ``i``. Kept rewrites
-    inherit the parent's root, one level deeper. ``categorize`` labels a rewrite (in-breadth
+    ``candidates[i]`` holds ``(text, method)`` pairs for ``parents`` row ``i``, or ``(text,
+    method, columns)`` where a rewrite carries instruction columns of its own (``columns``
+    maps ``INSTRUCTION_COLUMNS`` to its cells); without them a child has none, never its
+    parent's, which an LLM's rewrite may no longer ask. Kept rewrites inherit the parent's
+    root, one level deeper. ``categorize`` labels a rewrite (in-breadth
     rewrites may change category); without it the parent's category is inherited. Rewrites
     whose id is in ``exclude_ids`` (the held-out set: decontamination) are dropped as
     ``heldout``. A rewrite by a method that ``keeps_topic`` (an in-depth one: the same task,
@@ -110,7 +114,8 @@ def evolved_records(
     rows: dict[str, list] = {name: [] for name in PROMPT_SCHEMA.names}
     seen: set[str] = set()
     for i, rewrites in enumerate(candidates):
-        for raw, method in rewrites:
+        for rewrite in rewrites:
+            raw, method = rewrite[0], rewrite[1]
             stats.candidates += 1
             text = clean_rewrite(raw)
             stats.cleaned += isinstance(raw, str) and text != raw.strip()
@@ -143,8 +148,24 @@ def evolved_records(
             rows["iteration"].append(iteration)
             rows["evolve_method"].append(method)
             rows["category"].append(categorize(text) if categorize else cols["category"][i])
+            ids, kwargs = _instructions(rewrite[2], i) if len(rewrite) > 2 else (None, None)
+            rows["instruction_id_list"].append(ids)
+            rows["kwargs"].append(kwargs)
     stats.kept = len(rows["prompt_id"])
     return pa.table(rows, schema=PROMPT_SCHEMA), stats
+
+
+def _instructions(columns: Any, parent: int) -> tuple[list[str], str]:
+    """A rewrite's own instruction cells (``(text, method, columns)``), checked."""
+    if not isinstance(columns, dict) or "instruction_id_list" not in columns:
+        raise ValueError(
+            f"a rewrite of parent {parent} carries {columns!r:.60} where a mapping with "
+            "instruction_id_list (and kwargs) belongs"
+        )
+    try:
+        return instruction_cells(columns["instruction_id_list"], columns.get("kwargs"))
+    except ValueError as exc:
+        raise ValueError(f"a rewrite of parent {parent}: {exc}") from None
 
 
 def clean_rewrite(text: str | None) -> str:

@@ -13,7 +13,10 @@ uniform (``fell_back_to_uniform``). Stages surface both in their stats.
 
 A ``temperature`` T other than 1 draws in proportion to ``w ** (1 / T)`` instead: below 1 it
 leans towards the most informative prompts (T -> 0 is ``greedy``), above 1 towards a uniform
-draw (T -> infinity is ``uniform``).
+draw among the positive weights (T -> infinity is ``uniform`` over them). Its keys are compared
+in log space, so that no power of a weight is ever computed: ``w ** (1 / T)`` underflows to zero
+for every weight but the largest at a small T, and a draw made from it would fill up with
+zero-weight prompts, the opposite of its limit.
 """
 
 from __future__ import annotations
@@ -61,10 +64,6 @@ def select_subset(
     rng = np.random.default_rng(seed)
     positive = np.isfinite(w) & (w > 0)
     n_positive = int(positive.sum())
-    if temperature != 1.0:
-        w = tempered(w, temperature)
-        positive = np.isfinite(w) & (w > 0)  # a weight that underflowed to 0 is zero weight
-        n_positive = int(positive.sum())
 
     if method == "uniform" or n_positive == 0:
         indices = rng.permutation(n)[:k]
@@ -77,12 +76,7 @@ def select_subset(
         order = np.lexsort((np.arange(n), -np.where(positive, w, -np.inf)))
         take = order[: min(k, n_positive)]
     else:
-        u = rng.random(n)
-        with np.errstate(divide="ignore", over="ignore"):  # log(0), tiny weights: -inf keys
-            if n_positive == n:  # the same keys, without two passes of np.where
-                keys = np.log(u) / w
-            else:
-                keys = np.where(positive, np.log(u) / np.where(positive, w, 1.0), -np.inf)
+        keys = _draw_keys(w, positive, n_positive == n, rng.random(n), temperature)
         m = min(k, n_positive)
         top = np.argpartition(-keys, m - 1)[:m] if m < n else np.arange(n)
         take = top[_descending(keys[top])]
@@ -94,16 +88,41 @@ def select_subset(
     return Subset(take.astype(np.int64), fell_back_to_uniform=False, zero_weight_filled=filled)
 
 
+def _draw_keys(
+    w: np.ndarray, positive: np.ndarray, all_positive: bool, u: np.ndarray, temperature: float
+) -> np.ndarray:
+    """Efraimidis-Spirakis keys of a draw in proportion to ``w ** (1 / T)``: the k largest are
+    the draw; -inf where a weight is not positive.
+
+    At T = 1 the key is ``log(u) / w``, the paper's draw as it always was. At any other T the
+    key ``log(u) / w ** (1 / T)`` is ranked by a monotone transform of it that never raises a
+    weight to a power: ``log(w) / T - log(-log(u))``, multiplied by T where T < 1. Both forms
+    stay finite for every positive T (each multiplies by at most 1), so a tiny T ranks by
+    ``log(w)`` (greedy, ties at random) and a huge one by ``-log(-log(u))`` (uniform over the
+    positive weights), as the limits say."""
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):  # log(0) and u = 0
+        if temperature == 1.0:
+            if all_positive:  # the same keys, without two passes of np.where
+                return np.log(u) / w
+            return np.where(positive, np.log(u) / np.where(positive, w, 1.0), -np.inf)
+        log_w = np.log(np.where(positive, w, 1.0))
+        noise = np.log(-np.log(u))  # +inf where u = 0: that key is -inf, drawn last
+        small = temperature < 1.0
+        keys = log_w - temperature * noise if small else log_w / temperature - noise
+    return keys if all_positive else np.where(positive, keys, -np.inf)
+
+
 def tempered(weights: np.ndarray, temperature: float) -> np.ndarray:
     """The weights a ``weighted`` draw at ``temperature`` is proportional to: ``w ** (1 / T)``
-    for the positive ones, the others as they are. Scaled by the largest first, so that a high
-    power cannot overflow (the draw is proportional: the scale does not matter)."""
+    for the positive ones, the others as they are; scaled by the largest, and computed as
+    ``exp((log w - log max) / T)`` so that neither a tiny nor a huge T over- or underflows
+    before it must (a share that is truly below the smallest float is zero)."""
     w = np.asarray(weights, dtype=np.float64)
     positive = np.isfinite(w) & (w > 0)
     if temperature == 1.0 or not positive.any():
         return w
-    scaled = np.where(positive, w, 0.0) / w[positive].max()
-    return np.where(positive, scaled ** (1.0 / temperature), w)
+    log_w = np.log(np.where(positive, w, 1.0))
+    return np.where(positive, np.exp((log_w - log_w[positive].max()) / temperature), w)
 
 
 def _descending(values: np.ndarray) -> np.ndarray:

@@ -14,6 +14,9 @@ a lasting server can mark a flow run whose process died as Crashed; the temporar
 with the process and runs no automation, so nothing reads them, and they cost each flow run up
 to a second at its end (Prefect joins the heartbeat thread, which sleeps in one-second steps).
 Against a lasting server (the configured one or a running local one) they stay on.
+
+A configured API that does not answer is refused in one line naming ``PREFECT_API_URL``
+(``check_answers``), before any flow starts.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import httpx
+
+from eva_runtime.errors import ConfigError, first_line
 
 
 def local_server_url(timeout_s: float = 0.5) -> str | None:
@@ -51,6 +56,7 @@ def prefect_api(say: Callable[[str], None] | None = None) -> Iterator[str]:
 
     configured = PREFECT_API_URL.value()
     if configured:
+        check_answers(configured)
         yield configured
         return
     url = None if os.environ.get("EVA_PREFECT_SERVER") == "temporary" else local_server_url()
@@ -62,6 +68,24 @@ def prefect_api(say: Callable[[str], None] | None = None) -> Iterator[str]:
         say(f"eva: reporting to the Prefect server already running at {url}")
     with temporary_settings(updates={PREFECT_API_URL: url}):
         yield url
+
+
+def check_answers(url: str) -> None:
+    """A ``ConfigError`` naming ``PREFECT_API_URL`` when the configured API does not answer its
+    health check (nothing listening, another service, a server that errs): said in one line
+    before a flow starts, instead of the client's traceback from inside Prefect's engine. The
+    check is Prefect's own client's, so it sends what that client sends (an API key included)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        failed = client.api_healthcheck()
+    if failed is not None:
+        raise ConfigError(
+            f"the Prefect API at {url} does not answer ({first_line(failed)})",
+            field="PREFECT_API_URL",
+            hint="start that server (eva prefect-server), or unset PREFECT_API_URL and eva "
+            "starts a temporary one",
+        )
 
 
 @contextmanager

@@ -66,9 +66,37 @@ def create_app() -> Any:
     return prefect_app()
 
 
+def _check_database_folder() -> None:
+    """A ``ConfigError`` naming the setting when the SQLite file Prefect's settings give the
+    server (``PREFECT_HOME/prefect.db`` unless a connection URL says otherwise) lies in a
+    folder that does not exist: Prefect makes its home only where the home's parent exists, and
+    a server without its database folder dies at startup, after a warning about the home."""
+    from prefect.settings import get_current_settings
+
+    settings = get_current_settings()
+    url = settings.server.database.connection_url
+    url_text = url.get_secret_value() if url is not None else ""
+    scheme, sep, rest = url_text.partition(":///")
+    if not scheme.startswith("sqlite") or not sep:
+        return  # another database (PostgreSQL): the server says what it cannot reach
+    path = rest.split("?", 1)[0]
+    folder = os.path.dirname(os.path.abspath(path)) if path and path != ":memory:" else ""
+    if not folder or os.path.isdir(folder):
+        return
+    home = os.path.abspath(os.path.expanduser(str(settings.home)))
+    field = "PREFECT_HOME" if folder == home else "PREFECT_SERVER_DATABASE_CONNECTION_URL"
+    raise ConfigError(
+        f"{folder} does not exist, and the Prefect server keeps its database there",
+        field=field,
+        hint=f"create it (mkdir -p {folder}), or set {field} to a folder that exists",
+    )
+
+
 def _start(database_url: str | None, timeout_s: float) -> tuple[ManagedProcess, str]:
     from prefect.settings import get_current_settings
 
+    if database_url is None:  # the caller's own URL is the caller's to check
+        _check_database_folder()
     env = {
         **get_current_settings().to_environment_variables(exclude_unset=True),
         # What Prefect sets for its temporary server: no UI, the ephemeral set of services.

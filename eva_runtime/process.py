@@ -27,6 +27,7 @@ import collections
 import contextlib
 import logging
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -85,6 +86,21 @@ def log_tail(path: str, lines: int = TAIL_LINES) -> str:
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+# The last line of a Python traceback: an exception's (dotted) name and its message.
+_RAISED = re.compile(r"(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\b:? ?.*")
+CAUSE_CHARS = 300
+
+
+def last_cause(tail: str) -> str:
+    """What an output's tail says went wrong, in one line: its last exception (a traceback's
+    last line; a server usually logs more after it, such as "Application startup failed"),
+    else its last line that is not blank; '' for an output with nothing in it."""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    raised = [line for line in lines if _RAISED.fullmatch(line)]
+    found = (raised or lines or [""])[-1]
+    return found if len(found) <= CAUSE_CHARS else found[: CAUSE_CHARS - 3] + "..."
 
 
 @dataclass
@@ -281,11 +297,16 @@ class ManagedProcess:
         return "\n".join(self._tail) if self.pipe else log_tail(self.log_path)
 
     def fail(self, message: str, hint: str | None = None) -> ServerStartError:
-        """An error naming the command and quoting the output's tail; the log is kept."""
+        """An error naming the command and quoting the output's tail; the log is kept. Its
+        first line, the one the CLI prints, carries the cause the output ends with."""
         self._state.keep_log = True
         where = "output" if self.pipe else f"log {self.log_path}"
+        tail = self.tail()
+        cause = last_cause(tail)
+        head = f"{message} ({cause})" if cause else f"{message}, having written nothing"
+        quoted = f"ends with:\n{tail}" if cause else "is empty"
         return ServerStartError(
-            f"{message}; command: {' '.join(self.argv)}; {where} ends with:\n{self.tail()}",
+            f"{head}; command: {' '.join(self.argv)}; {where} {quoted}",
             pid=self.pid,
             returncode=self.process.poll(),
             log_path=self.log_path,

@@ -12,6 +12,7 @@ same way they layer on a user's file.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from typing import Annotated, Any, Literal, TypeVar, overload
@@ -30,7 +31,7 @@ from flows.config_layers import apply_overrides, read_config_file, resolve_exten
 from tasks.annotate import AnnotateConfig
 from tasks.bootstrap import BootstrapConfig
 from tasks.complexity import ComplexityConfig
-from tasks.config_tree import get_path
+from tasks.config_tree import get_path, walk
 from tasks.evaluate import EvaluateConfig
 from tasks.evolve import EvolveConfig
 from tasks.generate import GenerateConfig
@@ -210,7 +211,7 @@ def validate_config(data: dict[str, Any], model: type[BaseModel] = RunConfig) ->
     """``data`` as a ``model`` (the offline RunConfig unless told otherwise), or a ConfigError
     that names the first bad field in one line."""
     try:
-        return model.model_validate(data)
+        config = model.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(_settable_path(data, err["loc"])) or "config"
@@ -233,6 +234,23 @@ def validate_config(data: dict[str, Any], model: type[BaseModel] = RunConfig) ->
                 "package, or add its folder to PYTHONPATH)"
             )
         raise ConfigError(f"{head}{msg}{got}{more}", field=field, hint=hint) from None
+    check_finite(config)
+    return config
+
+
+def check_finite(config: BaseModel) -> None:
+    """A ``ConfigError`` naming the first value of ``config`` that is a number but not a finite
+    one (inf, nan, which a float field accepts and YAML writes as ``.inf``): JSON has no such
+    number, and the run's config.json and every manifest are JSON that any reader must read.
+    The whole tree is walked, the options a component of yours takes included."""
+    for node in walk(config):
+        if isinstance(node.value, float) and not math.isfinite(node.value):
+            raise ConfigError(
+                f"not a finite number (got {node.value})",
+                field=node.path or "config",
+                hint="give a finite number; a run's config and manifests are JSON, which has "
+                "no inf or nan",
+            )
 
 
 def _settable_path(data: Any, loc: tuple[Any, ...]) -> list[str]:

@@ -23,18 +23,19 @@ from typing import Any
 from pydantic import BaseModel
 
 from eva_runtime.errors import ConfigError, EvaError, first_line
-from flows.config import OnlineRunConfig, RunConfig
+from flows.config import OnlineRunConfig, RunConfig, check_finite
 from flows.machine_checks import check_accelerate, check_api_keys, check_devices, check_reporters
 from flows.model_checks import check_chat_templates, check_checkpoint, check_hub_models
 from flows.roots import check_root, check_storage_options
-from tasks.backends.python import PythonComponent
-from tasks.config_tree import walk
+from tasks.backends.python import Builds, PythonComponent
+from tasks.config_tree import Node, walk
 from tasks.prompts import PromptsConfig, read_prompts
 
 OWN_MODEL = "start from configs/own-model.yaml"
 
 
 def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
+    check_finite(config)  # a config built without validate_config (a flow's parameter)
     _check_required(config)
     if isinstance(config, RunConfig):
         check_chat_templates(config)
@@ -59,11 +60,13 @@ def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
         if prompts.path is not None:
             check_storage_options(prompts.path, prompts.storage_options, f"{field}.storage_options")
         try:
-            texts = read_prompts(prompts).column("prompt").to_pylist()
+            table = read_prompts(prompts)
         except FileNotFoundError:
             raise ConfigError(f"{field}.path: no file at {prompts.path!r}") from None
         except ValueError as exc:
             raise ConfigError(f"{field}.{named}: {exc}") from None
+        texts = table.column("prompt").to_pylist()
+        _check_instructions(config, f"{field}.{named}: {shown}", table)
         for where, (factory, component) in components.items():
             check = getattr(component, "check_prompts", None)
             try:
@@ -128,16 +131,66 @@ def _check_required(config: RunConfig | OnlineRunConfig) -> None:
 
 
 def _loaded_components(config: BaseModel) -> Iterator[tuple[str, tuple[str, Any]]]:
-    """Every Python component the config names, built now: options it refuses fail here.
-    ``(field, (its factory, the component))``."""
+    """Every Python component the config names, built now: options it refuses, a factory that
+    fails, and an object that cannot serve the field's role (``Builds``: None, or without the
+    methods the stages call) fail here. ``(field, (its factory, the component))``."""
     for node in walk(config, descend=lambda node: not isinstance(node.value, PythonComponent)):
-        if isinstance(node.value, PythonComponent):
-            try:
-                yield node.path, (node.value.factory, node.value.load())
-            except (TypeError, ValueError) as exc:
-                raise ConfigError(
-                    f"{node.path}.options: {first_line(exc, with_type=False)}"
-                ) from None
+        if not isinstance(node.value, PythonComponent):
+            continue
+        factory = node.value.factory
+        try:
+            built = node.value.load()
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{node.path}.options: {first_line(exc, with_type=False)}") from None
+        except Exception as exc:  # its own code failed: the user's to fix, named here
+            raise ConfigError(
+                f"{factory} raised {first_line(exc)}",
+                field=f"{node.path}.factory",
+                hint="eva builds each component of yours once before the run starts",
+            ) from None
+        role = _role(node)
+        if role is not None and (why := role.lacks(built)) is not None:
+            raise ConfigError(
+                f"{factory} {why}",
+                field=f"{node.path}.factory",
+                hint=f"it must build {role.wants()}",
+            )
+        yield node.path, (factory, built)
+
+
+def _role(node: Node) -> Builds | None:
+    """What the field holding a component declares the component must build."""
+    metadata = node.field.metadata if node.field is not None else []
+    return next((m for m in metadata if isinstance(m, Builds)), None)
+
+
+def _check_instructions(config: RunConfig | OnlineRunConfig, where: str, table: Any) -> None:
+    """Where a component reads each prompt's instructions (the instruction-following reward or
+    evolver), the prompts carry them, and the checkers here can run every one."""
+    readers = [
+        node.path
+        for node in walk(config)
+        if isinstance(node.value, BaseModel) and getattr(node.value, "prompt_columns", None)
+    ]
+    if not readers:
+        return
+    from tasks.backends.ifeval import parse
+
+    ids = table.column("instruction_id_list").to_pylist()
+    if all(i is None for i in ids):
+        raise ConfigError(
+            f"{where}: no prompt carries instructions (instruction_id_list), and {readers[0]} "
+            "checks a response against its prompt's",
+            hint="give each row IFEval's instruction_id_list and kwargs "
+            "(python -m bench.if_prompts writes such files)",
+        )
+    kwargs_cells = table.column("kwargs").to_pylist()
+    for row, (given, kwargs) in enumerate(zip(ids, kwargs_cells, strict=True)):
+        try:
+            if given is not None:
+                parse(given, kwargs)
+        except (ValueError, ImportError) as exc:
+            raise ConfigError(f"{where}: prompt {row}: {exc}", hint=f"{readers[0]}") from None
 
 
 def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: list[str]) -> None:
@@ -152,8 +205,10 @@ def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: lis
     from transformers import AutoConfig, AutoTokenizer
 
     from tasks.backends.generate.transformers import check_fits
+    from tasks.checkpoints import local_checkpoint
 
     try:
+        checkpoint = local_checkpoint(checkpoint, say=print)  # a GGUF file: its folder
         tokenizer = AutoTokenizer.from_pretrained(checkpoint)
         model_config = AutoConfig.from_pretrained(checkpoint)
     except Exception as exc:  # a Hub id that does not exist, or is not cached offline

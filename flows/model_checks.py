@@ -13,6 +13,7 @@ from typing import Any
 from eva_runtime.errors import ConfigError
 from eva_runtime.hub import unreachable
 from flows.config import OnlineRunConfig, RunConfig
+from tasks.checkpoints import CheckpointError, check_gguf_reader, is_gguf
 from tasks.content_hashes import is_hub_id
 
 
@@ -70,9 +71,15 @@ _WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.j
 
 
 def check_checkpoint(checkpoint: str | None) -> None:
-    """A local starting checkpoint has a readable config and weights (a Hub id is checked by
-    loading its config when ``flows.inputs`` checks that prompts fit it, else by its first
-    stage)."""
+    """A local starting checkpoint has a readable config and weights, a GGUF one a reader (a
+    Hub id is checked by loading its config when ``flows.inputs`` checks that prompts fit it,
+    else by its first stage)."""
+    if checkpoint is not None and is_gguf(checkpoint):
+        try:
+            check_gguf_reader("bootstrap.init_checkpoint")
+        except CheckpointError as exc:
+            raise ConfigError(exc.message, field=exc.field, hint=exc.hint) from None
+        return
     if checkpoint is None or is_hub_id(checkpoint) or not os.path.isdir(checkpoint):
         return
     try:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eva_core.informativeness import reward_matrix
-from tasks.backends.protocols import stats_of
+from tasks.backends.protocols import prompt_columns, stats_of
+from tasks.backends.python import Builds
 from tasks.backends.ray_cluster import RayJob, run_on_ray
 from tasks.backends.reward import RewardBackend
 from tasks.context import StageContext, StageOutput, check_failures
@@ -26,13 +27,14 @@ MAX_ABS_REWARD = 1e150
 
 class AnnotateConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    reward: RewardBackend | None = Field(
+    reward: Annotated[RewardBackend | None, Builds("a reward model", ("score",))] = Field(
         default=None,
         description="The reward model, by kind: sequence_classifier (Skywork/ArmoRM-style RM; "
         "the paper's is RLHFlow/ArmoRM-Llama3-8B-v0.1 with trust_remote_code and output: "
         "score), vllm_pooling, callable (package.module:function), pairwise (LLM judge win "
         "rate), verifiable (a verifier against known answers, majority-vote labels for the "
-        "rest), python (an object of yours). Required: a run without one is refused.",
+        "rest), instruction_following (IFEval's checkers on each prompt's instructions), "
+        "python (an object of yours). Required: a run without one is refused.",
     )
     max_unscored_share: float = Field(
         default=0.5,
@@ -54,6 +56,16 @@ class AnnotateConfig(BaseModel):
         "process.",
     )
 
+    @model_validator(mode="after")
+    def _cluster_reads_text(self) -> AnnotateConfig:
+        reads = getattr(self.reward, "prompt_columns", None)
+        if self.ray is not None and reads:
+            raise ValueError(
+                "ray: a cluster's workers get each prompt's text and responses only, and this "
+                f"reward also reads its {', '.join(reads)}: leave ray out"
+            )
+        return self
+
 
 # 2: counts the truncated responses and their mean reward beside the finished ones'.
 @stage("annotate", version=2, inputs={"rollouts": ROLLOUT_COLUMNS}, outputs=ANNOTATED_COLUMNS)
@@ -70,7 +82,7 @@ def annotate(ctx: StageContext, config: AnnotateConfig, rollouts: pa.Table) -> S
         backend: dict[str, Any] = {}
     else:
         model = config.reward.load()
-        rewards = model.score(prompts, responses, ctx.progress)
+        rewards = model.score(prompts, responses, ctx.progress, **prompt_columns(model, rollouts))
         backend, cluster = stats_of(model), {}
     seconds = time.perf_counter() - started
     flat = np.array([r for rs in rewards for r in rs], dtype=np.float64)

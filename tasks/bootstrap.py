@@ -1,9 +1,10 @@
 """Stage ``bootstrap``: theta_0, the policy every eva run starts from.
 
 Either the user's checkpoint (``init_checkpoint``: a local directory ``from_pretrained`` can
-load, used in place and keyed on its bytes, or a Hugging Face Hub id ``org/name``, loaded through
-the Hub's cache wherever a stage needs it and keyed on the commit that cache holds), or a
-policy built by code the config names
+load, used in place and keyed on its bytes; a Hugging Face Hub id ``org/name``, loaded through
+the Hub's cache wherever a stage needs it and keyed on the commit that cache holds; or a GGUF
+file, keyed on its bytes and converted once into a folder every stage loads:
+``tasks.checkpoints``), or a policy built by code the config names
 (``builder``, e.g. the built-in world's SFT from scratch, ``eva_world.bootstrap:WorldSFT``). A
 checkpoint given on top of a config with a builder (``--set bootstrap.init_checkpoint=...``)
 replaces the builder.
@@ -13,14 +14,16 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Annotated
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from eva_runtime.hub import record_revision
 from tasks.backends.protocols import stats_of
-from tasks.backends.python import PythonComponent
-from tasks.content_hashes import checkpoint_hash, hub_ref, is_hub_id
+from tasks.backends.python import Builds, PythonComponent
+from tasks.checkpoints import converted, gguf_path, is_gguf
+from tasks.content_hashes import checkpoint_hash, hash_file, hub_ref, is_hub_id
 from tasks.context import StageContext, StageOutput
 from tasks.stage import StageError, stage
 
@@ -30,10 +33,12 @@ class BootstrapConfig(BaseModel):
     init_checkpoint: str | None = Field(
         default=None,
         description="The policy to start from: a local directory (checked now, keyed on its "
-        "bytes) or a Hugging Face Hub id org/name (loaded through the Hub's cache); write a "
-        "relative local path as ./dir. When set, it is used instead of builder.",
+        "bytes), a Hugging Face Hub id org/name (loaded through the Hub's cache), or a GGUF "
+        "file (a path, or package:<module>/<file> for one an installed package ships; "
+        "converted once into a Hugging Face folder, cached by its bytes); write a relative "
+        "local path as ./dir. When set, it is used instead of builder.",
     )
-    builder: PythonComponent | None = Field(
+    builder: Annotated[PythonComponent | None, Builds("a policy builder", ("build",))] = Field(
         default=None,
         description="Build theta_0 with code instead: {kind: python, factory: "
         "package.module:Name, options: {...}}, an object with build(out_dir, seed, exclude, "
@@ -45,6 +50,9 @@ class BootstrapConfig(BaseModel):
     def _checkpoint_exists(cls, path: str | None) -> str | None:
         if path is None or is_hub_id(path):
             return path
+        if is_gguf(path):
+            gguf_path(path)  # the file exists (it is read when the run starts)
+            return path
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise ValueError(f"no checkpoint at {path!r} (expected a directory with config.json)")
         return path
@@ -52,7 +60,10 @@ class BootstrapConfig(BaseModel):
 
 def _checkpoint_key(config: BootstrapConfig) -> dict[str, str]:
     # A user checkpoint is keyed on its bytes, so replacing it re-runs everything downstream.
-    return {"checkpoint": checkpoint_hash(config.init_checkpoint)} if config.init_checkpoint else {}
+    ref = config.init_checkpoint
+    if ref is None:
+        return {}
+    return {"checkpoint": hash_file(gguf_path(ref)) if is_gguf(ref) else checkpoint_hash(ref)}
 
 
 @stage(
@@ -66,6 +77,10 @@ def bootstrap(ctx: StageContext, config: BootstrapConfig, heldout: pa.Table) -> 
     if config.init_checkpoint:
         table = pa.table({"step": pa.array([], pa.int64()), "loss": pa.array([], pa.float64())})
         ref = config.init_checkpoint
+        if is_gguf(ref):  # converted once, into the cache every run shares
+            folder = converted(ref, say=ctx.log.info)
+            return StageOutput(table, stats={"checkpoint": ref, "converted": folder},
+                               external_model=folder)  # fmt: skip
         if is_hub_id(ref):
             # The commit the later stages load, recorded in the Hub's cache now: the content
             # hash of theta_0 names it (tasks.content_hashes.checkpoint_hash) from the first

@@ -10,6 +10,7 @@ A judge of your own plugs in as ``python``: the built-in world's reports the exa
 from __future__ import annotations
 
 import math
+from typing import Annotated
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasks.backends.evolve.judge import ComplexityJudgeBackend
 from tasks.backends.protocols import stats_of
+from tasks.backends.python import Builds
 from tasks.context import StageContext, StageOutput
 from tasks.stage import stage
 
@@ -26,7 +28,7 @@ COMPLEXITY_COLUMNS = ("prompt_id", "prompt", "complexity", "quality")
 
 class ComplexityConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    judge: ComplexityJudgeBackend = Field(
+    judge: Annotated[ComplexityJudgeBackend, Builds("a complexity judge", ("score",))] = Field(
         description="llm (the paper's Table 7 judge over an OpenAI-compatible endpoint) or python "
         "(an object of yours; the built-in world's: eva_world.components:WorldDifficulty)."
     )

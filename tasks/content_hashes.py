@@ -18,7 +18,10 @@ HUB = "hub:"
 
 
 def is_hub_id(ref: str) -> bool:
-    """``org/name`` that is not a local path: a Hugging Face Hub model id."""
+    """``org/name`` that is not a local path: a Hugging Face Hub model id (a ``.gguf`` name is
+    a file, never a model id)."""
+    if ref.lower().endswith(".gguf"):
+        return False
     return bool(_HUB_ID.match(ref)) and not os.path.exists(ref)
 
 

@@ -5,6 +5,7 @@ failure budget)."""
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +51,23 @@ def check_stats(artifact: str, stats: Mapping[str, Any]) -> None:
                     f"{artifact}: stat {where} is a {type(leaf).__name__}; stats are numbers, "
                     "text or one level of breakdown"
                 )
+
+
+def recorded_stats(stats: Mapping[str, Any]) -> Stats:
+    """``stats`` as the manifest records them: a number that is not finite (a loss that
+    diverged to NaN, an infinite gradient norm) as its name, ``"nan"``, ``"inf"`` or
+    ``"-inf"``, since a manifest is standard JSON, which has no such number; the log and the UI
+    show the same text."""
+
+    def leaf(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+        return value
+
+    return {
+        name: {k: leaf(v) for k, v in value.items()} if isinstance(value, Mapping) else leaf(value)
+        for name, value in stats.items()
+    }
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from typing import Annotated
 
 import numpy as np
 import pyarrow as pa
@@ -19,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from tasks.backends.generate import GenerationBackend
 from tasks.backends.generate.transformers import TransformersGeneration
 from tasks.backends.judge.llm import JudgeConfig
-from tasks.backends.protocols import close_after, engine_stats, stats_of
+from tasks.backends.protocols import close_after, engine_stats, prompt_columns, stats_of
+from tasks.backends.python import Builds
 from tasks.backends.reward import PointwiseRewardBackend
 from tasks.context import StageContext, StageOutput
 from tasks.generate import share, warn_truncated
@@ -32,7 +34,7 @@ class EvaluateConfig(BaseModel):
         default_factory=lambda: TransformersGeneration(temperature=0.0),
         description="Decoding for evaluation (greedy by default).",
     )
-    reward: PointwiseRewardBackend | None = Field(
+    reward: Annotated[PointwiseRewardBackend | None, Builds("a reward model", ("score",))] = Field(
         default=None,
         description="Scores one answer per prompt: a reward model, a function, an object of "
         "yours, or a verifiable reward against the held-out set's known answers (unknown: "
@@ -75,9 +77,9 @@ def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> St
         engines = engine_stats(generator)
     if config.reward is None:  # a run config resolves it to the run's own reward model
         raise StageError(f"{ctx.artifact}: no reward model", field="evaluate.reward")
-    rewards = np.array(
-        [rs[0] for rs in config.reward.load().score(prompts, [[r] for r in responses])]
-    )
+    reward = config.reward.load()
+    scores = reward.score(prompts, [[r] for r in responses], **prompt_columns(reward, heldout))
+    rewards = np.array([rs[0] for rs in scores])
     seconds = time.perf_counter() - started
     truncated = finished.count(False)
     warn_truncated(ctx, "evaluate.generation", config.generation, truncated, len(prompts))

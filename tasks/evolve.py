@@ -9,6 +9,7 @@ records lineage. Stats carry the drop counts and, for LLM evolvers, their reques
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from eva_core.evolution import clean_rewrite, evolved_records
 from eva_core.schema import LINEAGE_COLUMNS, PROMPT_COLUMNS
 from tasks.backends.evolve import EvolverBackend
-from tasks.backends.protocols import ReportsStats
+from tasks.backends.protocols import ReportsStats, prompt_columns
+from tasks.backends.python import Builds
 from tasks.context import StageContext, StageOutput, check_failures
 from tasks.stage import StageError, stage
 
@@ -42,7 +44,7 @@ class EvolveConfig(BaseModel):
         "else it is dropped as unrelated; parents of fewer than 3 such words and in-breadth "
         "rewrites are not judged. 0: off.",
     )
-    evolver: EvolverBackend | None = Field(
+    evolver: Annotated[EvolverBackend | None, Builds("an evolver", ("evolve",))] = Field(
         default=None,
         description="The rewriter, by kind: distilabel (EvolInstruct over an OpenAI-compatible "
         "LLM, the paper's), paper (the paper's appendix-F templates), python (an object of "
@@ -52,7 +54,8 @@ class EvolveConfig(BaseModel):
 
 @stage(
     "evolve",
-    version=2,
+    # 3: a child carries instruction columns of its own where its evolver gives them.
+    version=3,
     inputs={"subset": PROMPT_COLUMNS, "heldout": ("prompt_id",)},
     outputs=PROMPT_COLUMNS,
 )
@@ -65,10 +68,11 @@ def evolve(
     started = time.perf_counter()
     evolver = config.evolver.load()
     raw = evolver.evolve(
-        parents, subset.column("category").to_pylist(), config.num_evolutions, ctx.seed
-    )
+        parents, subset.column("category").to_pylist(), config.num_evolutions, ctx.seed,
+        **prompt_columns(evolver, subset),
+    )  # fmt: skip
     seconds = time.perf_counter() - started
-    failed = sum(not any(clean_rewrite(text) for text, _ in rewrites) for rewrites in raw)
+    failed = sum(not any(clean_rewrite(r[0]) for r in rewrites) for rewrites in raw)
     endpoint = getattr(getattr(config.evolver, "llm", None), "base_url", None)
     if endpoint is not None:  # the world's operators cannot fail; an LLM behind a URL can
         check_failures(

@@ -25,7 +25,8 @@ class MixConfig(BaseModel):
 
 @stage(
     "mix",
-    version=2,
+    # 3: X_t keeps its prompts' instruction columns.
+    version=3,
     libraries=("numpy",),
     inputs={"current": PROMPT_COLUMNS, "evolved": PROMPT_COLUMNS},
     outputs=PROMPT_COLUMNS,

@@ -17,17 +17,18 @@ import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from eva_core.buffer import PromptBuffer
 from eva_core.creator import Creator
 from eva_core.schema import PROMPT_COLUMNS
 from eva_runtime.errors import ConfigError
 from tasks.backends.evolve import EvolverBackend
+from tasks.backends.python import Builds
 from tasks.backends.reward import PointwiseRewardBackend
 from tasks.backends.train.online import OnlineSolverBackend, OnlineSolverConfig
 from tasks.context import StageContext, StageOutput, check_failures
@@ -42,7 +43,7 @@ LOG_COLUMNS = (
 
 class OnlineConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    solver: OnlineSolverBackend = Field(
+    solver: Annotated[OnlineSolverBackend, Builds("an online solver", ("train_segment",))] = Field(
         default_factory=OnlineSolverConfig,
         description="TRL's online solver (kind rloo, the default, grpo or online_dpo) or one of "
         'yours: {kind: python, factory: "package.module:Name", options: {...}, '
@@ -58,15 +59,28 @@ class OnlineConfig(BaseModel):
     steps_per_segment: int = Field(
         default=50, ge=1, description="Optimizer steps per segment (a cached, resumable stage)."
     )
-    reward: PointwiseRewardBackend | None = Field(
+    reward: Annotated[PointwiseRewardBackend | None, Builds("a reward model", ("score",))] = Field(
         default=None,
         description="Scores samples: a reward model, a function or an object of yours "
         "(required; see annotate.reward of an offline run).",
     )
 
-    evolver: EvolverBackend | None = Field(
+    evolver: Annotated[EvolverBackend | None, Builds("an evolver", ("evolve",))] = Field(
         default=None, description="The rewriter (required unless buffer.evolve is false)."
     )
+
+    @field_validator("reward", "evolver")
+    @classmethod
+    def _reads_text(cls, component: Any) -> Any:
+        # The online creator keeps a prompt's text and lineage; the instructions a prompt or
+        # a child carries as data (the instruction-following reward and evolver) it drops.
+        if reads := getattr(component, "prompt_columns", None):
+            raise ValueError(
+                f"{component.kind} reads each prompt's {', '.join(reads)}, which the online "
+                "creator does not carry: run it offline (eva run)"
+            )
+        return component
+
     max_chars: int | None = Field(
         default=8192, ge=1, description="Drop rewrites longer than this many characters."
     )

@@ -8,13 +8,17 @@ cache). What keys the stage: for a Hub id, the dataset's fingerprint (a new revi
 another cache folder); for a folder (local or at a URL), the bytes of its files. A folder's
 fingerprint cannot be trusted: ``save_to_disk``'s ``state.json`` keeps it when the data files
 are rewritten in place, and a folder of data files is fingerprinted by modification times. So
-any change to a folder's files reruns the stage, and reading it again unchanged does not.
+any change to a folder's files reruns the stage, and reading it again unchanged does not. What
+the stage reads is what its key names: a saved folder is read from its files as they are
+(``load_from_disk``), and a folder of data files is built afresh on every read, never taken
+from the Hugging Face cache of an earlier one.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import tempfile
 from typing import Any
 
 import pyarrow as pa
@@ -88,6 +92,15 @@ def load_dataset_split(
                     raise ValueError(f"no split {split!r} (splits: {', '.join(loaded)})")
                 loaded = loaded[split]
             return loaded
+        if os.path.isdir(name):
+            # Keyed by its bytes (``dataset_key``), so read from them: load_dataset's own cache
+            # knows a folder's files by path, size and modification time, and would hand back
+            # the rows of an earlier read of files rewritten since with those kept. Built in a
+            # cache of this read's own, held in memory, and removed with it.
+            with tempfile.TemporaryDirectory(prefix="eva-dataset-") as cache:
+                return datasets.load_dataset(
+                    name, config_name, split=split, cache_dir=cache, keep_in_memory=True
+                )
         return datasets.load_dataset(name, config_name, split=split)
     except ValueError as exc:
         raise ValueError(f"{name}: {first_line(exc, with_type=False)}") from None

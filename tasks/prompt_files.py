@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from eva_runtime.errors import first_line
-from tasks.prompt_rows import PromptRows, RowRules, select_cells
+from tasks.prompt_rows import PromptRows, RowRules, select_columns
 from tasks.store import parquet_table
 
 
@@ -112,10 +112,8 @@ def read_prompt_file(
             f"{path}: no column {prompt_column!r} (columns: "
             f"{', '.join(columns) or 'none'}); set prompts.prompt_column"
         )
-    cells = columns[prompt_column]
-    labels = columns.get(category_column or "", [None] * len(cells))
     try:
-        return select_cells(cells, labels, rules or RowRules())
+        return select_columns(columns, prompt_column, category_column, rules or RowRules())
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
 

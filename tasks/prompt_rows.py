@@ -21,7 +21,13 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from eva_core.schema import prompt_id, seed_records
+from eva_core.schema import (
+    INSTRUCTION_COLUMNS,
+    Instructions,
+    instruction_cells,
+    prompt_id,
+    seed_records,
+)
 
 MultiTurn = Literal["first", "join"]
 TURN_SEPARATOR = "\n\n"
@@ -90,20 +96,41 @@ def select_prompts(
 ) -> PromptRows:
     """The prompt records of ``table`` under ``rules``; a ``ValueError`` names the first row that
     cannot be used (unless ``rules.drop_invalid``) or says that nothing was left."""
-    cells = table.column(prompt_column).to_pylist()
-    has_categories = bool(category_column) and category_column in table.column_names
-    labels = table.column(category_column).to_pylist() if has_categories else [None] * len(cells)
-    return select_cells(cells, labels, rules)
+    wanted = (prompt_column, category_column, *INSTRUCTION_COLUMNS)
+    columns = {n: table.column(n).to_pylist() for n in table.column_names if n in wanted}
+    return select_columns(columns, prompt_column, category_column, rules)
 
 
-def select_cells(cells: list[Any], labels: list[Any], rules: RowRules) -> PromptRows:
-    """``select_prompts`` on the prompt cells and category labels of each row, as Python values:
-    what a JSON file holds, where one row's prompt may be a number and the rest text."""
+def select_columns(
+    columns: dict[str, list[Any]],
+    prompt_column: str,
+    category_column: str | None,
+    rules: RowRules,
+) -> PromptRows:
+    """``select_prompts`` on a table's columns as Python values (what a JSON file holds, where
+    one row's prompt may be a number and the rest text). Where the table has IFEval's
+    ``instruction_id_list`` (and ``kwargs``), each prompt keeps its instructions."""
+    cells = columns[prompt_column]
+    labels = columns.get(category_column or "", [None] * len(cells))
+    ids = columns.get("instruction_id_list")
+    given = list(zip(ids, columns.get("kwargs", [None] * len(cells)), strict=True)) if ids else None
+    return select_cells(cells, labels, rules, given)
+
+
+def select_cells(
+    cells: list[Any],
+    labels: list[Any],
+    rules: RowRules,
+    instructions: list[tuple[Any, Any]] | None = None,
+) -> PromptRows:
+    """``select_columns`` on the prompt cells, category labels and instruction cells (ids,
+    kwargs) of each row."""
     if not cells:
         raise ValueError("no prompts (0 rows)")
     dropped = dict.fromkeys(DROP_REASONS, 0)
     texts: list[str] = []
     categories: list[str | None] = []
+    kept: list[Instructions | None] = []
     seen: dict[str, int] = {}
     read = 0
     for row, cell in enumerate(cells):
@@ -125,10 +152,16 @@ def select_cells(cells: list[Any], labels: list[Any], rules: RowRules) -> Prompt
             continue
         texts.append(text)
         categories.append(None if labels[row] is None else str(labels[row]))
+        ids, kwargs = instructions[row] if instructions else (None, None)
+        try:
+            kept.append(None if ids is None else instruction_cells(ids, kwargs))
+        except ValueError as exc:  # never dropped: a prompt's instructions are its reward
+            raise ValueError(f"row {row}: {exc}") from None
     if not texts:
         counts = ", ".join(f"{n} {reason}" for reason, n in dropped.items() if n)
         raise ValueError(f"no prompts left of {read} rows (dropped: {counts})")
-    return PromptRows(seed_records(texts, categories), read=read, dropped=dropped)
+    records = seed_records(texts, categories, instructions=kept if instructions else None)
+    return PromptRows(records, read=read, dropped=dropped)
 
 
 def dropped_line(rows: PromptRows) -> str:

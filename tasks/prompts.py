@@ -17,14 +17,14 @@ with ``drop_invalid``, dropped and counted in the stage's stats (``dropped``) an
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from eva_core.schema import PROMPT_COLUMNS, seed_records
 from eva_runtime.errors import ConfigError
-from tasks.backends.python import PythonComponent
+from tasks.backends.python import Builds, PythonComponent
 from tasks.content_hashes import hash_file
 from tasks.context import StageContext, StageOutput
 from tasks.prompt_datasets import check_dataset_name, dataset_key, read_prompt_dataset
@@ -79,7 +79,7 @@ class PromptsConfig(BaseModel):
     storage_options: dict[str, Any] = Field(
         default_factory=dict, description="fsspec options for path, or a saved dataset's URL."
     )
-    source: PythonComponent | None = Field(
+    source: Annotated[PythonComponent | None, Builds("a prompt source", ("draw",))] = Field(
         default=None,
         description="Prompts drawn by code: {kind: python, factory: package.module:Name, "
         "options: {...}}, an object with draw(seed, exclude) -> [(prompt, category)] (the "
@@ -201,7 +201,9 @@ def _output(table: pa.Table) -> StageOutput:
 
 @stage(
     "prompts",
-    version=1,
+    # 2: a folder of data files is read from its bytes, never load_dataset's cache.
+    # 3: prompts keep the instructions a file gives them (instruction_id_list, kwargs).
+    version=3,
     libraries=("pyarrow",),
     inputs={},
     outputs=PROMPT_COLUMNS,
@@ -213,7 +215,9 @@ def load_prompts(ctx: StageContext, config: PromptsConfig) -> StageOutput:
 
 @stage(
     "heldout",
-    version=1,
+    # 2: a folder of data files is read from its bytes, never load_dataset's cache.
+    # 3: prompts keep the instructions a file gives them (instruction_id_list, kwargs).
+    version=3,
     libraries=("pyarrow",),
     inputs={"seed_set": ("prompt",)},
     outputs=PROMPT_COLUMNS,

@@ -127,19 +127,29 @@ def ensure_held(store: RunStore, writing: str) -> None:
     """``RunLockLost`` when this process held ``store``'s run and another launch has taken
     the lock over since; nothing when it holds it, or holds no lock of that run (a test or a
     tool writing outside a launch). Called before every write of a stage: one small read."""
-    hold = _HELD.get(store.uri(store.base))
-    if hold is None:
+    if may_write(store):
         return
+    hold = _HELD[store.uri(store.base)]
     found = read_owner(store) or {}
-    if found.get("token") == hold.owner["token"]:
-        return
-    hold.lost = True
     who = f"pid {found.get('pid')} on {found.get('host')}" if found else "nobody (removed)"
     raise RunLockLost(
         f"{hold.path}: this launch lost the run's lock to {who} (it was paused or cut off for "
         f"more than {STALE_S:.0f} s); stopped before writing {writing}",
         hint="the other launch owns the run now; launch again once it has finished",
     )
+
+
+def may_write(store: RunStore) -> bool:
+    """Whether this process may write into ``store``'s run: it holds its lock, or holds no lock
+    of that run (outside a launch). False once another launch has taken the lock over, which
+    this reads from the lock file (one small read)."""
+    hold = _HELD.get(store.uri(store.base))
+    if hold is None:
+        return True
+    if not hold.lost and (read_owner(store) or {}).get("token") == hold.owner["token"]:
+        return True
+    hold.lost = True
+    return False
 
 
 def stale_reason(owner: dict[str, Any], now: float | None = None) -> str | None:

@@ -40,7 +40,7 @@ class SampleConfig(BaseModel):
 
 @stage(
     "sample",
-    version=1,
+    version=2,  # 2: a temperature other than 1 ranks in log space (T = 1 draws as before)
     libraries=("numpy",),
     inputs={"scores": (*PROMPT_COLUMNS, "informativeness")},
     outputs=(*PROMPT_COLUMNS, "informativeness", "draw_rank"),
@@ -53,14 +53,13 @@ def sample(ctx: StageContext, config: SampleConfig, scores: pa.Table) -> StageOu
     out = out.append_column("draw_rank", pa.array(np.arange(len(subset.indices)), pa.int32()))
     finite = weights[np.isfinite(weights)]
     picked = out.column("informativeness").to_numpy(zero_copy_only=False)
+    picked = picked[np.isfinite(picked)]
     stats = {
         "method": config.method, "prompts": scores.num_rows, "selected": len(subset.indices),
         "fell_back_to_uniform": subset.fell_back_to_uniform,
         "zero_weight_filled": subset.zero_weight_filled,
         "mean_informativeness_all": round(float(finite.mean()), 4) if finite.size else None,
-        "mean_informativeness_selected": (
-            round(float(np.nanmean(picked)), 4) if len(picked) else None
-        ),
+        "mean_informativeness_selected": round(float(picked.mean()), 4) if picked.size else None,
     }  # fmt: skip
     if subset.fell_back_to_uniform:
         ctx.log.warning("every informativeness weight is zero: sampled uniformly instead")

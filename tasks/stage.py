@@ -43,6 +43,7 @@ from tasks.context import (
     StageContext,
     StageOutput,
     check_stats,
+    recorded_stats,
     stage_seed,
 )
 from tasks.keys import cache_key, recorded_versions, sha
@@ -180,8 +181,11 @@ class Stage:
                 )
             tables[name] = table
 
-        store.invalidate(iteration, artifact)
         where = iteration_dir(iteration)
+        # The stage's first write (its manifest withdrawn) and its scratch in the run: a launch
+        # that lost the run's lock makes neither.
+        ensure_held(store, f"{artifact} {where}")
+        store.invalidate(iteration, artifact)
         bar = ProgressArtifact(artifact_key(run.run, where, artifact, "progress"))
         progress = TerminalProgress(f"{artifact} {where}", bar)
         # Scratch lives in the run's own scratch area, which the next launch sweeps: a killed
@@ -202,6 +206,7 @@ class Stage:
             )
             out = self.fn(ctx, config, **tables)
             check_stats(artifact, out.stats)
+            stats = recorded_stats(out.stats)
             if missing := missing_columns(out.table, self.outputs):
                 raise StageError(
                     f"{artifact}: output lacks declared column(s) {', '.join(missing)}"
@@ -227,13 +232,13 @@ class Stage:
             "rows": out.table.num_rows, "content_hash": content_hash, "model_uri": model_uri,
             "config": config_json, "config_hash": sha(json.dumps(config_json, sort_keys=True)),
             "inputs": {k: read.get(k) or checkpoint_input(r) for k, r in refs.items()},
-            "seconds": round(seconds, 3), "stats": out.stats, "versions": recorded_versions(),
+            "seconds": round(seconds, 3), "stats": stats, "versions": recorded_versions(),
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }  # fmt: skip
         ensure_held(store, f"{artifact} {where}'s manifest")
         store.write_manifest(iteration, artifact, manifest)
         ctx.log.info(
-            "%s %s: %s (%d rows, %.1f s)", artifact, where, headline(self.name, out.stats),
+            "%s %s: %s (%d rows, %.1f s)", artifact, where, headline(self.name, stats),
             out.table.num_rows, seconds,
         )  # fmt: skip
         publish_stage(run.run, where, artifact, manifest, out.ui_tables, out.ui_notes)

@@ -1,6 +1,7 @@
 """What a stage says: one line when it finishes (its headline stats, ``headline``), one line
-when it fails (``reported``: the cause, with its full traceback kept in the run's logs/), and
-none of Prefect's own lines that would only repeat or bury these.
+when it fails (``reported``: the cause, with its full traceback kept in the run's logs/ unless
+the launch lost the run's lock, when it writes nothing more there), and none of Prefect's own
+lines that would only repeat or bury these.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 from eva_runtime.errors import EvaError, StageError, first_line
 from eva_runtime.prefect_ui import readable
 from eva_runtime.progress import TerminalProgress
+from tasks.run_lock import RunLockLost, may_write
 from tasks.store import RunStore
 
 # The attribute a stage's failure carries: the one line the CLI prints for it.
@@ -22,16 +24,17 @@ FAILURE = "eva_failure"
 
 class _WithoutTraceback(logging.Filter):
     """Prefect logs a failed task run, and the flow run it fails, with the traceback. A
-    StageError's message already says what is wrong and what to do, and any other exception
-    a stage raised has its traceback kept in the run's logs/ (``reported``); three tracebacks
-    through Prefect's engine (terminal and UI) would only bury it. The log line itself stays.
+    StageError's message (and a lost lock's) already says what is wrong and what to do, and
+    any other exception a stage raised has its traceback kept in the run's logs/
+    (``reported``); three tracebacks through Prefect's engine (terminal and UI) would only
+    bury it. The log line itself stays.
 
     A stage that finished has just logged its own line (its headline stats): Prefect's
     "Finished in state Completed()" after it would only double every stage's lines."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         failed = record.exc_info[1] if record.exc_info else None
-        if isinstance(failed, StageError) or hasattr(failed, FAILURE):
+        if isinstance(failed, StageError | RunLockLost) or hasattr(failed, FAILURE):
             record.exc_info, record.exc_text = None, None
         return not (record.name == "prefect.task_runs" and record.getMessage() == _COMPLETED)
 
@@ -81,18 +84,15 @@ def reported(
     traceback is (``logs/<iteration>-<artifact>.log`` in the run). The exception goes on as it
     is (callers still catch its type), carrying that line as ``FAILURE``; Prefect's engine logs
     it without the traceback (``_WithoutTraceback``). A StageError the stage raised itself
-    already says what is wrong and passes untouched."""
+    already says what is wrong and passes untouched, as does the ``RunLockLost`` of a launch
+    that lost the run's lock: the run is another launch's, and nothing more is written there."""
     try:
         yield
-    except StageError:
+    except (StageError, RunLockLost):  # each says what happened and what to do
         raise
     except Exception as exc:
-        path = f"{store.base}/logs/{where}-{artifact}.log"
         try:
-            store.fs.makedirs(f"{store.base}/logs", exist_ok=True)
-            with store.fs.open(path, "w") as f:
-                f.write("".join(traceback.format_exception(exc)))
-            kept = f"full traceback in {store.uri(path)}"
+            kept = _keep_traceback(store, f"{store.base}/logs/{where}-{artifact}.log", exc)
         except Exception as unwritten:  # the run root itself failing: say so, lose nothing else
             kept = f"no traceback written: {first_line(unwritten)}"
         cause = first_line(exc, with_type=not isinstance(exc, EvaError))
@@ -100,3 +100,14 @@ def reported(
         raise
     finally:
         progress.close()
+
+
+def _keep_traceback(store: RunStore, path: str, exc: BaseException) -> str:
+    """Write ``exc``'s traceback at ``path`` in the run, unless the run is another launch's now
+    (this one lost its lock: it writes nothing more there); says where it is."""
+    if not may_write(store):
+        return "no traceback written: this launch lost the run's lock"
+    store.fs.makedirs(f"{store.base}/logs", exist_ok=True)
+    with store.fs.open(path, "w") as f:
+        f.write("".join(traceback.format_exception(exc)))
+    return f"full traceback in {store.uri(path)}"

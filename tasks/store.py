@@ -55,6 +55,18 @@ class Ref:
     rerun: bool = False  # made by the target of `eva stage`, or from something that was
 
 
+def json_bytes(obj: Any) -> bytes:
+    """``obj`` as the standard JSON a run's manifests and config.json are: a number that is not
+    finite (which Python's json would write as a bare ``NaN`` or ``Infinity``, refused by
+    other readers) is a ``ValueError`` before anything is written. The config is checked for
+    them at the edge (``flows.config.check_finite``) and a stage's stats record them as text
+    (``tasks.context.recorded_stats``): reaching this is a bug, said where it happens."""
+    try:
+        return json.dumps(obj, indent=2, sort_keys=True, default=str, allow_nan=False).encode()
+    except ValueError as exc:
+        raise ValueError(f"not written as JSON: {exc}") from None
+
+
 class RunStore(RunPaths):
     """Reads and writes one run's artifacts under ``{root}/{run}`` (their paths: ``RunPaths``)."""
 
@@ -162,8 +174,7 @@ class RunStore(RunPaths):
             self.fs.rm(path)
 
     def write_manifest(self, iteration: int | None, stage: str, manifest: dict[str, Any]) -> None:
-        data = json.dumps(manifest, indent=2, sort_keys=True, default=str).encode()
-        self._atomic_write(self.path(iteration, f"{stage}.manifest.json"), data)
+        self._atomic_write(self.path(iteration, f"{stage}.manifest.json"), json_bytes(manifest))
 
     # -- tables ------------------------------------------------------------------------------
     def write_table(
@@ -229,7 +240,7 @@ class RunStore(RunPaths):
             ) from None
 
     def write_json(self, path: str, obj: Any) -> None:
-        self._atomic_write(path, json.dumps(obj, indent=2, sort_keys=True, default=str).encode())
+        self._atomic_write(path, json_bytes(obj))
 
     def _atomic_write(self, path: str, data: bytes) -> None:
         parent = path.rsplit("/", 1)[0]

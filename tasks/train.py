@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Literal
+from typing import Annotated, Literal
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -24,7 +24,7 @@ from eva_runtime.engines import ENGINES
 from eva_runtime.errors import StageError
 from eva_runtime.follow import request_dir
 from eva_runtime.progress import ScaledProgress
-from tasks.backends.python import PythonComponent
+from tasks.backends.python import Builds, PythonComponent
 from tasks.backends.train import SolverBackend, load_solver
 from tasks.backends.train.dpo import DPOSolverConfig, TRLSolverConfig, batch_layout
 from tasks.backends.train.launch import DEFAULT_ACCELERATE_CONFIG, NodesConfig, launch_train
@@ -37,7 +37,7 @@ from tasks.store import RunStore
 
 class TrainConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    solver: SolverBackend = Field(
+    solver: Annotated[SolverBackend, Builds("a solver", ("train",))] = Field(
         default_factory=DPOSolverConfig,
         description='Objective by "kind": dpo (default), simpo, orpo, sppo, dpo_nll; or python, '
         'a solver of yours: {kind: python, factory: "package.module:Name", options: {...}}, '

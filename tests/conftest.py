@@ -49,6 +49,7 @@ E2E: dict[str, tuple[str, ...] | None] = {
         "test_eva_prefect_server_is_a_lasting_server_with_the_same_change",
         "test_the_temporary_server_stops_with_the_command_even_when_it_is_killed",
         "test_a_server_that_cannot_start_fails_in_one_message_with_its_log",
+        "test_a_prefect_home_whose_folder_is_missing_is_one_line_naming_it",
         "test_subflows_opened_after_tasks_are_never_answered_503",
     ),
     "test_ray_cluster.py": (
@@ -80,6 +81,9 @@ E2E: dict[str, tuple[str, ...] | None] = {
     ),
     "test_edge_refusals.py": (
         "test_online_with_an_all_nan_reward_fails_the_segment_and_keeps_no_policy",
+        "test_a_dead_prefect_api_is_one_line_naming_it",  # eva in processes of its own
+        "test_the_smallest_temperature_draws_greedys_prompts_in_a_run",
+        "test_a_data_files_folder_rewritten_with_its_mtimes_kept_yields_the_new_rows",
     ),
     "test_backend_served_generate.py": ("test_a_run_starts_one_server_per_checkpoint",),
     "test_backend_launch.py": (

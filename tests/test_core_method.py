@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -138,21 +139,48 @@ def test_temperature_draws_in_proportion_to_a_power_of_the_weights() -> None:
         for s in range(trials):
             counts[select_subset(np.array(w), 1, "weighted", s, temperature).indices] += 1
         np.testing.assert_allclose(counts / trials, expected, atol=0.012)
-    # T = 1 is the paper's draw, index for index; a weight too small for a sharp power counts
-    # as zero weight (filled last, and said); a huge one does not overflow.
+    # T = 1 is the paper's draw, index for index; a weight whose power is below the smallest
+    # float still ranks by its weight (1e-3 ** 100 is 1e-300, 1e-3 ** 1e6 is 0 as a float),
+    # never as zero weight; a huge one does not overflow.
     w = np.array([0.0, 5.0, 1.0, 0.0, 2.0, NAN])
     np.testing.assert_array_equal(
         select_subset(w, 3, "weighted", 7, 1.0).indices,
         select_subset(w, 3, "weighted", 7).indices,
     )
-    sharp = select_subset(np.array([1e-3, 1.0, 10.0]), 3, "weighted", 0, 0.01)
-    assert list(sharp.indices[:2]) == [2, 1] and sharp.zero_weight_filled == 1
+    for temperature in (0.01, 1e-6):
+        sharp = select_subset(np.array([1e-3, 1.0, 10.0]), 3, "weighted", 0, temperature)
+        assert list(sharp.indices) == [2, 1, 0] and sharp.zero_weight_filled == 0
     # 1e200 and 5e199 squared overflow; scaled first, they draw 1 : 0.25 (0.8 and 0.2).
     first = [select_subset(np.array([1e200, 5e199]), 2, "weighted", s, 0.5) for s in range(4000)]
     assert all(d.zero_weight_filled == 0 for d in first)
     assert abs(np.mean([d.indices[0] == 0 for d in first]) - 0.8) < 0.025
     with pytest.raises(ValueError, match="temperature must be > 0"):
         select_subset(w, 1, "weighted", 0, 0.0)
+
+
+def test_a_temperature_sweep_runs_from_greedy_to_uniform_and_never_leaves_them() -> None:
+    # A creator's reading as the issue found it: 3,000 prompts, 1,053 of them informative
+    # (A_min in 0.01 steps), 750 drawn. Greedy's mean is that of the 750 largest weights; a
+    # uniform draw's expected mean is that of all 3,000. Every temperature from 1e-6 to 1e6
+    # draws between the two, no less informative as T falls; 1e-6 is greedy itself, 1e6 is
+    # uniform over the informative prompts (zero weights are never drawn while one remains).
+    rng = np.random.default_rng(0)
+    w = np.zeros(3000)
+    w[rng.permutation(3000)[:1053]] = np.round(rng.beta(2.0, 2.0, 1053), 2) + 0.01
+    k = 750
+    greedy = float(np.sort(w)[::-1][:k].mean())
+    uniform = float(w.mean())
+    informative = float(w[w > 0].mean())
+    temperatures = [10.0**e for e in range(-6, 7)]
+    means = []
+    for temperature in temperatures:
+        draws = [select_subset(w, k, "weighted", s, temperature) for s in range(20)]
+        assert all(d.zero_weight_filled == 0 for d in draws)
+        means.append(float(np.mean([w[d.indices].mean() for d in draws])))
+    assert means[0] == pytest.approx(greedy, abs=1e-12)
+    assert means[-1] == pytest.approx(informative, abs=0.01)
+    assert all(uniform <= m <= greedy + 1e-12 for m in means), means
+    assert all(b <= a + 1e-3 for a, b in itertools.pairwise(means)), means
 
 
 def test_inclusion_frequency_rises_with_weight() -> None:

@@ -193,7 +193,8 @@ def test_a_bad_group_is_refused_naming_it_and_nothing_is_consumed(bad, says) -> 
         ([1, 2, 3, 4], "parent 0 ({0}): expected a list of rewrites, got 1"),
         ([None] * 4, "parent 0 ({0}): expected a list of rewrites, got None"),
         ([[("a new question", 7)]] * 4,
-         "parent 0 ({0}): a rewrite must be a text or a (text, method) pair of texts, got"),
+         "parent 0 ({0}): a rewrite must be a text, a (text, method) pair of texts or (text, "
+         "method, instruction columns), got"),
         ("rewrites", "returned str for 4 parents"),
     ],
 )  # fmt: skip
@@ -336,3 +337,21 @@ def test_any_sequence_keeps_the_books_and_resumes_exactly(steps, cut, lag) -> No
             books_balance(creator)
         creator.flush()
         books_balance(creator)
+
+
+def test_a_rewrite_may_carry_its_own_instruction_columns() -> None:
+    rewriter = Rewriter()
+    creator = Creator(SEEDS, rewriter=rewriter, size=4, top_fraction=0.5)
+    batch = creator.draw(2)
+    columns = {"instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}]}
+    rewriter.answer = [[("Answer without any comma: how much is 2 times 3?", "if", columns)]]
+    creator.observe([(batch[0]["prompt_id"], [1.0, 0.0]), (batch[1]["prompt_id"], [1.0, 1.0])])
+    (child,) = [e.record for e in creator.buffer.entries]
+    assert child["instruction_id_list"] == ["punctuation:no_comma"] and child["kwargs"] == "[{}]"
+    # cells that are not instructions are refused before anything changes
+    batch = creator.draw(2)
+    before = snapshot(creator)
+    rewriter.answer = [[("Another question here?", "if", {"kwargs": "[]"})]]
+    with pytest.raises(ValueError, match="where a mapping with instruction_id_list"):
+        creator.observe([(r["prompt_id"], [1.0, 0.0]) for r in batch])
+    assert snapshot(creator) == before

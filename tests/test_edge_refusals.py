@@ -2,7 +2,9 @@
 a reward that scores nothing online, a step larger than the whole budget, an accelerator this
 machine lacks, a launcher whose backend is not installed, a reward function that exits or raises,
 an unknown storage option, a held-out set made of training prompts, a deployment file that cannot
-be served."""
+be served, a number that is not finite, a dead Prefect API, a solver that cannot be built or
+builds none; and what a run reads and draws under a sharp temperature or from a folder rewritten
+with its mtimes kept."""
 
 from __future__ import annotations
 
@@ -403,3 +405,180 @@ def test_a_solver_and_generation_that_lay_out_prompts_differently_are_refused(
     status, err = eva(capsys, *argv)
     assert status == 2 and "\n" not in err and err.startswith(f"eva: error: {says}"), err
     assert not root.exists()
+
+
+# --- issue 43: a number that is not finite -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("setting", "field"),
+    [
+        ("sample.temperature=inf", "sample.temperature"),  # a float field: pydantic takes inf
+        ("pairs.min_chosen_reward=-.inf", "pairs.min_chosen_reward"),
+        ("evolve.evolver.options.rate=.nan", "evolve.evolver.options.rate"),  # a component's own
+    ],
+)
+def test_a_number_that_is_not_finite_is_refused_before_anything_is_written(
+    tmp_path, capsys, setting, field
+):
+    # It used to run, and write a bare Infinity (not JSON) into config.json and the manifests.
+    root = tmp_path / "runs"
+    status, err = eva(capsys, "run", "--root", str(root), "--set", setting)
+    assert status == 2 and "\n" not in err, err
+    assert err.startswith(f"eva: error: {field}: not a finite number (got ")
+    assert not root.exists()
+
+
+def test_a_flow_given_a_config_that_is_not_finite_refuses_it_too(tmp_path) -> None:
+    # A flow's parameter (the UI, a deployment, Python) is a model pydantic built, not one the
+    # CLI read: the run's own edge checks it before the run is opened.
+    from flows.config import RunConfig
+    from flows.run import eva_run
+    from tests.conftest import tiny_run_config
+
+    config = RunConfig.model_validate(
+        tiny_run_config(str(tmp_path / "runs"), sample={"temperature": math.inf})
+    )
+    with pytest.raises(EvaError, match=r"^sample\.temperature: not a finite number \(got inf\)"):
+        eva_run.fn(config)
+    assert not (tmp_path / "runs").exists()
+
+
+# --- issue 43: a configured Prefect API that does not answer ----------------------------------
+
+
+def _closed_port() -> int:
+    """A port on this machine nothing listens on: a dead Prefect API."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["serve"], ["run", "--set", "iterations=0"], ["online"]],
+    ids=["serve", "run", "online"],
+)
+def test_a_dead_prefect_api_is_one_line_naming_it(tmp_path, argv):
+    # eva serve used to end in a 101-line traceback ending in httpx.ConnectError, eva run in
+    # one ending in "Failed to reach API": the client's, from inside Prefect's engine.
+    import os
+    import subprocess
+
+    from tests.test_cli_first_hour import PROJECT
+
+    url = f"http://127.0.0.1:{_closed_port()}/api"
+    env = {**os.environ, "PREFECT_API_URL": url}
+    root = tmp_path / "runs"
+    more = [] if argv == ["serve"] else ["--root", str(root)]
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.cli", *argv, *more],
+        cwd=PROJECT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    err = done.stderr.strip()
+    assert err == (
+        f"eva: error: PREFECT_API_URL: the Prefect API at {url} does not answer (ConnectError: "
+        "[Errno 111] Connection refused) (start that server (eva prefect-server), or unset "
+        "PREFECT_API_URL and eva starts a temporary one)"
+    )
+    assert not root.exists()
+
+
+# --- issue 43: a solver of yours that cannot be built, or builds no solver ---------------------
+
+BROKEN_SOLVERS = """
+class Fails:
+    def __init__(self):
+        raise RuntimeError("solver init failed: no GPU here")
+
+
+def nothing():
+    return None
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("Fails", "raised RuntimeError: solver init failed: no GPU here (eva builds each"),
+        ("nothing", "returned None (it must build a solver: an object with train())"),
+    ],
+)
+def test_a_solver_that_cannot_be_built_or_builds_none_is_one_line(
+    tmp_path, capsys, monkeypatch, name, says
+):
+    # The first ended in a traceback from check_inputs; the second passed the edge and failed
+    # at the train stage, after generation and scoring, with an AttributeError on None.
+    (tmp_path / "eva_broken_solvers.py").write_text(BROKEN_SOLVERS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    root = tmp_path / "runs"
+    solver = f"{{kind: python, factory: 'eva_broken_solvers:{name}'}}"
+    status, err = eva(capsys, "run", "--root", str(root), "--set", f"train.solver={solver}")
+    assert status == 2 and "\n" not in err, err
+    assert err.startswith(f"eva: error: train.solver.factory: eva_broken_solvers:{name} {says}")
+    assert not root.exists()
+
+
+# --- issue 43: what a run reads and draws is what its config and key say -----------------------
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_the_smallest_temperature_draws_greedys_prompts_in_a_run(tmp_path, capsys):
+    # sample.temperature=1e-6 drew 714 of 750 prompts from the zero-weight fill: its weights
+    # raised to 1/T underflowed. A run at 1e-6 draws what greedy draws.
+    from tests.conftest import tiny_run_config
+
+    config = tiny_run_config(str(tmp_path / "runs"), run="sharp", sample={"temperature": 1e-6})
+    path = tmp_path / "sharp.yaml"
+    path.write_text(yaml.safe_dump(config))
+    status, err = eva(capsys, "run", "--config", str(path))
+    assert status == 0, err
+    store = RunStore(str(tmp_path / "runs"), "sharp")
+    scored = store.read_table(store.read_manifest(1, "score")["uri"])
+    drawn = store.read_table(store.read_manifest(1, "sample")["uri"])
+    weights = sorted(scored.column("informativeness").to_pylist(), reverse=True)
+    picked = drawn.column("informativeness").to_pylist()
+    assert sorted(picked, reverse=True) == weights[: len(picked)]  # greedy's, ties aside
+    stats = store.read_manifest(1, "sample")["stats"]
+    assert stats["zero_weight_filled"] == max(0, len(picked) - sum(w > 0 for w in weights))
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_a_data_files_folder_rewritten_with_its_mtimes_kept_yields_the_new_rows(
+    tmp_path, capsys, monkeypatch
+):
+    # The prompts stage reran (its key is the folder's bytes) but read through the datasets
+    # cache, which knows a file by its path, size and mtime: row 0 stayed r:iegh=.
+    import os
+
+    import datasets.config
+
+    from eva_world.components import WorldPrompts
+    from tests.conftest import tiny_run_config
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
+    folder = tmp_path / "prompts"
+    folder.mkdir()
+    drawn = [p for p, _ in WorldPrompts("seed", 24, seed=3).draw(0)]
+    data = folder / "train.jsonl"
+    write_prompts(str(data), ["r:iegh=", *drawn[1:]])
+    config = tiny_run_config(str(tmp_path / "runs"), run="files", iterations=0)
+    config.update(iteration0_dpo=False, prompts={"dataset": str(folder)})
+    path = tmp_path / "files.yaml"
+    path.write_text(yaml.safe_dump(config))
+    store = RunStore(str(tmp_path / "runs"), "files")
+
+    def first_rows() -> list[str]:
+        status, err = eva(capsys, "run", "--config", str(path))
+        assert status == 0, err
+        table = store.read_table(store.read_manifest(None, "prompts")["uri"])
+        return table.column("prompt").to_pylist()[:2]
+
+    assert first_rows() == ["r:iegh=", drawn[1]]
+    stamp = os.stat(data)
+    data.write_text(data.read_text().replace("r:iegh=", "r:eigh="))  # the same size
+    os.utime(data, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert first_rows() == ["r:eigh=", drawn[1]]

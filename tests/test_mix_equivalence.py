@@ -10,6 +10,7 @@ trailing NUL bytes, in chunked, sliced and ``large_string`` columns.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
 
@@ -64,6 +65,11 @@ def _table(
             "iteration": pa.array([1] * n, pa.int32()),
             "evolve_method": [None if i % 2 else "deepen" for i in range(n)],
             "category": [None if i % 5 == 0 else f"cat{i % 2}" for i in range(n)],
+            "instruction_id_list": pa.array(
+                [None if i % 2 else ["punctuation:no_comma"] * (i % 3 + 1) for i in range(n)],
+                pa.list_(pa.string()),
+            ),
+            "kwargs": [None if i % 2 else json.dumps([{}] * (i % 3 + 1)) for i in range(n)],
         }
     )
 

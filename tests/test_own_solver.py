@@ -144,6 +144,91 @@ def test_options_the_solver_refuses_are_refused_at_the_edge(tmp_path: Path, monk
         check_inputs(config)
 
 
+BROKEN = """
+class Fails:
+    def __init__(self):
+        raise RuntimeError("solver init failed: no GPU here")
+
+
+def nothing():
+    return None
+
+
+def not_a_solver():
+    return {"train": "a dict, not a solver"}
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("Fails", "{f} raised RuntimeError: solver init failed: no GPU here (eva builds each "),
+        ("nothing", "{f} returned None (it must build a solver: an object with train())"),
+        ("not_a_solver", "{f} built a dict, which has no train() (it must build a solver: an "),
+    ],
+)
+def test_a_solver_that_fails_to_build_or_builds_no_solver_is_refused_at_the_edge(
+    tmp_path: Path, monkeypatch, name, says
+):
+    # The first used to end in a traceback from check_inputs, the second in an AttributeError
+    # at the train stage, after the run had generated and scored.
+    from flows.inputs import check_inputs
+
+    factory = f"{_user_module(tmp_path, monkeypatch, BROKEN).stem}:{name}"
+    solver = {"kind": "python", "factory": factory}
+    config = validate_config(tiny_run_config(str(tmp_path), train={"solver": solver}))
+    with pytest.raises(ConfigError) as refused:
+        check_inputs(config)
+    assert refused.value.field == "train.solver.factory"
+    line = refused.value.line()
+    assert line.startswith("train.solver.factory: " + says.format(f=factory)), line
+    assert "\n" not in line
+
+
+def test_every_field_that_takes_a_component_of_yours_says_what_it_builds() -> None:
+    # The edge checks what a factory built against the field's Builds; a field without one
+    # would let a factory that returns None through.
+    import typing
+
+    from pydantic import BaseModel
+
+    from flows.config import OnlineRunConfig, RunConfig
+    from tasks.backends.python import Builds, PythonComponent
+
+    def models_in(annotation: Any) -> list[type[BaseModel]]:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return [annotation]
+        return [m for arg in typing.get_args(annotation) for m in models_in(arg)]
+
+    seen: dict[str, Any] = {}
+
+    def visit(model: type[BaseModel], prefix: str) -> None:  # the classes, optional sections too
+        for name, field in model.model_fields.items():
+            inner = models_in(field.annotation)
+            if PythonComponent in inner:
+                roles = [m for m in field.metadata if isinstance(m, Builds)]
+                seen[prefix + name] = roles[0].methods if roles else None
+            for sub in inner:
+                if sub is not PythonComponent:
+                    visit(sub, f"{prefix}{name}.")
+
+    visit(RunConfig, "")
+    visit(OnlineRunConfig, "")
+    assert seen == {
+        "prompts.source": ("draw",),
+        "heldout.source": ("draw",),
+        "bootstrap.builder": ("build",),
+        "annotate.reward": ("score",),
+        "evolve.evolver": ("evolve",),
+        "complexity.judge": ("score",),
+        "train.solver": ("train",),
+        "evaluate.reward": ("score",),
+        "evaluate.judge.reference.heldout.source": ("draw",),
+        "online.reward": ("score",),
+        "online.evolver": ("evolve",),
+    }
+
+
 # --- report_to ----------------------------------------------------------------------------------
 
 

@@ -194,3 +194,31 @@ def test_a_server_that_cannot_start_fails_in_one_message_with_its_log(tmp_path) 
     ):
         pytest.fail("the body must not run")
     assert "unable to open database file" in str(err.value)
+    # The one line the CLI prints carries the cause, not just "... ends with:".
+    line = err.value.line()
+    assert line.startswith("the Prefect server exited with code 3 before it was ready (")
+    assert "OperationalError) unable to open database file); command: " in line, line
+
+
+def test_a_prefect_home_whose_folder_is_missing_is_one_line_naming_it(tmp_path, monkeypatch):
+    # Prefect makes PREFECT_HOME only where its parent exists (it warns otherwise), and the
+    # server then died at startup with an empty line where its cause should be.
+    import subprocess
+    import sys
+
+    home = tmp_path / "no" / "such" / ".prefect"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(home), EVA_PREFECT_SERVER="temporary")
+    root = tmp_path / "runs"
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.cli", "run", "--root", str(root), "--set", "iterations=0"],
+        cwd=PROJECT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert line == (
+        f"eva: error: PREFECT_HOME: {home} does not exist, and the Prefect server keeps its "
+        f"database there (create it (mkdir -p {home}), or set PREFECT_HOME to a folder that "
+        "exists)"
+    )
+    assert not root.exists() and not home.exists()

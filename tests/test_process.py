@@ -104,6 +104,33 @@ def test_a_process_that_exits_before_it_is_ready_fails_with_its_tail(tmp_path: P
     os.rmdir(os.path.dirname(err.value.log_path))
 
 
+@pytest.mark.parametrize(
+    ("code", "says"),
+    [
+        # A traceback, then more lines (a server logs "startup failed" after it): the exception.
+        ("import logging; logging.basicConfig(); "
+         "logging.error('boom', exc_info=(KeyError, KeyError('k'), None)); "
+         "print('Application startup failed. Exiting.'); raise SystemExit(3)",
+         "the thing exited with code 3 before it was ready (KeyError: 'k'); command: "),
+        ("print('listening...'); print('bye'); raise SystemExit(3)",
+         "the thing exited with code 3 before it was ready (bye); command: "),
+        ("raise SystemExit(3)",
+         "the thing exited with code 3 before it was ready, having written nothing; command: "),
+    ],
+)  # fmt: skip
+def test_the_line_a_failed_start_prints_says_what_its_output_ends_with(code, says) -> None:
+    # It used to end in "... ends with:" and the output on the lines below, which the CLI's one
+    # line leaves out: an empty cause, whatever the output said.
+    proc = ManagedProcess([sys.executable, "-c", code])
+    with pytest.raises(ServerStartError) as err:
+        proc.wait_until(lambda: False, 30, what="the thing")
+    line = err.value.line()
+    assert line.startswith(says), line
+    assert line.endswith("is empty" if "nothing" in says else "ends with:"), line
+    os.remove(err.value.log_path)
+    os.rmdir(os.path.dirname(err.value.log_path))
+
+
 def test_a_stop_escalates_to_sigkill_after_the_grace_period() -> None:
     stubborn = [
         sys.executable, "-c",

@@ -154,10 +154,12 @@ def test_a_folder_changed_in_place_is_seen_whatever_its_fingerprint_says(
     data.write_text('{"prompt": "a?"}\n')
     config = PromptsConfig(dataset=str(files))
     before = load_prompts.cache_key(run, None, config, "prompts", {})
+    assert _prompts(config) == ["a?"]  # read once: load_dataset has it in its cache now
     stamp = os.stat(data)
     data.write_text('{"prompt": "z?"}\n')  # same size, and its times put back
     os.utime(data, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
     assert load_prompts.cache_key(run, None, config, "prompts", {}) != before
+    assert _prompts(config) == ["z?"]  # the rows of the bytes the new key names
     assert load_prompts.cache_key(run, None, config, "prompts", {}) == (
         load_prompts.cache_key(run, None, config, "prompts", {})
     )  # read again unchanged: the same key

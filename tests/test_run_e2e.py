@@ -225,13 +225,14 @@ def test_a_version_bump_reruns_that_stage_and_what_reads_its_new_output(
         return dataclasses.replace(subset, indices=np.asarray(subset.indices)[::-1])
 
     monkeypatch.setattr(tasks.sample, "select_subset", reversed_subset)
-    monkeypatch.setattr(tasks.sample.sample, "version", 2)
+    bumped = tasks.sample.sample.version + 1
+    monkeypatch.setattr(tasks.sample.sample, "version", bumped)
     time.sleep(1.1)
     eva_run(copied)
     after = _manifests(store)
     changed = {k for k in after if after[k]["created_at"] != before[k]["created_at"]}
     assert changed == {(1, s) for s in ("sample", "evolve", "mix", "complexity", *SOLVER)}
-    assert after[(1, "sample")]["version"] == 2
+    assert after[(1, "sample")]["version"] == bumped
 
 
 def test_downstream_follows_what_reads_a_stage_not_the_order(finished_run) -> None:

@@ -192,6 +192,7 @@ def test_a_paused_holder_taken_over_stops_before_its_next_write(tmp_path) -> Non
         theirs = {**ours, "pid": 1, "host": "elsewhere", "token": "taken-over"}
         with open(lock_path(store), "w") as f:
             json.dump(theirs, f)
+        taken_over = _everything(store)
         os.kill(eva.pid, signal.SIGCONT)
         out, _ = eva.communicate(timeout=240)
     finally:
@@ -204,6 +205,20 @@ def test_a_paused_holder_taken_over_stops_before_its_next_write(tmp_path) -> Non
     # was left in place.
     assert {p: os.path.getmtime(p) for p in _manifest_files(store)} == written
     assert read_owner(store)["token"] == "taken-over"
+    # Nor anything else: no traceback in logs/, no scratch. All it removed is the scratch of
+    # the stage it was in, its own, under .scratch/ (which every run has from its launch on).
+    left = _everything(store)
+    assert left <= taken_over, sorted(left - taken_over)
+    assert all(p.startswith(".scratch/") for p in taken_over - left), sorted(taken_over - left)
+    assert not os.path.exists(os.path.join(store.base, "logs"))
+
+
+def _everything(store: RunStore) -> set[str]:
+    """Every file and folder of the run, relative to it."""
+    found = set()
+    for d, dirs, files in os.walk(store.base):
+        found |= {os.path.relpath(os.path.join(d, n), store.base) for n in dirs + files}
+    return found
 
 
 def _manifest_files(store: RunStore) -> list[str]:

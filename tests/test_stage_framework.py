@@ -179,6 +179,66 @@ def test_crash_mid_stage_leaves_no_complete_artifact(tmp_path, monkeypatch) -> N
     assert leftovers == []
 
 
+def _strict_json(text: str) -> dict:
+    """``text`` read as standard JSON: Python's json takes NaN and Infinity, other readers
+    (jq, a browser, Go, Rust) refuse them."""
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"not standard JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_stat_that_is_not_a_finite_number_is_recorded_as_its_name(tmp_path) -> None:
+    # A solver's loss that diverged, a gradient norm that overflowed: the stage finishes, and
+    # its manifest says so in standard JSON.
+    from tasks.context import StageOutput
+    from tasks.stage import Stage
+
+    def diverged(ctx, config) -> StageOutput:
+        stats = {"loss": float("nan"), "rows": 1, "grad": {"norm": float("inf"), "min": -1e999}}
+        return StageOutput(pa.table({"x": [1]}), stats=stats)
+
+    run = _run(tmp_path)
+    Stage("diverged", diverged, version=1, inputs={}, outputs=("x",))(run, 1, ScoreConfig())
+    with open(run.store().path(1, "diverged.manifest.json")) as f:
+        manifest = _strict_json(f.read())
+    assert manifest["stats"] == {"loss": "nan", "rows": 1, "grad": {"norm": "inf", "min": "-inf"}}
+
+
+def test_run_json_is_written_strict_or_not_at_all(tmp_path) -> None:
+    store = RunStore(str(tmp_path), "r")
+    path = f"{store.base}/x.json"
+    with pytest.raises(ValueError, match="not written as JSON: Out of range float"):
+        store.write_json(path, {"a": {"b": float("inf")}})
+    with pytest.raises(ValueError, match="not written as JSON"):
+        store.write_manifest(1, "x", {"stats": {"loss": float("nan")}})
+    assert not os.path.exists(path) and store.read_manifest(1, "x") is None
+    store.write_json(path, {"a": 1.5})
+    with open(path) as f:
+        assert _strict_json(f.read()) == {"a": 1.5}
+
+
+def test_a_launch_that_lost_the_lock_starts_no_stage_and_writes_nothing(tmp_path) -> None:
+    # A holder that resumes between two stages, after another launch took the run over: the
+    # next stage it would run withdrew that launch's manifest and wrote a traceback in logs/.
+    from tasks.run_lock import RunLockLost, lock_path, run_lock
+
+    run = _run(tmp_path)
+    store = run.store()
+    annotated = _input(store, 1, "creator_annotate", _annotated())
+    with run_lock(store) as owner:
+        score(run, 1, ScoreConfig(), annotated=annotated)
+        theirs = store.read_manifest(1, "score")
+        with open(lock_path(store), "w") as f:
+            json.dump({**owner, "token": "taken-over", "pid": 1, "host": "elsewhere"}, f)
+        before = sorted(os.listdir(store.base)), sorted(os.listdir(store.scratch_dir()))
+        with pytest.raises(RunLockLost, match=r"lost the run's lock to pid 1 on elsewhere"):
+            score(run, 1, ScoreConfig(metric="var"), annotated=annotated)
+        assert store.read_manifest(1, "score") == theirs
+        assert (sorted(os.listdir(store.base)), sorted(os.listdir(store.scratch_dir()))) == before
+
+
 def test_plan_targets_one_stage_and_follows_refs_not_order(tmp_path) -> None:
     run = _run(tmp_path)
     store = run.store()

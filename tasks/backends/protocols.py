@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 Progress = Callable[[float], None]
 T = TypeVar("T")
@@ -80,6 +80,22 @@ def close_after(backend: T) -> Iterator[T]:
             backend.close()
 
 
+@runtime_checkable
+class ReadsPromptColumns(Protocol):
+    """A reward or evolver that reads columns of its prompts' records beside their text (the
+    instruction-following reward and evolver read each prompt's instructions): a stage hands
+    it those columns as keyword arguments of ``score`` or ``evolve``, one value per prompt,
+    as TRL hands a reward function its dataset's columns."""
+
+    prompt_columns: tuple[str, ...]
+
+
+def prompt_columns(component: object, table: Any) -> dict[str, Any]:
+    """The columns ``component`` reads, from the stage's ``table``, as keyword arguments."""
+    names = component.prompt_columns if isinstance(component, ReadsPromptColumns) else ()
+    return {name: table.column(name).to_pylist() for name in names}
+
+
 @dataclass(frozen=True)
 class Generations:
     """What a ``Generator`` returns: ``n`` responses per prompt and, for each, whether it
@@ -142,8 +158,10 @@ class Evolver(Protocol):
         categories: Sequence[str | None],
         num_evolutions: int,
         seed: int,
-    ) -> list[list[tuple[str, str]]]:
-        """Return up to ``num_evolutions`` ``(new_prompt, method)`` per input prompt.
+    ) -> list[list[tuple[str, str]]] | list[list[tuple[str, str, dict[str, Any]]]]:
+        """Return up to ``num_evolutions`` ``(new_prompt, method)`` per input prompt, or
+        ``(new_prompt, method, columns)`` where a child carries prompt columns of its own (its
+        instructions: ``eva_core.schema.INSTRUCTION_COLUMNS``).
 
         Raw output: the stage strips, drops empties and duplicates, and fills in lineage.
         """

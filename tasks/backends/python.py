@@ -16,12 +16,16 @@ A factory may declare
   prompt it cannot handle; ``eva run`` calls it on prompt files before anything runs.
 
 ``eva run`` builds every such component once before the run starts, so options it refuses fail
-in seconds: keep construction cheap and load weights or clients when first used.
+in seconds: keep construction cheap and load weights or clients when first used. Each field that
+takes a component declares what it must build (``Builds``: a solver's ``train``, a reward's
+``score``, ...), and a factory that raises, or returns an object without those methods (None
+included), is refused there in one line naming the field's ``factory``.
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -42,6 +46,29 @@ def resolve(path: str, what: str = "name") -> Any:
             raise ValueError(f"{module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     return obj
+
+
+@dataclass(frozen=True)
+class Builds:
+    """What the object a field's component builds must have, declared on the field:
+    ``solver: Annotated[SolverBackend, Builds("a solver", ("train",))]``. The edge
+    (``flows.inputs``) builds a component of yours once before the run and checks it."""
+
+    role: str  # what the object is, for messages: "a solver"
+    methods: tuple[str, ...]  # what the stages call on it
+
+    def lacks(self, built: Any) -> str | None:
+        """Why ``built`` cannot serve as this role (it is None, or lacks a method), else None."""
+        if built is None:
+            return "returned None"
+        missing = [m for m in self.methods if not callable(getattr(built, m, None))]
+        if missing:
+            shown = ", ".join(f"{m}()" for m in missing)
+            return f"built a {type(built).__name__}, which has no {shown}"
+        return None
+
+    def wants(self) -> str:
+        return f"{self.role}: an object with {', '.join(f'{m}()' for m in self.methods)}"
 
 
 class PythonComponent(BaseModel):

@@ -31,8 +31,9 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from eva_core.schema import prompt_id
 from eva_runtime.errors import EvaError, first_line
-from tasks.backends.generate import GenerationBackend, TransformersGeneration
+from tasks.backends.generate import GenerationBackend, OpenAIGeneration, TransformersGeneration
 from tasks.backends.protocols import Progress, close_after, no_progress, stats_of
+from tasks.checkpoints import gguf_path, is_gguf, local_checkpoint
 from tasks.content_hashes import checkpoint_hash, hash_file, is_hub_id
 from tasks.prompt_datasets import dataset_key, load_dataset_split
 from tasks.prompt_files import read_columns
@@ -223,7 +224,10 @@ class GeneratedAnswers:
     def answers(
         self, prompts: Sequence[str], seed: int, progress: Progress = no_progress
     ) -> list[str | None]:
-        with close_after(self.config.generation.load(self.config.model)) as generator:
+        model = self.config.model
+        if not isinstance(self.config.generation, OpenAIGeneration):  # the endpoint's name
+            model = local_checkpoint(model, f"{FIELD}.model")
+        with close_after(self.config.generation.load(model)) as generator:
             out, finished = generator.generate(list(prompts), 1, seed, progress).firsts()
             self.counts.update(stats_of(generator))
         # Judged as they are, but said: a cut-off reference answer is easier to beat.
@@ -240,9 +244,9 @@ class GeneratedReference(BaseModel):
 
     kind: Literal["generate"] = "generate"
     model: str = Field(
-        description="The reference model: a Hub id or local checkpoint (transformers, vllm, "
-        "served), or the name an OpenAI-compatible endpoint serves it under (openai; "
-        "generation.llm.model, when set, is sent instead)."
+        description="The reference model: a Hub id, a local checkpoint or a GGUF file "
+        "(transformers, vllm, served), or the name an OpenAI-compatible endpoint serves it "
+        "under (openai; generation.llm.model, when set, is sent instead)."
     )
     generation: GenerationBackend = Field(
         default_factory=lambda: TransformersGeneration(temperature=0.0),
@@ -252,6 +256,8 @@ class GeneratedReference(BaseModel):
 
     def origin_key(self) -> dict[str, str]:
         """A local checkpoint is keyed by its bytes; a Hub id or a served name by itself."""
+        if is_gguf(self.model):
+            return {"checkpoint": hash_file(gguf_path(self.model))}
         local = os.path.isdir(self.model) and not is_hub_id(self.model)
         return {"checkpoint": checkpoint_hash(self.model)} if local else {}
 

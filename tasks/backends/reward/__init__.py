@@ -18,6 +18,8 @@ python               an object of yours, ``factory(**options)`` (the built-in wo
 verifiable           a verifier ``f(response, answer)`` against known answers from a file,
                      and a majority vote of the N responses where none is known (needs
                      the N together: pointwise only with ``unknown: drop``)
+instruction_following IFEval's checkers on the instructions each prompt carries
+                     (``instruction_id_list``, ``kwargs``; the if-verifiable package)
 ==================== ================================================================
 """
 
@@ -29,6 +31,7 @@ from pydantic import AfterValidator, Field
 
 from tasks.backends.python import PythonComponent
 from tasks.backends.reward.function import CallableReward
+from tasks.backends.reward.instruction_following import InstructionFollowingReward
 from tasks.backends.reward.pairwise import PairwiseReward
 from tasks.backends.reward.sequence_classifier import SequenceClassifierReward
 from tasks.backends.reward.verifiable import VerifiableReward
@@ -53,7 +56,8 @@ PointwiseRewardBackend: TypeAlias = Annotated[
     | VLLMPoolingReward
     | CallableReward
     | PythonComponent
-    | VerifiableReward,
+    | VerifiableReward
+    | InstructionFollowingReward,
     Field(discriminator="kind"),
     AfterValidator(_pointwise),
 ]
@@ -64,12 +68,14 @@ RewardBackend: TypeAlias = Annotated[
     | CallableReward
     | PythonComponent
     | PairwiseReward
-    | VerifiableReward,
+    | VerifiableReward
+    | InstructionFollowingReward,
     Field(discriminator="kind"),
 ]
 
 __all__ = [
     "CallableReward",
+    "InstructionFollowingReward",
     "PairwiseReward",
     "PointwiseRewardBackend",
     "PythonComponent",

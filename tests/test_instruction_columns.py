@@ -1,0 +1,94 @@
+"""A prompt's verifiable instructions travel as data, in IFEval's two columns: read from a
+user's file, carried through sampling and mixing, given to a child by its evolver."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from eva_core.evolution import evolved_records
+from eva_core.mixing import mix_prompt_sets
+from eva_core.schema import INSTRUCTION_COLUMNS, PROMPT_COLUMNS, prompt_records, seed_records
+from tasks.prompt_files import read_prompt_file
+
+
+def _jsonl(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_an_ifeval_file_keeps_each_prompts_instructions(tmp_path: Path) -> None:
+    path = _jsonl(tmp_path / "p.jsonl", [
+        # IFEval's rows list every argument, null where unused.
+        {"prompt": "Describe rain. Answer with less than 50 words.",
+         "instruction_id_list": ["length_constraints:number_words"],
+         "kwargs": [{"num_words": 50, "relation": "less than", "keywords": None}]},
+        {"prompt": "Describe snow.", "instruction_id_list": [], "kwargs": []},
+        {"prompt": "Describe hail."},  # a row without: none
+    ])  # fmt: skip
+    table = read_prompt_file(path).table
+    assert table.column_names == list(PROMPT_COLUMNS)
+    assert table.column("instruction_id_list").to_pylist() == [
+        ["length_constraints:number_words"], [], None,
+    ]  # fmt: skip
+    assert table.column("kwargs").to_pylist() == [
+        '[{"num_words": 50, "relation": "less than"}]', "[]", None,
+    ]  # fmt: skip
+    plain = read_prompt_file(_jsonl(tmp_path / "q.jsonl", [{"prompt": "x"}])).table
+    assert plain.column("instruction_id_list").to_pylist() == [None]
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ({"instruction_id_list": "punctuation:no_comma"}, "row 1: instruction_id_list is not"),
+        ({"instruction_id_list": ["a", "b"], "kwargs": [{}]}, "row 1: kwargs must be a list of 2"),
+        ({"instruction_id_list": ["a"], "kwargs": ["x"]}, "row 1: kwargs of 'a' is not a mapping"),
+    ],
+)
+def test_instructions_that_cannot_be_read_name_the_row(tmp_path: Path, row, message) -> None:
+    path = _jsonl(tmp_path / "p.jsonl", [{"prompt": "fine"}, {"prompt": "bad", **row}])
+    with pytest.raises(ValueError, match=message):
+        read_prompt_file(path, rules=None)
+
+
+def test_a_child_carries_the_instructions_its_evolver_gives_it_and_no_others() -> None:
+    parents = seed_records(
+        ["Describe rain.", "Describe snow."],
+        instructions=[(["punctuation:no_comma"], "[{}]"), None],
+    )
+    columns = {"instruction_id_list": ["punctuation:no_comma", "startend:quotation"],
+               "kwargs": [None, {}]}  # fmt: skip
+    table, stats = evolved_records(
+        parents,
+        [[("Describe rain. Wrap it in quotes.", "add:startend:quotation", columns)],
+         [("Describe snow in detail.", "deepen")]],  # an LLM's rewrite: text only
+        iteration=1,
+    )  # fmt: skip
+    assert stats.kept == 2
+    assert table.column("instruction_id_list").to_pylist() == [
+        ["punctuation:no_comma", "startend:quotation"], None,
+    ]  # fmt: skip
+    assert table.column("kwargs").to_pylist() == ["[{}, {}]", None]
+    with pytest.raises(ValueError, match="a rewrite of parent 0: kwargs must be a list of 1"):
+        evolved_records(parents, [[("x y z", "m", {"instruction_id_list": ["a"], "kwargs": []})],
+                                  []], iteration=1)  # fmt: skip
+    with pytest.raises(ValueError, match="a rewrite of parent 0 carries 7"):
+        evolved_records(parents, [[("x y z", "m", 7)], []], iteration=1)  # type: ignore[list-item]
+
+
+def test_mixing_keeps_instructions_and_reads_tables_written_before_them() -> None:
+    current = seed_records(["a b c", "d e f"], instructions=[(["x"], "[{}]"), None])
+    old = current.drop_columns(list(INSTRUCTION_COLUMNS))  # an artifact from before
+    assert prompt_records(old).column("kwargs").to_pylist() == [None, None]
+    evolved = seed_records(["g h i"], iteration=1, instructions=[(["y"], "[{}]")])
+    mixed, _ = mix_prompt_sets(current, evolved, 0.5, seed=0, size=2)
+    by_prompt = dict(zip(mixed.column("prompt").to_pylist(),
+                         mixed.column("instruction_id_list").to_pylist(), strict=True))  # fmt: skip
+    assert by_prompt["g h i"] == ["y"] and by_prompt.get("a b c", ["x"]) == ["x"]
+    mixed_old, _ = mix_prompt_sets(old, evolved, 0.5, seed=0, size=2)
+    assert mixed_old.schema == prompt_records(old).schema
+    assert mixed_old.column("kwargs").type == pa.string()
