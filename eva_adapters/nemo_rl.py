@@ -155,7 +155,7 @@ class EvaPromptDataset(RawDataset):
         seeds = [{"prompt": _text(r[input_key]), ANSWER: _text(r.get(output_key))}
                  for r in rows]  # fmt: skip
         options = dict(eva or {})
-        creator = build_creator(seeds, options)
+        creator = build_creator(seeds, options, key="data.train.eva")
         state = SharedCreator(eva_name, creator, num_prompts_per_step, options.get("state_path"))
         state.restore()
         register(state)

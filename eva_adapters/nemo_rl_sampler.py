@@ -8,6 +8,11 @@ selects the most informative first. A group's rewards and prompt are read from t
 buffer's DataPlane the first time the sampler sees it ready, before ``evict`` can drop it:
 ``total_reward`` and ``prompt_ids_for_adv``, the prompt's token ids, by which the group finds the
 prompt eva handed out (nothing NeMo-RL commits carries the dataset's index).
+
+NeMo-RL's private surface in use is one method, ``TQReplayBuffer._call_dp`` (a sampler is handed
+the buffer only, and the buffer has no public read of a group's fields); the rest is public:
+the staleness policy this sampler wraps, the buffer's lists and ``remove``, ``KVBatchMeta.concat``.
+``tests/test_adapter_nemo_rl.py`` checks that method against the vendored commit.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from nemo_rl.algorithms.async_utils.staleness_sampler import (
-    BaseSampler,
+    PromptGroupSampler,
     ReadyFirstSampler,
     WindowedSampler,
 )
@@ -35,11 +40,11 @@ REWARD = "total_reward"  # the DataPlane fields a committed group has (payload.p
 PROMPT = "prompt_ids_for_adv"
 
 
-class EvaSampler(BaseSampler):
+class EvaSampler:
     """NeMo-RL's ``PromptGroupSampler`` that observes every finished group into eva's creator
     and selects the most informative eligible groups first (module doc)."""
 
-    POLICIES: ClassVar[dict[str, type[BaseSampler]]] = {
+    POLICIES: ClassVar[dict[str, Callable[..., PromptGroupSampler]]] = {
         "ready_first": ReadyFirstSampler,
         "windowed": WindowedSampler,
     }
@@ -54,7 +59,7 @@ class EvaSampler(BaseSampler):
         eva_name: str = "eva",
         metric: str | None = None,
     ):
-        super().__init__(buffer)
+        self.buffer = buffer
         if staleness not in self.POLICIES:
             raise ValueError(
                 f"eva selects among the groups a policy allows; staleness must be one of "
@@ -112,9 +117,16 @@ class EvaSampler(BaseSampler):
     async def select(
         self, *, current_train_weight: int, min_prompt_groups: int, max_prompt_groups: int
     ) -> tuple[Any, int]:
-        self._validate_group_bounds(min_prompt_groups, max_prompt_groups)
+        """The eligible groups (the staleness policy's), most informative first: up to
+        ``max_prompt_groups`` of them, dropped from the buffer and concatenated; none below
+        ``min_prompt_groups`` (NeMo-RL's built-in policies' contract)."""
+        if not 1 <= min_prompt_groups <= max_prompt_groups:
+            raise ValueError(
+                f"need 1 <= min_prompt_groups <= max_prompt_groups, got {min_prompt_groups}, "
+                f"{max_prompt_groups}"
+            )
         await self.read_finished()
-        buf = self._buffer
+        buf = self.buffer
         low = max(0, current_train_weight - self.max_staleness_versions)
         eligible = [
             i for i, weight in enumerate(buf.start_weight_list)
@@ -123,16 +135,21 @@ class EvaSampler(BaseSampler):
         ]  # fmt: skip
         if self.order == "informative":
             eligible.sort(key=lambda i: (-self._priority(i), i))
-        return await self._finalize_selection(eligible, min_prompt_groups, max_prompt_groups)
+        if len(eligible) < min_prompt_groups:
+            return None, 0
+        chosen = eligible[:max_prompt_groups]
+        metas = [buf.meta_list[i] for i in chosen]
+        await buf.remove(chosen, remove_in_dp=False)
+        return metas[0].concat(*metas[1:]), len(chosen)
 
     def _priority(self, i: int) -> float:
-        value = self.info.get(self._buffer.meta_list[i].sample_ids[0], math.nan)
+        value = self.info.get(self.buffer.meta_list[i].sample_ids[0], math.nan)
         return -math.inf if math.isnan(value) else value
 
     async def read_finished(self) -> list[Observation]:
         """Read the rewards and prompt of every ready group not read yet; observe the finished
         groups in creator batches. Returns the observations made."""
-        buf = self._buffer
+        buf = self.buffer
         live = set()
         state = shared(self.eva_name)
         for i, ready in enumerate(buf.ready_list):

@@ -95,7 +95,7 @@ class EvaDataSource(DataSource):
         self.options.setdefault("seed", args.rollout_seed)
         self._tokenizer: Any = None
         self.seeds = self._read_seeds()
-        self.creator: Creator = build_creator(self.seeds, self.options)
+        self.creator: Creator = build_creator(self.seeds, self.options, key=OPTIONS)
         self.sample_index = 0
         self.sample_group_index = 0
         self.buffer: list[list[Sample]] = []  # groups given back unfinished (partial rollout)
@@ -217,7 +217,7 @@ class EvaDataSource(DataSource):
             return
         with open(path, encoding="utf-8") as f:
             counters = json.load(f).get("slime", {})
-        self.creator = build_creator(self.seeds, {**self.options, "state_path": path})
+        self.creator = build_creator(self.seeds, {**self.options, "state_path": path}, key=OPTIONS)
         self.sample_index = int(counters.get("sample_index", 0))
         self.sample_group_index = int(counters.get("sample_group_index", 0))
         self.buffer, self.handed = [], {}

@@ -56,9 +56,11 @@ from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from eva_adapters.common import build_creator, save_state
 from eva_core.creator import Creator, Observation
+from eva_core.creator_checks import OptionError
 
 logger = logging.getLogger(__name__)
 
+KEY = "data.eva"  # verl's config key holding the creator's options, named in their errors
 PROMPT_ID = "eva_prompt_id"  # the key in each row's extra_info that names its eva prompt
 DEFAULT_INHERIT = ("data_source", "ability")
 LINEAGE = {"eva_parent_id": "parent_id", "eva_root_id": "root_id", "eva_depth": "depth"}
@@ -92,7 +94,10 @@ class EvaDataset(RLHFDataset):
         options = _plain(config.get("eva")) or {}
         if not isinstance(options, Mapping):
             raise ValueError(f"data.eva must be a mapping of eva creator options, got {options!r}")
-        self.inherit = tuple(options.get("inherit", DEFAULT_INHERIT))
+        inherit = options.get("inherit", DEFAULT_INHERIT)
+        if isinstance(inherit, str) or not all(isinstance(c, str) for c in inherit):
+            raise OptionError("inherit", "must be a list of column names", inherit).under(KEY)
+        self.inherit = tuple(inherit)
         self.state_path: str | None = options.get("state_path") or None
         self.duplicates = options.get("duplicates", "drop")
         # Each seed remembers its row; a child finds its seed's row by its root_id.
@@ -102,8 +107,12 @@ class EvaDataset(RLHFDataset):
         ]
         creator_options = {k: v for k, v in options.items() if k not in ("inherit", "state_path")}
         try:
-            creator = build_creator(self._seeds, {**creator_options, "duplicates": self.duplicates})
-        except ValueError as exc:
+            creator = build_creator(
+                self._seeds, {**creator_options, "duplicates": self.duplicates}, key=KEY
+            )
+        except OptionError:
+            raise
+        except ValueError as exc:  # the seeds: name the files they came from
             raise ValueError(f"eva cannot use {self.original_data_files}: {exc}") from exc
         if creator.stats.duplicate_seeds:
             logger.warning(
@@ -118,6 +127,16 @@ class EvaDataset(RLHFDataset):
         self._checkpointed = False
         global _TRAINING_SOURCE
         _TRAINING_SOURCE = self
+
+    def maybe_filter_out_long_prompts(self, dataframe: Any = None) -> Any:
+        """verl's filter (called on every file verl reads through this class), after a check
+        that the file has the prompt column, naming the key that names it."""
+        if dataframe is not None and self.prompt_key not in dataframe.column_names:
+            raise ValueError(
+                f"data.prompt_key {self.prompt_key!r} is not a column of "
+                f"{self.original_data_files} (its columns: {', '.join(dataframe.column_names)})"
+            )
+        return super().maybe_filter_out_long_prompts(dataframe)
 
     # --- prompts out -----------------------------------------------------------------------
 

@@ -50,8 +50,16 @@ from typing import Any, Literal
 import numpy as np
 
 from eva_core.buffer import PromptBuffer
+from eva_core.creator_checks import check_options, checked_groups, is_int
 from eva_core.creator_records import Evolved, Record, Rewriter, as_records, evolve_children
-from eva_core.creator_state import CreatorStats, EvolutionQueue, Outstanding
+from eva_core.creator_state import (
+    CreatorStats,
+    EvolutionQueue,
+    Outstanding,
+    check_seeds,
+    check_state,
+    seed_digest,
+)
 from eva_core.informativeness import informativeness
 from eva_core.predicted import TiePosterior
 
@@ -93,16 +101,18 @@ class Creator:
         inherit: Sequence[str] = (),
         duplicates: Literal["refuse", "drop"] = "refuse",
     ):
-        if evolve_lag < 0:
-            raise ValueError(f"evolve_lag must be >= 0, got {evolve_lag}")
-        if evolve_lag and executor is None:
-            raise ValueError("evolve_lag > 0 needs an executor to run the rewriter in")
-        records = as_records(seeds, duplicates)
-        self.buffer = PromptBuffer(
-            records, size=size, ratio_evol=ratio_evol, top_fraction=top_fraction, n_new=n_new,
-            n_new_bootstrap=n_new_bootstrap, metric=metric, evolve=rewriter is not None,
-            seed=seed,
+        settings: dict[str, Any] = dict(
+            size=size, ratio_evol=ratio_evol, top_fraction=top_fraction, n_new=n_new,
+            n_new_bootstrap=n_new_bootstrap, metric=metric,
         )  # fmt: skip
+        check_options(
+            settings, seed=seed, evolve_lag=evolve_lag, executor=executor, rewriter=rewriter,
+            max_chars=max_chars, inherit=inherit, duplicates=duplicates,
+        )  # fmt: skip
+        records = as_records(seeds, duplicates)
+        # Which seeds, in which order, a saved state was drawn over (from_state checks it).
+        self.seed_digest = seed_digest(records)
+        self.buffer = PromptBuffer(records, **settings, evolve=rewriter is not None, seed=seed)
         self.rewriter = rewriter
         self.evolve_lag = evolve_lag
         self.executor = executor
@@ -155,7 +165,10 @@ class Creator:
     def flush(self) -> int:
         """Join every outstanding evolution now; returns the children joined."""
         with self._lock:
-            return self._join(math.inf)[0]
+            count = self._evolutions.due(math.inf)
+            made = self._evolutions.results(count, self._evolve)
+            self._evolutions.pop(count)
+            return self._join(made)[0]
 
     def state(self) -> dict[str, Any]:
         """JSON-ready state. Prompts drawn but not observed are kept, so observing them after
@@ -163,14 +176,26 @@ class Creator:
         ``from_state`` (the children join at the observation they would have)."""
         with self._lock:
             return {
+                "seeds": {"count": len(self.buffer.seeds), "digest": self.seed_digest},
                 "buffer": self.buffer.state(),
                 "observations": self.observations,
                 "evolve_lag": self.evolve_lag,
-                "stats": {**self.stats.__dict__},
+                "stats": {**self.stats.__dict__, "dropped": dict(self.stats.dropped)},
                 "outstanding": self.outstanding.records(),
                 "evolutions": self._evolutions.state(),
                 **({"ties": self.ties.state()} if self.ties is not None else {}),
             }
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        """Resume this creator, in place, at a saved ``state()`` over its own seeds: its options
+        (rewriter, executor, ...) stay, what the state holds is replaced (``from_state``)."""
+        with self._lock:
+            restored = Creator.from_state(
+                self.buffer.seeds, state, rewriter=self.rewriter, executor=self.executor,
+                max_chars=self.max_chars, exclude_ids=self.exclude_ids,
+                categorize=self.categorize, inherit=self.inherit,
+            )  # fmt: skip
+            vars(self).update({k: v for k, v in vars(restored).items() if k != "_lock"})
 
     # --- draw ------------------------------------------------------------------------------
 
@@ -178,6 +203,8 @@ class Creator:
         """The next ``k`` prompt records for rollout (fewer only if D and B are both spent).
         Prompts the tie filter skips are replaced by further draws; when nothing is left to
         draw, skipped prompts fill the batch after all."""
+        if not is_int(k) or k < 1:
+            raise ValueError(f"draw takes a number of prompts >= 1, got {k!r}")
         batch = self.buffer.draw(k)
         out, skipped = self._keep(batch.records, batch.from_buffer)
         while len(out) < k and (more := self.buffer.refill(k - len(out))).records:
@@ -208,54 +235,55 @@ class Creator:
 
     def _observe(self, groups: Iterable[tuple[str, Sequence[float]]]) -> Observation:
         """Feed back finished groups ``(prompt_id, rewards of its responses)`` of drawn prompts;
-        runs the creator (module doc) on them and returns what it did."""
-        records, rewards = self._finished(list(groups))
+        runs the creator (module doc) on them and returns what it did. All or nothing: every
+        group is checked and every evolution due now has run before anything changes, so a bad
+        group or a rewriter that raises leaves the creator as it was."""
+        ids, rewards = checked_groups(list(groups), self.outstanding.count)
+        if not ids:  # no group finished: nothing to read, and the evolution clock stays
+            return Observation([], [], [])
+        records = self.outstanding.peek(ids)
         # 1. informativeness of each group (NaN rewards are unscored responses, ignored).
         info = informativeness(rewards, self.buffer.metric)
-        if self.ties is not None:
-            for record, row in zip(records, rewards, strict=True):
-                self.ties.read(record["prompt_id"], _tied(row))
-        self.stats.observed += len(records)
-        self.stats.tied += sum(_tied(row) for row in rewards)
+        tied = [_tied(row) for row in rewards]
         # 2. parents: the top ``top_fraction`` by informativeness; their reading is the priority
-        # their children start with (a child has not been sampled yet).
+        # their children start with (a child has not been sampled yet; an unscored parent's 0).
         chosen = self.buffer.top_rows(info)
         parents = [records[i] for i in chosen]
-        priorities = [float(info[i]) for i in chosen]
-        # 3. evolution, now or in the executor.
+        priorities = [float(info[i]) if np.isfinite(info[i]) else 0.0 for i in chosen]
+        job = None
         if parents and self.rewriter is not None:
             n = self.buffer.children_per_parent
             seed = self.buffer.seed * 1_000_003 + self.observations
-            self._submit((parents, priorities, n, seed, self.observations))
+            job = (parents, priorities, n, seed, self.observations)
+        # 3. evolution: what is due now (this observation's own with lag 0) runs first.
+        due = self._evolutions.due(self.observations - self.evolve_lag)
+        made = self._evolutions.results(due, self._evolve)
+        if job is not None and self.evolve_lag == 0:
+            made.append(self._run(job))
+        # 4. nothing can fail from here on: take the groups, queue a lagged evolution, join.
+        for pid, row_tied in zip(ids, tied, strict=True):
+            self.outstanding.take(pid)
+            if self.ties is not None:
+                self.ties.read(pid, row_tied)
+        self.stats.observed += len(records)
+        self.stats.tied += sum(tied)
+        if job is not None:
             self.stats.parents += len(parents)
-        # 4. join the children due now (with lag 0, the ones just made).
-        joined, evicted = self._join(self.observations - self.evolve_lag)
+            if self.evolve_lag:
+                self._evolutions.submit(job, self._evolve, self.executor)
+        self._evolutions.pop(due)
+        joined, evicted = self._join(made)
         self.observations += 1
-        ids = [r["prompt_id"] for r in records]
         return Observation(ids, info.tolist(), chosen, joined, evicted)
 
     def _release(self, prompt_ids: Iterable[str]) -> int:
         """Forget drawn prompts the trainer will never report (a rollout aborted unfinished);
         returns how many were outstanding."""
+        if isinstance(prompt_ids, str):
+            raise ValueError(f"release takes a list of prompt ids, got the text {prompt_ids!r}")
         released = sum(self.outstanding.take(pid) is not None for pid in prompt_ids)
         self.stats.released += released
         return released
-
-    def _finished(
-        self, groups: list[tuple[str, Sequence[float]]]
-    ) -> tuple[list[Record], np.ndarray]:
-        """The drawn records the groups answer, and their rewards as a NaN-padded matrix."""
-        records = []
-        for pid, _ in groups:
-            record = self.outstanding.take(pid)
-            if record is None:
-                raise KeyError(f"prompt {pid!r} was not drawn (or was already observed)")
-            records.append(record)
-        width = max((len(r) for _, r in groups), default=0)
-        rewards = np.full((len(groups), width), np.nan)
-        for i, (_, row) in enumerate(groups):
-            rewards[i, : len(row)] = np.asarray(row, dtype=np.float64)
-        return records, rewards
 
     def _evolve(
         self, parents: list[Record], priorities: list[float], n: int, seed: int, at: int
@@ -268,15 +296,16 @@ class Creator:
             categorize=self.categorize, exclude_ids=self.exclude_ids, inherit=self.inherit,
         )  # fmt: skip
 
-    def _submit(self, job: tuple[Any, ...]) -> None:
-        """Queue an evolution to join at its observation + lag; in the executor if there is
-        one (else it runs when joined)."""
-        self._evolutions.submit(job, self._evolve, self.executor)
+    def _run(self, job: tuple[Any, ...]) -> Evolved:
+        """An evolution due at once: in the executor if there is one, else in this thread."""
+        if self.executor is not None:
+            return self.executor.submit(self._evolve, *job).result()
+        return self._evolve(*job)
 
-    def _join(self, upto: float) -> tuple[int, int]:
-        """Add the children of every evolution submitted at an observation <= ``upto``."""
+    def _join(self, made: Iterable[Evolved]) -> tuple[int, int]:
+        """Add the children evolutions made to B; returns how many joined and were evicted."""
         joined = evicted = 0
-        for records, priorities, stats, failed in self._evolutions.due(upto, self._evolve):
+        for records, priorities, stats, failed in made:
             evicted += self.buffer.add_children(records, priorities)
             joined += len(records)
             self.stats.failed_parents += failed
@@ -296,7 +325,10 @@ class Creator:
         **options: Any,
     ) -> Creator:
         """The creator ``state()`` saved, over the same seeds; ``options`` as for the
-        constructor (the rewriter, executor, ...), less the buffer's settings, which are saved."""
+        constructor (the rewriter, executor, ...), less the buffer's settings, which are saved.
+        The state is checked before it is used (``eva_core.creator_checks``): a malformed one,
+        or one saved over other seeds, raises naming its field."""
+        check_state(state)
         settings = state["buffer"]["settings"]
         if settings["evolve"] != (options.get("rewriter") is not None):
             raise ValueError("the saved creator evolves iff a rewriter is passed; pass the same")
@@ -308,12 +340,15 @@ class Creator:
             skip_tied=ties,
             **{"evolve_lag": state["evolve_lag"], **options},
         )
-        creator.buffer = PromptBuffer.from_state(creator.buffer.seeds, state["buffer"])
+        check_seeds(state, len(creator.buffer.seeds), creator.seed_digest)
+        creator.buffer = PromptBuffer.from_state(creator.buffer.seeds, dict(state["buffer"]))
         creator.observations = state["observations"]
-        creator.stats = CreatorStats(**state["stats"])
-        creator.outstanding.add(state["outstanding"])
+        creator.stats = CreatorStats(
+            **{**state["stats"], "dropped": dict(state["stats"].get("dropped", {}))}
+        )
+        creator.outstanding.add(dict(r) for r in state["outstanding"])
         for job in state.get("evolutions", []):
-            creator._submit(tuple(job))
+            creator._evolutions.submit(tuple(job), creator._evolve, creator.executor)
         return creator
 
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
+from eva_core.creator_checks import checked_rewrites, rewriter_name
 from eva_core.evolution import EvolveStats, clean_rewrite, evolved_records
 from eva_core.schema import PROMPT_SCHEMA, prompt_id, seed_records
 
@@ -63,12 +64,16 @@ def evolve_children(
 ) -> Evolved:
     """Children of ``parents`` as prompt records with lineage, each starting at its parent's
     informativeness as priority, made at observation ``at`` (their ``iteration``); and the
-    parents the rewriter gave nothing usable."""
-    raw = [[(r, "rewrite") if isinstance(r, str) else r for r in rewrites]
-           for rewrites in rewriter(parents, n, seed)]  # fmt: skip
-    if len(raw) != len(parents):
-        raise ValueError(f"the rewriter returned {len(raw)} lists for {len(parents)} parents")
-    failed = sum(not any(clean_rewrite(text) for text, _ in rewrites) for rewrites in raw)
+    parents the rewriter gave nothing usable. A rewriter's own error goes up with a note naming
+    it; an answer other than up to ``n`` rewrites per parent raises ``ValueError`` naming it."""
+    try:
+        answer = rewriter(parents, n, seed)
+    except Exception as exc:  # its own error (a caller may handle its type), naming it
+        if hasattr(exc, "add_note"):  # Python 3.11+
+            exc.add_note(f"raised by the creator's rewriter {rewriter_name(rewriter)}")
+        raise
+    raw = checked_rewrites(rewriter, answer, parents, n)
+    failed = sum(not any(clean_rewrite(r[0]) for r in rewrites) for rewrites in raw)
     table = pa.Table.from_pylist(
         [{name: p.get(name) for name in PROMPT_SCHEMA.names} for p in parents],
         schema=PROMPT_SCHEMA,

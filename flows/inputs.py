@@ -48,6 +48,8 @@ def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
         check_accelerate(config)
     if isinstance(config, RunConfig):
         check_reporters(getattr(config.train.solver, "report_to", []))
+    else:
+        check_reporters(getattr(config.online.solver, "report_to", []), "online.solver.report_to")
     components = dict(_loaded_components(config))
     read: dict[str, list[str]] = {}  # the prompt files' texts, by field
     for field in ("prompts", "heldout"):

@@ -64,9 +64,9 @@ def _check_accelerate_backend(named: str, path: str) -> None:
         )
 
 
-def check_reporters(report_to: list[str]) -> None:
-    """Every tracker ``train.solver.report_to`` names is installed: refused now, in one line
-    naming its package, not by the first training's trainer, hours into a run."""
+def check_reporters(report_to: list[str], field: str = "train.solver.report_to") -> None:
+    """Every tracker a solver's ``report_to`` (``field``) names is installed: refused now, in
+    one line naming its package, not by the first training's trainer, hours into a run."""
     import importlib.util
 
     from tasks.backends.train.dpo import REPORTERS
@@ -76,7 +76,7 @@ def check_reporters(report_to: list[str]) -> None:
         if modules and not any(importlib.util.find_spec(m) for m in modules):
             raise ConfigError(
                 f"{name} needs the {package} package, which is not installed",
-                field="train.solver.report_to",
+                field=field,
                 hint=f"pip install {package} on every machine that trains, or drop {name}",
             )
 

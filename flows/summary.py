@@ -148,9 +148,9 @@ def online_summary(store: RunStore, config: OnlineRunConfig, segments: int) -> l
     """One row per finished segment of an online run (and theta_0), ``segments`` at most; with
     the judge's columns when the run has a judge."""
     judging = config.evaluate.judge is not None
-    solver = config.online.solver
+    cap = getattr(config.online.solver, "max_completion_length", None)  # a solver of yours: its own
     caps = {
-        "truncated": f"online.solver.max_completion_length ({solver.max_completion_length})",
+        "truncated": f"online.solver.max_completion_length ({cap})" if cap else "the solver's cap",
         "heldout_truncated": _cap("evaluate.generation", config.evaluate.generation),
     }
 

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from eva_core.buffer import PromptBuffer
 from eva_core.creator import Creator
@@ -30,9 +30,9 @@ from eva_runtime.errors import ConfigError
 from tasks.backends.evolve import EvolverBackend
 from tasks.backends.python import Builds
 from tasks.backends.reward import PointwiseRewardBackend
-from tasks.backends.train.online import OnlineSolverConfig
+from tasks.backends.train.online import OnlineSolverBackend, OnlineSolverConfig
 from tasks.context import StageContext, StageOutput, check_failures
-from tasks.online_loop import BufferConfig, OnlineLoop, pending_batches, rewriter_of
+from tasks.online_loop import BufferConfig, OnlineLoop, rewriter_of
 from tasks.stage import MODEL, StageError, stage
 
 STATE_FILE = "eva_online_state.json"
@@ -43,7 +43,13 @@ LOG_COLUMNS = (
 
 class OnlineConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-    solver: OnlineSolverConfig = Field(default_factory=OnlineSolverConfig)
+    solver: Annotated[OnlineSolverBackend, Builds("an online solver", ("train_segment",))] = Field(
+        default_factory=OnlineSolverConfig,
+        description="TRL's online solver (kind rloo, the default, grpo or online_dpo) or one of "
+        'yours: {kind: python, factory: "package.module:Name", options: {...}, '
+        "prompts_per_step: 16}, whose object trains a segment (train_segment, "
+        "tasks.backends.train.online.OnlineSolver).",
+    )
     buffer: BufferConfig = Field(default_factory=BufferConfig)
     budget: float = Field(
         default=1.0,
@@ -110,6 +116,15 @@ class OnlineConfig(BaseModel):
         "API evolver overlaps with training; 0 waits for it every step.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _rloo_by_default(cls, data: Any) -> Any:
+        """A solver section without a kind is TRL's RLOO (as before solvers had kinds)."""
+        solver = data.get("solver") if isinstance(data, dict) else None
+        if isinstance(solver, dict) and "kind" not in solver:
+            return {**data, "solver": {**solver, "kind": "rloo"}}
+        return data
+
     def check_budget(self, seeds: int) -> None:
         """Refuse a step larger than the whole budget: ``total_steps`` rounds up to one step, so
         it would train ``prompts_per_step / (budget x |D|)`` times the budget, silently."""
@@ -139,7 +154,8 @@ def _log_table(rows: list[dict[str, Any]]) -> pa.Table:
 @stage(
     "online",
     # 2: records whether each completion finished; cut ones train nothing by default.
-    version=2,
+    # 3: the buffer state beside the checkpoint names the seeds it was drawn over (a digest).
+    version=3,
     inputs={"seeds": PROMPT_COLUMNS, "heldout": ("prompt_id",), "policy": MODEL},
     outputs=LOG_COLUMNS,
 )
@@ -183,25 +199,22 @@ def online(
             field="online.budget",
             hint="raise online.budget to train further",
         )
-    loop = OnlineLoop(
-        creator,
-        config.solver.prompts_per_step,
-        config.reward.load(),
-        pending=pending_batches(state),
-        drawn=int(state.get("drawn", 0)),
-    )
+    loop = OnlineLoop(creator, config.reward.load(), state=state)
     out_dir = os.path.join(ctx.scratch, "model")
     started = time.perf_counter()
     # The trainer (TRL) is imported here: reading an online config needs none of it.
-    from tasks.backends.train.online_trainer import segment_stats, train_segment
+    from tasks.backends.train.online_trainer import segment_stats
 
+    solver = config.solver.load(_tensorboard_dir(ctx, config.solver))
     try:
-        metrics = train_segment(
-            config.solver, policy_dir, loop, steps, out_dir, ctx.seed, ctx.progress
-        )
+        metrics = solver.train_segment(policy_dir, loop, steps, out_dir, ctx.seed, ctx.progress)
     finally:
         loop.close()
         options["executor"].shutdown(wait=True)
+    logs = _tensorboard_dir(ctx, config.solver)
+    if logs is not None and not ctx.store.is_local and os.path.isdir(logs):
+        ctx.store.fs.put(logs.rstrip("/") + "/", ctx.store.path(ctx.iteration, "online_logs"),
+                         recursive=True)  # fmt: skip
     seconds = time.perf_counter() - started
     signal = _reward_signal(ctx.artifact, loop.log, config)
     endpoint = getattr(getattr(config.evolver, "llm", None), "base_url", None)
@@ -218,7 +231,7 @@ def online(
     log = loop.log
     rewards = np.array([r for row in log for r in row["rewards"]], dtype=np.float64)
     info = np.array([row["informativeness"] for row in log], dtype=np.float64)
-    pending = sum(len(b.records) for b in loop.pending)
+    pending = sum(len(d.records) for d in loop.pending)
     buffer = creator.buffer
     stats = {
         "steps": steps,
@@ -263,6 +276,16 @@ def online(
     return StageOutput(
         _log_table(log), stats=stats, model_dir=out_dir, ui_tables=ui, ui_notes=notes
     )
+
+
+def _tensorboard_dir(ctx: StageContext, solver: Any) -> str | None:
+    """Where TensorBoard's event files go when the solver reports to it: the run's
+    ``{iteration}/online_logs`` (a remote run's in the stage's scratch, uploaded after)."""
+    if "tensorboard" not in getattr(solver, "report_to", ()):
+        return None
+    if ctx.store.is_local:
+        return ctx.store.path(ctx.iteration, "online_logs")
+    return os.path.join(ctx.scratch, "online_logs")
 
 
 def _finite_mean(values: np.ndarray) -> float | None:

@@ -9,16 +9,15 @@
            with that many training steps while the step at which children join stays fixed (a
            resumed run draws the same batches).
 
-``OnlineLoop`` knows no trainer. It offers the three points a trainer drives: ``prompts()``, the
-prompt stream (1); ``score()``, the reward function (3); ``step_end()``, called when an optimizer
-step has finished (4). ``tasks.backends.train.online`` plugs them into TRL's public seams.
+Drawing and observing are the TRL bridge's, ``eva_adapters.trl.CreatorFeed``, the one piece of
+code that connects TRL to the creator (a user's own TRL script uses the same): its dataset draws
+a batch when the trainer's loader fetches one, its reward wrapper records each completion's
+reward under its prompt's row, its callback observes each step's groups. ``OnlineLoop`` adds
+what a segment of ``eva online`` needs around it: ``score()``, the reward function's body (the
+run's reward model over each prompt's samples together, and whether each sample finished), and
+the segment's log and counts, kept as the bridge observes each batch.
 
-Scores are recorded by *row*, a key each streamed prompt carries (its batch's draw index and its
-position), never by the position a trainer passes a completion in, so any layout works (RLOO and
-GRPO pass a prompt's samples together, online DPO the batch twice); ``step_end`` checks that the
-rows scored since the last step are exactly those of the batch the step trained on.
-
-Timing: the trainer's data loader prefetches one batch, so batch t+1 is drawn before step t
+Timing: the trainer's data loader fetches one batch ahead, so batch t+1 is drawn before step t
 trains and batch t+2 only when step t+1 starts; the creator updated at the end of step t is the
 one batch t+2 is drawn from. Batches drawn but not trained when a segment ends are part of the
 saved state and are served first by the next segment, so nothing is lost or trained twice.
@@ -27,8 +26,7 @@ saved state and are served first by the next segment, so nothing is lost or trai
 from __future__ import annotations
 
 import time
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +34,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from eva_core.creator import Creator
+from eva_core.creator import Creator, Observation
 from eva_core.creator_records import Record
 from eva_core.informativeness import Metric
 from eva_core.predicted import TiePosterior
@@ -101,16 +99,6 @@ def rewriter_of(evolver: Evolver) -> Callable[[list[Record], int, int], Any]:
 
 
 @dataclass
-class Batch:
-    """One mini-batch as the trainer was given it: its draw index, prompt records and the
-    buffer's phase when it was drawn."""
-
-    step: int
-    records: list[Record]
-    phase: str
-
-
-@dataclass
 class LoopStats:
     """What a segment reports about prompt flow (the creator's own counts are beside it)."""
 
@@ -132,35 +120,34 @@ class LoopStats:
         return out
 
 
-def row_key(step: int, position: int) -> str:
-    """The row a streamed prompt carries: its batch's draw index and its position there."""
-    return f"{step}:{position}"
-
-
 class OnlineLoop:
-    """Streams the creator's batches to a trainer, scores their samples, and observes each
-    trained batch: the trainer's step, then ``observe``, then ``draw``."""
+    """A segment's scoring and log around the TRL bridge (module doc): ``feed`` is the
+    ``CreatorFeed`` a trainer is built with, ``score`` its reward function's body. ``state``: a
+    previous segment's saved ``state()``, whose creator ``creator`` was built from."""
 
     def __init__(
-        self,
-        creator: Creator,
-        prompts_per_step: int,
-        reward: RewardModel,
-        *,
-        pending: Sequence[Batch] = (),
-        drawn: int = 0,
+        self, creator: Creator, reward: RewardModel, *, state: Mapping[str, Any] | None = None
     ):
-        if prompts_per_step < 1:
-            raise ValueError(f"prompts_per_step must be >= 1, got {prompts_per_step}")
+        from eva_adapters.trl import CreatorFeed  # the trainer's libraries: not to read a config
+
         self.creator = creator
-        self.prompts_per_step = prompts_per_step
         self.reward = reward
-        self.pending: deque[Batch] = deque(pending)  # drawn, not trained yet, oldest first
-        self.drawn = drawn  # batches drawn so far (the next batch's draw index)
         self.stats = LoopStats()
         self.log: list[dict[str, Any]] = []  # one row per trained prompt
-        self._scores: dict[str, list[float]] = {}  # row -> its samples' rewards, this step
         self._finished: dict[str, list[bool]] = {}  # row -> whether each sample finished
+        self.feed = CreatorFeed(creator, on_observed=self._trained)
+        if state:
+            self.feed.load_state(dict(state), creator=False)
+        observe = self.feed.observe
+
+        def timed_observe() -> int:  # the time a step end waits for the creator
+            started = time.perf_counter()
+            try:
+                return observe()
+            finally:
+                self.stats.evolve_wait_seconds += time.perf_counter() - started
+
+        self.feed.observe = timed_observe  # type: ignore[method-assign]
         if creator.rewriter is not None:  # time the evolver where it works
             self._rewriter = creator.rewriter
             creator.rewriter = self._timed_rewrite
@@ -172,29 +159,10 @@ class OnlineLoop:
         finally:
             self.stats.evolve_seconds += time.perf_counter() - started
 
-    # --- 1. draw ---------------------------------------------------------------------------
-
-    def prompts(self) -> Iterator[dict[str, Any]]:
-        """The trainer's prompt stream, one mini-batch at a time, each prompt with its row;
-        batches left pending by the last segment come first."""
-        step = self.pending[0].step if self.pending else self.drawn  # draw index to stream
-        while True:
-            if step == self.drawn:
-                records = self.creator.draw(self.prompts_per_step)
-                if len(records) != self.prompts_per_step:
-                    raise RuntimeError(f"the creator ran dry: {len(records)} prompts drawn")
-                self.pending.append(Batch(self.drawn, records, self.creator.buffer.phase))
-                self.drawn += 1
-            if step < self.pending[0].step:
-                raise RuntimeError(f"batch {step} was trained before it was streamed")
-            batch = self.pending[step - self.pending[0].step]
-            for i, record in enumerate(batch.records):
-                yield {
-                    "prompt": record["prompt"],
-                    "prompt_id": record["prompt_id"],
-                    "row": row_key(batch.step, i),
-                }
-            step += 1
+    @property
+    def pending(self) -> Sequence[Any]:
+        """The batches drawn and not trained yet (the bridge's ``Draw``s)."""
+        return self.feed.pending
 
     # --- 3. score --------------------------------------------------------------------------
 
@@ -207,7 +175,7 @@ class OnlineLoop:
     ) -> list[float]:
         """One reward per completion; ``rows[j]`` is the row ``completions[j]`` answers and
         ``finished[j]`` whether it ended before the length cap (None: all did). Each row's
-        samples are scored together (as the reward model expects) and recorded."""
+        samples are scored together (as the reward model expects); the bridge records them."""
         if finished is None:
             finished = [True] * len(completions)
         if not len(rows) == len(prompts) == len(completions) == len(finished):
@@ -218,7 +186,7 @@ class OnlineLoop:
         samples: dict[str, list[int]] = {}  # row -> its completions' positions, in order
         for j, row in enumerate(rows):
             samples.setdefault(row, []).append(j)
-        if again := [row for row in samples if row in self._scores]:
+        if again := [row for row in samples if row in self._finished]:
             raise RuntimeError(f"rows {again[:3]} were scored twice within one step")
         scores = self.reward.score(
             [prompts[js[0]] for js in samples.values()],
@@ -229,44 +197,28 @@ class OnlineLoop:
             values = [float(x) for x in np.asarray(row_scores, dtype=np.float64)]
             if len(values) != len(js):
                 raise RuntimeError(f"row {row}: {len(values)} rewards for {len(js)} samples")
-            self._scores[row] = values
             self._finished[row] = [bool(finished[j]) for j in js]
             for j, value in zip(js, values, strict=True):
                 flat[j] = value
         return flat
 
-    # --- 4. observe ------------------------------------------------------------------------
+    # --- 4. observed: the segment's log ----------------------------------------------------
 
-    def step_end(self) -> None:
-        """The step trained on the oldest pending batch: hand its groups to the creator."""
-        if not self.pending:
-            raise RuntimeError("a step ended before its batch was drawn")
-        batch = self.pending.popleft()
-        rows = [row_key(batch.step, i) for i in range(len(batch.records))]
-        if sorted(self._scores) != sorted(rows):
-            raise RuntimeError(
-                f"the step that trained batch {batch.step} ended, but the rows scored since the "
-                f"last step are {sorted(self._scores)[:4]}, not {rows[:4]}"
-            )
-        per_row = [self._scores.pop(row) for row in rows]
-        done = [self._finished.pop(row) for row in rows]
+    def _trained(self, draw: Any, per_row: list[list[float]], seen: Observation) -> None:
+        """The bridge observed a trained batch (``draw``): log its prompts and count them."""
+        done = [self._finished.pop(row) for row in draw.rows()]
         if len({len(r) for r in per_row}) != 1:
             raise RuntimeError(
-                f"step {batch.step}: rows have {sorted({len(r) for r in per_row})} samples"
+                f"step {draw.index}: rows have {sorted({len(r) for r in per_row})} samples"
             )
-        waited = time.perf_counter()
-        seen = self.creator.observe(
-            (r["prompt_id"], rewards) for r, rewards in zip(batch.records, per_row, strict=True)
-        )
-        self.stats.evolve_wait_seconds += time.perf_counter() - waited
         parents = set(seen.parents)
-        for i, (record, rewards) in enumerate(zip(batch.records, per_row, strict=True)):
+        for i, (record, rewards) in enumerate(zip(draw.records, per_row, strict=True)):
             self.stats.completions += len(rewards)
             self.stats.truncated += done[i].count(False)
             self.log.append({
                 **{k: v for k, v in record.items() if k != "from_buffer"},
-                "step": batch.step,
-                "phase": batch.phase,
+                "step": draw.index,
+                "phase": draw.phase,
                 "from_buffer": record["from_buffer"],
                 "rewards": [float(x) for x in rewards],
                 "finished": done[i],
@@ -274,8 +226,8 @@ class OnlineLoop:
                 "evolved": i in parents,
             })  # fmt: skip
         self.stats.steps += 1
-        self.stats.trained_prompts += len(batch.records)
-        self.stats.from_buffer += sum(r["from_buffer"] for r in batch.records)
+        self.stats.trained_prompts += len(draw.records)
+        self.stats.from_buffer += sum(r["from_buffer"] for r in draw.records)
 
     # --- the segment's end -----------------------------------------------------------------
 
@@ -285,13 +237,7 @@ class OnlineLoop:
 
     def state(self) -> dict[str, Any]:
         """The creator and the batches drawn but not trained, JSON-ready."""
-        return {
-            "creator": self.creator.state(),
-            "drawn": self.drawn,
-            "pending": [
-                {"step": b.step, "records": b.records, "phase": b.phase} for b in self.pending
-            ],
-        }
+        return self.feed.state()
 
     def report(self) -> dict[str, Any]:
         """The loop's and the creator's counts, as a segment's stats."""
@@ -302,8 +248,3 @@ class OnlineLoop:
             **{k: counts[k] for k in keep},
             "children_added": counts["children"],
         }
-
-
-def pending_batches(state: dict[str, Any]) -> list[Batch]:
-    """The batches a saved ``state()`` left pending."""
-    return [Batch(b["step"], b["records"], b["phase"]) for b in state.get("pending", [])]

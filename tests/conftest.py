@@ -76,8 +76,9 @@ E2E: dict[str, tuple[str, ...] | None] = {
     "test_online_loop.py": ("test_evolution_overlaps_training_with_lag_and_costs_are_counted",),
     "test_online_skip_tied.py": ("test_a_resumed_segment_skips_exactly_as_an_uninterrupted_one",),
     "test_math_rlvr.py": (  # the GRPO recipe, run
-        "test_recipe_runs_two_rounds_on_cpu",
+        "test_recipe_trains_on_the_creators_prompts_on_cpu",
         "test_recipe_takes_chat_prompts_and_a_users_evolver",
+        "test_recipe_resumes_from_its_last_checkpoint_as_an_uninterrupted_run",
     ),
     "test_edge_refusals.py": (
         "test_online_with_an_all_nan_reward_fails_the_segment_and_keeps_no_policy",

@@ -1,16 +1,16 @@
 """The source of an RL framework that is not on the package registry (slime, NeMo-RL), for the
 adapter tests that drive eva through the framework's own classes.
 
-Each framework is found through an environment variable naming a checkout of its repository
-(a working tree, or a bare git directory); without one, the fetched mirror this project's
-machines keep is tried. A git directory is exported (``git archive``) once per commit into a
-cache folder the caller gives (the tests use pytest's cache, which git ignores) and put on
-``sys.path``. Where nothing is found, ``locate`` says why, so a test can skip with that reason
-(a fresh clone in CI has neither the variable nor the mirror). ``activated`` does all of it for
-a test session's fixture, with the side packages (``tests/side_env.py``) the framework needs.
+Each framework's Python packages are exported unchanged at one commit into the shared vendor
+folder beside the repository, ``../shared/vendor/<folder>`` (its ``README.md`` names the commit
+of each); a variable (``EVA_SLIME_SRC``, ``EVA_NEMO_RL_SRC``) may name another source root, a
+folder holding the framework's package (a git working tree is one too), to try another commit.
+That folder goes on ``sys.path``. Without one the tests fail, saying where they looked: the
+default suite runs them. ``activated`` does it for a test session's fixture, with the side
+packages (``tests/side_env.py``) the framework needs.
 
 Also here: ``load_functions``, which builds a module from some top-level functions of a file
-of the checkout, for the few functions a framework's module imports lazily from modules that
+of the source, for the few functions a framework's module imports lazily from modules that
 cannot import in eva's environment (a version pin that eva's own packages break).
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ast
 import os
-import shutil
+import re
 import subprocess
 import sys
 import tempfile
@@ -33,33 +33,28 @@ import pytest
 
 from tests import side_env
 
+VENDOR = Path(__file__).resolve().parents[1].parent / "shared" / "vendor"
+
 
 @dataclass(frozen=True)
 class Framework:
     name: str  # as the tests name it
     title: str  # as people name it
     repo: str  # owner/name on GitHub
-    env: str  # the variable naming a checkout
-    mirror: str  # the fetched mirror (a bare git directory), tried without the variable
-    packages: tuple[str, ...]  # top-level folders to export
+    env: str  # the variable naming another source root
+    folder: str  # its folder under VENDOR
+    package: str  # its top-level package
 
 
 FRAMEWORKS = {
-    "slime": Framework(
-        "slime",
-        "slime",
-        "THUDM/slime",
-        "EVA_SLIME_SRC",
-        "/work/.mirror/THUDM+slime/repo",
-        ("slime",),
-    ),
+    "slime": Framework("slime", "slime", "THUDM/slime", "EVA_SLIME_SRC", "slime", "slime"),
     "nemo_rl": Framework(
         "nemo_rl",
         "NeMo-RL (the registry's nemo-rl is a 0.0.0 placeholder)",
         "NVIDIA-NeMo/RL",
         "EVA_NEMO_RL_SRC",
-        "/work/.mirror/NVIDIA-NeMo+RL/repo",
-        ("nemo_rl",),
+        "nemo-rl",
+        "nemo_rl",
     ),
 }
 
@@ -67,86 +62,47 @@ FRAMEWORKS = {
 @dataclass(frozen=True)
 class Checkout:
     framework: Framework
-    root: Path  # the folder holding the framework's packages (goes on sys.path)
-    commit: str  # the commit exported, or what git says of the working tree
+    root: Path  # the folder holding the framework's package (goes on sys.path)
+    commit: str  # the commit its files are, as the vendor README or git says
 
 
-def _git(git_dir: Path, *args: str) -> str:
-    run = subprocess.run(
-        ["git", f"--git-dir={git_dir}", *args], capture_output=True, text=True, timeout=120
-    )
-    if run.returncode != 0:
-        raise RuntimeError(f"git {' '.join(args)} failed: {run.stderr.strip()[-300:]}")
-    return run.stdout.strip()
-
-
-def _git_dir(path: Path) -> Path | None:
-    """``path`` itself when it is a bare git directory, its ``.git`` when a working tree."""
-    if (path / "HEAD").is_file() and (path / "objects").is_dir():
-        return path
-    if (path / ".git").exists():
-        return path / ".git"
-    return None
+def _root(fw: Framework) -> Path:
+    return Path(os.environ.get(fw.env) or VENDOR / fw.folder)
 
 
 def describe(name: str) -> str:
-    """The commit (12 digits) the tests of ``name`` would run, for their ids: read without
-    exporting anything; ``absent`` without a checkout."""
+    """The commit the tests of ``name`` run, for their ids (``absent`` without its source)."""
     fw = FRAMEWORKS[name]
-    path = Path(os.environ.get(fw.env) or fw.mirror)
-    git_dir = _git_dir(path) if path.exists() else None
-    if git_dir is None or shutil.which("git") is None:
-        return "absent" if not path.exists() else "unversioned"
-    try:
-        return _git(git_dir, "rev-parse", "HEAD")[:12]
-    except (RuntimeError, OSError, subprocess.TimeoutExpired):
-        return "unreadable"
+    root = _root(fw)
+    if not (root / fw.package).is_dir():
+        return "absent"
+    return _commit(fw, root)[:9]
 
 
-def locate(name: str, cache: Path) -> Checkout | str:
-    """The checkout of framework ``name`` (exported under ``cache`` when it is a git directory),
-    or the reason there is none."""
-    fw = FRAMEWORKS[name]
-    given = os.environ.get(fw.env)
-    path = Path(given or fw.mirror)
-    if not path.exists():
-        return (
-            f"{fw.title} is not on the package registry; set {fw.env} to a checkout of "
-            f"{fw.repo} ({'no ' + str(path) if given else 'no mirror at ' + fw.mirror})"
+def _commit(fw: Framework, root: Path) -> str:
+    """The vendored commit (the README's table), or what git says of a working tree."""
+    if root == VENDOR / fw.folder:
+        readme = (VENDOR / "README.md").read_text(encoding="utf-8")
+        found = re.search(
+            rf"^\| `{re.escape(fw.folder)}/`.*?\| ([0-9a-f]{{7,40}}) \|", readme, re.M
         )
-    git_dir = _git_dir(path)
-    if git_dir is not None and shutil.which("git") is None:
-        return f"{path} is a git directory and git is not installed"
-    if given and git_dir is not None and (path / fw.packages[0]).is_dir():
-        # A working tree: use it as it is (uncommitted edits included).
-        commit = _git(git_dir, "rev-parse", "HEAD")
-        dirty = subprocess.run(["git", "-C", str(path), "status", "--porcelain"],
-                               capture_output=True, text=True).stdout.strip()  # fmt: skip
-        return Checkout(fw, path, commit + (" (with uncommitted changes)" if dirty else ""))
-    if git_dir is None:
-        if not (path / fw.packages[0]).is_dir():
-            return f"{fw.env}={path} holds no {fw.packages[0]}/ package"
-        return Checkout(fw, path, "unknown (not a git checkout)")
-    commit = _git(git_dir, "rev-parse", "HEAD")
-    target = cache / f"{fw.name}-{commit[:12]}"
-    if not (target / ".complete").exists():
-        shutil.rmtree(target, ignore_errors=True)
-        tmp = cache / f".{fw.name}-{commit[:12]}.{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        archive = subprocess.run(
-            ["git", f"--git-dir={git_dir}", "archive", "--format=tar", commit, *fw.packages],
-            capture_output=True, timeout=300,
-        )  # fmt: skip
-        if archive.returncode != 0:
-            return f"git archive of {git_dir} failed: {archive.stderr.decode()[-300:]}"
-        subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive.stdout, check=True)
-        (tmp / ".complete").write_text(commit + "\n")
-        try:
-            tmp.rename(target)
-        except OSError:  # another process exported it meanwhile
-            shutil.rmtree(tmp, ignore_errors=True)
-    return Checkout(fw, target, commit)
+        return found.group(1) if found else "unknown (not in the vendor README)"
+    git = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                         text=True)  # fmt: skip
+    return git.stdout.strip() if git.returncode == 0 else "unknown (not a git checkout)"
+
+
+def locate(name: str) -> Checkout:
+    """The source root of framework ``name``; fails the test, saying where it looked."""
+    fw = FRAMEWORKS[name]
+    root = _root(fw)
+    if not (root / fw.package).is_dir():
+        given = f"{fw.env}={root}" if os.environ.get(fw.env) else str(root)
+        pytest.fail(
+            f"{fw.title} is not on the package registry: its sources are vendored in "
+            f"{VENDOR / fw.folder} ({fw.repo}); {given} holds no {fw.package}/ package"
+        )
+    return Checkout(fw, root, _commit(fw, root))
 
 
 def activate(checkout: Checkout) -> None:
@@ -160,16 +116,14 @@ def activate(checkout: Checkout) -> None:
 def activated(
     request: pytest.FixtureRequest, name: str, side: Sequence[str], needs: str
 ) -> Iterator[Checkout]:
-    """Framework ``name``'s checkout, importable, with the packages ``side`` it imports that
+    """Framework ``name``'s source, importable, with the packages ``side`` it imports that
     eva's environment lacks (installed once into a side folder, ``tests/side_env.py``), for a
-    session fixture: the test skips, saying why, where there is no checkout or pip cannot
-    install ``side`` (``needs`` says what needs them); the commit that runs is printed. The
-    side folder leaves ``sys.path`` at the end; the checkout stays (its modules are imported)."""
+    session fixture: the test fails without the source and skips, saying why, where pip cannot
+    install ``side`` (``needs`` says what needs them); the commit that runs is printed. The side
+    folder leaves ``sys.path`` at the end; the source stays (its modules are imported)."""
+    found = locate(name)
     cache = getattr(request.config, "cache", None)  # absent under -p no:cacheprovider
     root = Path(cache.mkdir("frameworks") if cache else tempfile.gettempdir())
-    found = locate(name, root)
-    if isinstance(found, str):
-        pytest.skip(found)
     try:
         folder = side_env.install(side, root / f"side-{name.replace('_', '-')}")
     except RuntimeError as exc:

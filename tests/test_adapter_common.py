@@ -31,8 +31,38 @@ def test_a_resumed_creator_keeps_the_options_its_state_does_not_hold(tmp_path) -
     assert all(e.record["data_source"] == "gsm" for e in resumed.buffer.entries)
 
 
-def test_unknown_or_malformed_options_are_refused() -> None:
-    with pytest.raises(ValueError, match=r"unknown eva creator option\(s\) \['sizee'\]"):
-        build_creator(SEEDS, {"sizee": 3})
-    with pytest.raises(ValueError, match="expected 'module:attribute'"):
-        build_creator(SEEDS, {"rewriter": "tests.test_adapter_common.rewrite"})
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"sizee": 3}, "data.eva.sizee is not an eva creator option (known: duplicates, "),
+        ({"ratio_evol": 2.0}, "data.eva.ratio_evol must be a number in [0, 1], got 2.0"),
+        ({"ratio_evol": -1}, "data.eva.ratio_evol must be a number in [0, 1], got -1"),
+        ({"metric": "a_maxx"}, "data.eva.metric must be one of a_min, a_avg, a_dis, var, "),
+        ({"rewriter": "my_pkg.nope:rewrite"},
+         "data.eva.rewriter cannot be imported (No module named 'my_pkg'), got "
+         "'my_pkg.nope:rewrite'"),
+        ({"rewriter": "tests.test_adapter_common.rewrite"},
+         "data.eva.rewriter must be 'module:attribute', got 'tests.test_adapter_common.rewrite'"),
+        ({"rewriter": "tests.test_adapter_common:nothing"},
+         "data.eva.rewriter names nothing: tests.test_adapter_common has no 'nothing'"),
+        ({"rewriter": "tests.test_adapter_common:SEEDS"},
+         "data.eva.rewriter must name a callable rewriter(parents, n, seed)"),
+        ({"skip_tied": {"threshold": 0.2}}, "data.eva.skip_tied must be true or TiePosterior"),
+        ({"evolve_lag": "1"}, "data.eva.evolve_lag must be an integer >= 0, got '1'"),
+        ({"size": 0}, "data.eva.size must be an integer >= 1, got 0"),
+    ],
+)  # fmt: skip
+def test_every_option_is_checked_when_built_naming_its_key(options, says) -> None:
+    with pytest.raises(ValueError) as refused:
+        build_creator(SEEDS, options, key="data.eva")
+    assert str(refused.value).startswith(says) and "\n" not in str(refused.value)
+
+
+def test_a_state_file_that_cannot_resume_is_named(tmp_path) -> None:
+    path = tmp_path / "eva.json"
+    save_state(build_creator(SEEDS, {}), str(path))
+    with pytest.raises(ValueError) as refused:
+        build_creator(SEEDS[:2], {"state_path": str(path)}, key="data.eva")
+    message = str(refused.value)
+    assert message.startswith("data.eva.state_path holds a state that cannot resume (saved ")
+    assert "seeds were other seed prompts: these are 2" in message and str(path) in message

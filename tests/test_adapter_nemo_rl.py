@@ -1,13 +1,13 @@
 """eva's creator inside NeMo-RL's async GRPO trainer (``eva_adapters.nemo_rl``), driven through
 NeMo-RL's own classes in the order its SingleController calls them.
 
-NeMo-RL is not on the package registry (``nemo-rl`` there is a 0.0.0 placeholder): its source
-comes from ``EVA_NEMO_RL_SRC`` (a checkout of NVIDIA-NeMo/RL) or the fetched mirror
-(``tests/framework_checkout.py``), exported at one commit into pytest's cache and put on
-``sys.path``; the light packages its data and data-plane modules import that eva's environment
-lacks go to a side folder (``tests/side_env.py``; tensordict at verl's test pin, which NeMo-RL's
-code here runs on). Without a checkout every test here skips, saying so; the commit that ran is
-printed (``pytest -s``).
+NeMo-RL is not on the package registry (``nemo-rl`` there is a 0.0.0 placeholder): its package
+is vendored unchanged at one commit in ``../shared/vendor/nemo-rl`` (or ``EVA_NEMO_RL_SRC`` names
+another source root; ``tests/framework_checkout.py``) and put on ``sys.path``; the light packages
+its data and data-plane modules import that eva's environment lacks go to a side folder
+(``tests/side_env.py``; tensordict at verl's test pin, which NeMo-RL's code here runs on).
+Without the source every test here fails, saying where it looked; the commit that ran is in each
+test's id and printed (``pytest -s``).
 
 NeMo-RL pins ``transformers<5.9`` and its policy package asserts ``<5.12`` on import; eva runs
 5.2x. Everything these tests drive imports regardless, but for two things: the package
@@ -54,6 +54,7 @@ N = 4  # grpo.num_generations_per_prompt
 STEP = 4  # grpo.num_prompts_per_step
 PARTITION = "rollout_data"
 SAMPLER = "eva_adapters.nemo_rl:EvaSampler"
+ROOT = Path(__file__).resolve().parents[1]
 DATASET = "eva_adapters.nemo_rl.EvaPromptDataset"
 # torchdata 0.11's StatefulDataLoader calls a torch function torch deprecated since.
 pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
@@ -407,3 +408,51 @@ def test_the_creator_travels_with_the_dataloader_into_the_controller(
     asyncio.run(steps())
     assert [len(batch) for batch in observed] == [STEP]
     assert driver.creator.stats.observed == 0 and arrived.creator.stats.observed == STEP
+
+
+def test_the_one_private_method_eva_uses_is_the_vendored_commits(nemo: SimpleNamespace) -> None:
+    """NeMo-RL hands a sampler its replay buffer only, and the buffer has no public read of a
+    group's fields: eva's sampler reads rewards and prompt ids through ``_call_dp``, the one
+    private name of NeMo-RL that eva's adapters use (checked in their source below). This fails
+    the day NeMo-RL changes it, before any run does."""
+    import ast
+    import inspect
+
+    from nemo_rl.data_plane.interfaces import DataPlaneClient
+
+    used = set()
+    for module in ("nemo_rl", "nemo_rl_sampler", "nemo_rl_shared"):
+        tree = ast.parse((ROOT / "eva_adapters" / f"{module}.py").read_text())
+        for node in ast.walk(tree):
+            own = (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and (node.value.id in ("self", "cls", "state"))
+            )
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not own:
+                used.add(node.attr)
+    assert {name for name in used if not name.endswith("__")} == {"_call_dp"}
+    call = nemo.TQReplayBuffer._call_dp
+    assert inspect.iscoroutinefunction(call)
+    assert list(inspect.signature(call).parameters) == ["self", "method_name", "kwargs"]
+    assert list(inspect.signature(DataPlaneClient.get_samples).parameters) == [
+        "self", "sample_ids", "partition_id", "select_fields",
+    ]  # fmt: skip
+
+    async def read() -> Any:  # through a real buffer and NeMo-RL's in-memory data plane
+        dp = nemo.NoOpDataPlaneClient()
+        dp.register_partition(partition_id=PARTITION, fields=[], num_samples=4,
+                              consumer_tasks=["train"])  # fmt: skip
+        buffer = nemo.TQReplayBuffer(dp, PARTITION, pad_value_dict={})
+        from tensordict import TensorDict
+
+        rewards = TensorDict({"total_reward": nemo.torch.tensor([[1.0], [0.0]])}, batch_size=[2])
+        await buffer._call_dp(
+            "put_samples", sample_ids=["a", "b"], partition_id=PARTITION, fields=rewards,
+        )  # fmt: skip
+        return await buffer._call_dp(
+            "get_samples", sample_ids=["b"], partition_id=PARTITION,
+            select_fields=["total_reward"],
+        )  # fmt: skip
+
+    assert asyncio.run(read())["total_reward"].tolist() == [[0.0]]

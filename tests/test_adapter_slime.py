@@ -1,10 +1,11 @@
 """eva's creator inside slime (``eva_adapters.slime``), driven through slime's own rollout code.
 
-slime is not on the package registry: its source comes from ``EVA_SLIME_SRC`` (a checkout of
-THUDM/slime) or the fetched mirror (``tests/framework_checkout.py``), exported at one commit
-into pytest's cache and put on ``sys.path``, with ``pylatexenc`` (its reward hub's one import
-eva's environment lacks) in a side folder (``tests/side_env.py``). Without a checkout every
-test here skips, saying so; the commit that ran is printed (``pytest -s``) and in each skip.
+slime is not on the package registry: its packages are vendored unchanged at one commit in
+``../shared/vendor/slime`` (or ``EVA_SLIME_SRC`` names another source root;
+``tests/framework_checkout.py``) and put on ``sys.path``, with ``pylatexenc`` (its reward hub's
+one import eva's environment lacks) in a side folder (``tests/side_env.py``). Without the source
+every test here fails, saying where it looked; the commit that ran is in each test's id and
+printed (``pytest -s``).
 
 Real, slime's own: ``Sample``, the ``DataSource`` base, ``load_function`` building the data
 source from ``--data-source-path`` as ``RolloutManager.__init__`` does, slime's default rollout

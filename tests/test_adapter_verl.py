@@ -290,6 +290,55 @@ def test_verl_builds_the_eva_dataset_and_the_validation_set_stays_plain(
         build(verl, same, tokenizer_dir)
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("eva.ratio_evol", 2.0, "data.eva.ratio_evol must be a number in [0, 1], got 2.0"),
+        ("eva.ratio_evol", -1, "data.eva.ratio_evol must be a number in [0, 1], got -1"),
+        ("eva.metric", "a_maxx", "data.eva.metric must be one of a_min, a_avg, a_dis, var, "),
+        ("eva.rewriter", "my_pkg.nope:rewrite",
+         "data.eva.rewriter cannot be imported (No module named 'my_pkg'), got "),
+        ("eva.inherit", "data_source", "data.eva.inherit must be a list of column names"),
+        ("eva.sizee", 3, "data.eva.sizee is not an eva creator option"),
+        ("prompt_key", "question",
+         "data.prompt_key 'question' is not a column of ["),
+    ],
+)  # fmt: skip
+def test_options_are_refused_when_verl_builds_the_dataset_naming_their_key(
+    verl: Any, data_cfg: Any, tokenizer_dir: str, key: str, value: Any, says: str
+) -> None:
+    from omegaconf import OmegaConf
+
+    OmegaConf.update(data_cfg, key, value, force_add=True)
+    with pytest.raises(ValueError) as refused:
+        build(verl, data_cfg, tokenizer_dir)  # before any rollout: when verl builds the set
+    message = str(refused.value)
+    assert message.startswith(says) and "\n" not in message, message
+
+
+def test_the_recipe_resumes_exactly_by_default(verl: Any, tokenizer_dir: str, tmp_path: Path):
+    """The recipe's ``data.eva.state_path`` is a file in verl's checkpoint folder, so the legacy
+    trainer resumes exactly without a key of the user's (V1 never needs it)."""
+    import pandas as pd
+    from omegaconf import OmegaConf
+
+    config = Path(verl.__file__).parent / "trainer" / "config"
+    recipe = OmegaConf.load(Path(__file__).parents[1] / "infra" / "verl" / "grpo-eva-0.9.yaml")
+    full = OmegaConf.merge(
+        OmegaConf.load(config / "_generated_ppo_trainer.yaml"),
+        {"data": OmegaConf.load(config / "data" / "legacy_data.yaml")}, recipe,
+    )  # fmt: skip
+    full.trainer.default_local_dir = str(tmp_path / "ckpt")
+    train, val = tmp_path / "train.parquet", tmp_path / "val.parquet"
+    pd.DataFrame([_row(i, "train") for i in range(SEEDS)]).to_parquet(train)
+    pd.DataFrame([_row(100, "test")]).to_parquet(val)
+    full.data.train_files, full.data.val_files = str(train), str(val)
+    full.data.train_batch_size, full.data.cache_dir = BATCH, str(tmp_path / "cache")
+    full.data.eva.rewriter = "tests.test_adapter_verl:rewrite"
+    dataset, _ = build(verl, full.data, tokenizer_dir)
+    assert dataset.state_path == str(tmp_path / "ckpt" / "eva-state.json")
+
+
 def test_a_repeated_question_is_drawn_once_and_its_row_never(
     verl: Any, data_cfg: Any, tokenizer_dir: str, tmp_path: Path
 ) -> None:

@@ -11,7 +11,6 @@ trainers pass to ``generate`` while they train.
 from __future__ import annotations
 
 import importlib.util
-import itertools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,8 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
+from eva_adapters.trl import CreatorFeed
+from eva_core.creator import Creator
 from eva_runtime.errors import ConfigError
 from eva_world.tiny_lm import (
     TinyModelConfig,
@@ -171,17 +172,13 @@ def test_always_refuses_a_tokenizer_without_a_template(policies: dict[str, str],
 
 
 class Feed:
-    """The online loop's seam, recording what the reward function is handed; the stream cycles
-    through ``prompts``."""
+    """The online loop's seam over a creator of ``prompts`` (the plain baseline), recording what
+    the reward function is handed."""
 
     def __init__(self, prompts: Sequence[str]):
-        self.queue = list(prompts)
+        self.feed = CreatorFeed(Creator(list(prompts)))
         self.scored: list[tuple[list[str], list[Any], list[Any]]] = []
         self.finished: list[bool] = []
-
-    def prompts(self) -> Any:
-        for i in itertools.count():
-            yield {"prompt": self.queue[i % len(self.queue)], "prompt_id": str(i), "row": f"{i}"}
 
     def score(
         self,
@@ -193,9 +190,6 @@ class Feed:
         self.scored.append((list(rows), list(prompts), list(completions)))
         self.finished += list(finished) if finished is not None else [True] * len(rows)
         return [float(j % 2) for j in range(len(rows))]  # every group has a signal
-
-    def step_end(self) -> None:
-        pass
 
 
 @pytest.mark.parametrize(
@@ -220,7 +214,8 @@ def test_online_trainers_sample_from_the_ids_generation_feeds(
     generated = [by_ids.get(tuple(row), row) for call in calls for row in call]
     # Every prompt the trainer sampled from is fed exactly as generation feeds it: the step's
     # two prompts, each num_generations times.
-    expected = [p for p in prompts[:2] for _ in range(2)]
+    first = [r["prompt"] for r in Creator(list(prompts)).draw(2)]  # the creator's first batch
+    expected = [p for p in first for _ in range(2)]
     assert sorted(map(str, generated)) == sorted(expected)
     # The reward function is handed text, whatever form the trainer holds the prompts in.
     for _, texts, completions in feed.scored:
@@ -288,7 +283,7 @@ def test_math_recipe_samples_from_the_ids_generation_feeds(
     recipe.main(
         [
             *("--model", path, "--prompts", str(data), "--out", str(tmp_path / "out")),
-            *("--rounds", "1", "--steps-per-round", "1", "--num-generations", "2"),
+            *("--steps", "1", "--num-generations", "2"),
             *("--prompts-per-step", "2", "--max-completion-length", "2"),
             *([flag] if flag else []),
         ]

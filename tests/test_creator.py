@@ -51,7 +51,7 @@ def test_groups_may_arrive_in_any_order_and_only_for_drawn_prompts() -> None:
     a, b = creator.draw(2)
     seen = creator.observe([(b["prompt_id"], [0.0, 1.0]), (a["prompt_id"], [0.5, 0.5])])
     assert seen.prompt_ids == [b["prompt_id"], a["prompt_id"]] and seen.parents == []
-    with pytest.raises(KeyError, match="was not drawn"):
+    with pytest.raises(ValueError, match="was not drawn"):
         creator.observe([(a["prompt_id"], [1.0])])  # observed already
     assert creator.stats.observed == 2 and creator.stats.tied == 1
 
@@ -177,7 +177,7 @@ def test_released_prompts_are_forgotten_and_counted() -> None:
     a, b = creator.draw(2)
     assert creator.release([a["prompt_id"], "never-drawn"]) == 1
     assert list(creator.outstanding) == [b["prompt_id"]] and creator.stats.released == 1
-    with pytest.raises(KeyError, match="was not drawn"):
+    with pytest.raises(ValueError, match="was not drawn"):
         creator.observe([(a["prompt_id"], [1.0, 0.0])])
 
 

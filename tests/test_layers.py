@@ -77,3 +77,13 @@ def test_the_adapters_import_only_the_pure_method() -> None:
 def test_every_package_is_placed_in_a_layer() -> None:
     packages = {p.parent.name for p in PROJECT.glob("*/__init__.py")}
     assert packages - {"tests"} == set(LAYER)
+
+
+def test_the_creator_parses_as_its_python_floor() -> None:
+    """``eva-creator`` (eva_core, eva_adapters) declares Python >= 3.10: its syntax is 3.10's
+    (``tests/test_creator_install.py`` runs it there)."""
+    floor = (PROJECT / "creator" / "pyproject.toml").read_text()
+    assert 'requires-python = ">=3.10"' in floor
+    for package in ("eva_core", "eva_adapters"):
+        for path in _modules(package):
+            ast.parse(path.read_text(), str(path), feature_version=(3, 10))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -23,7 +22,7 @@ from tasks.backends.evolve.paper import PaperTemplateEvolver
 from tasks.online_loop import OnlineLoop
 from tests.support.openai_server import OpenAICompatibleServer
 from tests.test_backend_evolve_paper import rewrite
-from tests.test_online_loop import TextReward, creator, trained
+from tests.test_online_loop import Fetcher, TextReward, creator, trained
 
 HELLO = [{"role": "user", "content": "hello"}]
 PROMPTS = [f"prompt {i}" for i in range(200)]
@@ -195,8 +194,8 @@ def test_a_dead_evolver_ends_an_online_segment():
     with OpenAICompatibleServer(rewrite, fail=lambda request: ("trickle", 0.2)) as server:
         llm = LLMClientConfig(base_url=server.base_url, model="tiny", timeout_s=0.5, max_retries=0)
         evolver = PaperTemplateEvolver(llm=llm, scorer="length").load()
-        loop = OnlineLoop(creator(40, evolver, 0, size=100, n_new=2), 4, TextReward())
-        batch = list(islice(loop.prompts(), 4))
+        loop = OnlineLoop(creator(40, evolver, 0, size=100, n_new=2), TextReward())
+        batch = Fetcher(loop, 4)()
         started = time.monotonic()
         with pytest.raises(LLMEndpointDown, match=r"timed out after 0\.5 s"):
             trained(loop, batch, np.tile([1.0, 0.0], (4, 1)))

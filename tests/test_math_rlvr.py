@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -159,23 +161,24 @@ def test_recipe_refuses_a_bad_prompt_file_in_one_line(
 
 
 @needs_math_verify
-def test_recipe_records_what_the_creator_reads() -> None:
-    import numpy as np
-
-    from eva_core.informativeness import informativeness
+def test_each_step_logs_what_the_creator_read(tmp_path: Path) -> None:
+    from eva_adapters.trl import Draw
+    from eva_core.creator import Creator, Observation
 
     recipe = _recipe()
-    reward = recipe.RecordedReward(vote_threshold=0.5)
-    prompts = ["P1"] * 4 + ["P2"] * 4 + ["P3"] * 4
-    completions = ["3", "4", "3", "x"] + ["5"] * 4 + ["1", "2", "1", "2"]
-    answers = ["3"] * 4 + [""] * 8
-    assert reward(prompts, completions, answers) == [1.0, 0.0, 1.0, 0.0] + [1.0] * 4 + [None] * 4
-    # One group of three has a learning signal: P2's labelled answers all agree, P3 is a tie.
-    assert (reward.groups, reward.groups_with_signal) == (3, 1)
-    matrix = recipe.reward_rows(reward.rewards, ["P1", "P2", "P3", "never drawn"])
-    assert matrix.shape == (4, 4) and np.isnan(matrix[2:]).all()
-    got = informativeness(matrix, "a_avg")  # max - mean
-    assert got[:2].tolist() == [0.5, 0.0] and np.isnan(got[2:]).all()
+    creator = Creator([{"prompt": "P1", "answer": "3"}, {"prompt": "P2", "answer": None}])
+    log = recipe.StepLog(str(tmp_path / "steps.jsonl"), creator)
+    records = [{"answer": "3", "depth": 0}, {"answer": None, "depth": 1},
+               {"answer": None, "depth": 1}]  # fmt: skip
+    nan = float("nan")
+    rewards = [[1.0, 0.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0], [nan] * 4]  # known, voted, no label
+    log(Draw(7, records, "mixup"), rewards, Observation(["a", "b", "c"], [0.5, 0.0, nan], [0]))
+    (row,) = [json.loads(x) for x in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert row == log.rows[0] == {
+        "step": 7, "phase": "mixup", "prompts": 3, "reward_mean_known": 0.5,
+        "reward_mean_voted": 1.0, "signal_share": 1 / 3, "children_trained": 2,
+        "children_unlabelled": 1, "parents": 1, "children_joined": 0, "buffer": 0,
+    }  # fmt: skip
 
 
 def _tiny_policy(path: Path, texts: list[str]) -> None:
@@ -218,7 +221,7 @@ def _tiny_policy(path: Path, texts: list[str]) -> None:
 
 
 @needs_math_verify
-def test_recipe_runs_two_rounds_on_cpu(tmp_path: Path) -> None:
+def test_recipe_trains_on_the_creators_prompts_on_cpu(tmp_path: Path) -> None:
     rows = [
         {"prompt": f"What is {a} + {b}? Put the answer in \\boxed{{}}.", "answer": str(a + b)}
         for a, b in [(1, 6), (3, 4), (5, 2), (7, 1), (2, 6), (4, 4), (6, 1), (8, 0)]
@@ -231,36 +234,27 @@ def test_recipe_runs_two_rounds_on_cpu(tmp_path: Path) -> None:
     log = _recipe().main(
         [
             *("--model", str(tmp_path / "policy"), "--prompts", str(data), "--out", str(out)),
-            *("--rounds", "2", "--steps-per-round", "2", "--num-generations", "4"),
-            *("--prompts-per-step", "4", "--max-completion-length", "8"),
-            *("--learning-rate", "1e-3"),
+            *("--steps", "4", "--num-generations", "4", "--prompts-per-step", "4"),
+            *("--max-completion-length", "8", "--learning-rate", "1e-3", "--buffer-size", "8"),
         ]
     )
 
-    assert [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()] == log
-    first, second = log
-    # Round 1: the seeds, all answered; 2 steps x 4 prompts = 8 groups of 4 completions, some
-    # right and some wrong, so some groups teach and some prompts are informative.
-    assert (first["prompts"], first["children"], first["groups"]) == (8, 0, 8)
-    assert 0.0 < first["reward_mean_known"] < 1.0 and 0.0 < first["signal_share"] < 1.0
+    assert [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()] == log
+    assert [r["step"] for r in log] == [0, 1, 2, 3] and all(r["prompts"] == 4 for r in log)
+    first, second = log[0], log[1]
+    # Step 0: seeds, all answered: some completions right and some wrong, so some groups teach;
+    # the top half (2 of 4) are evolved into 4 children each, which join B.
+    assert first["phase"] == "warmup" and first["children_trained"] == 0
+    assert 0.0 < first["reward_mean_known"] < 1.0 and 0.0 < first["signal_share"] <= 1.0
     assert first["reward_mean_voted"] is None  # no child yet: nothing labelled by a vote
-    assert first["informativeness_mean"] > 0.0
-    # The creator drew 25% of the 8 prompts GRPO scored and wrote 4 children of each; 80% of 8
-    # is 6 children, and 2 seeds.
-    assert (first["parents"], first["evolved"]) == (2, 8)
-    assert (first["next_evolved"], first["next_original"]) == (6, 2)
-    seeds = [json.loads(x) for x in (out / "round_1" / "prompts.jsonl").read_text().splitlines()]
-    nxt = [json.loads(x) for x in (out / "round_2" / "prompts.jsonl").read_text().splitlines()]
-    kids = [r for r in nxt if r["source"] == "evolved"]
-    assert len(kids) == 6 and all(r["answer"] is None for r in kids)
-    assert {r["parent_id"] for r in kids} <= {r["prompt_id"] for r in seeds}
-    # Round 2: the children came without answers; majority votes labelled some of them.
-    assert second["children"] == 6 and second["groups"] == 8
-    assert second["children_labelled"] >= 1
-    assert (
-        second["children_labelled"] + second["children_dropped"] + second["children_not_drawn"] == 6
-    )
-    assert "parents" not in second  # no creator after the last round
+    assert (first["parents"], first["children_joined"], first["buffer"]) == (2, 8, 8)
+    # Step 1 was fetched before step 0 ended (the loader fetches one batch ahead): seeds too.
+    # The 8 seeds are then spent, so every later prompt comes from B (bootstrap): children
+    # without answers, which majority votes label (or leave unlabelled).
+    assert [r["phase"] for r in log] == ["warmup", "warmup", "bootstrap", "bootstrap"]
+    assert [r["children_trained"] for r in log] == [0, 0, 4, 4]
+    assert log[2]["reward_mean_known"] is None and log[2]["reward_mean_voted"] is not None
+    assert second["parents"] == 2
     assert (out / "model" / "config.json").exists()
     assert (out / "model" / "tokenizer.json").exists()
 
@@ -281,18 +275,15 @@ def test_recipe_takes_chat_prompts_and_a_users_evolver(tmp_path: Path) -> None:
     first, second = _recipe().main(
         [
             *("--model", str(tmp_path / "policy"), "--prompts", str(data), "--out", str(out)),
-            *("--rounds", "2", "--steps-per-round", "1", "--num-generations", "2"),
-            *("--prompts-per-step", "4", "--max-completion-length", "4", "--chat"),
-            *("--sample-fraction", "0.5", "--evolver", "tests.test_math_rlvr:one_child"),
+            *("--steps", "2", "--num-generations", "2", "--prompts-per-step", "2"),
+            *("--max-completion-length", "4", "--chat", "--buffer-size", "2"),
+            *("--evolver", "tests.test_math_rlvr:one_child"),
         ]
     )
-    # 4 prompts scored, 2 drawn, one child each: 2 children and 2 seeds in round 2.
-    assert (first["groups"], first["parents"], first["evolved"]) == (4, 2, 2)
-    assert (first["next_evolved"], first["next_original"]) == (2, 2)
-    nxt = [json.loads(x) for x in (out / "round_2" / "prompts.jsonl").read_text().splitlines()]
-    kids = [r["prompt"] for r in nxt if r["source"] == "evolved"]
-    assert len(kids) == 2 and all(k.endswith("? Then double it.") for k in kids)
-    assert second["children"] == 2 and second["groups"] == 4
+    # 2 prompts scored, the top one evolved into its one child, which fills B (size 2 after
+    # the second step): the user's children, a string each, joined.
+    assert (first["parents"], first["children_joined"]) == (1, 1)
+    assert (second["parents"], second["children_joined"], second["buffer"]) == (1, 1, 2)
 
 
 def raises(prompts: list[str]) -> list[str]:
@@ -306,7 +297,7 @@ def an_int(prompts: list[str]) -> int:
 @pytest.mark.parametrize(
     ("extra", "says"),
     [
-        (["--sample-fraction", "1.5"], "--sample-fraction must be in (0, 1]"),
+        (["--top-fraction", "1.5"], "--top-fraction must be in (0, 1]"),
         (["--ratio-evolved", "2"], "--ratio-evolved must be in [0, 1]"),
         (["--vote-threshold", "0"], "--vote-threshold must be in (0, 1]"),
         (["--prompts-per-step", "0"], "--prompts-per-step must be >= 1"),
@@ -337,7 +328,7 @@ def test_recipe_arguments_are_checked_before_anything_trains(
         ("an_int", "returned int"),
     ],
 )
-def test_a_failing_rewriter_ends_the_run_in_one_line_with_the_round_saved(
+def test_a_failing_rewriter_ends_the_run_in_one_line_with_the_policy_saved(
     tmp_path: Path, evolver: str, says: str
 ) -> None:
     rows = [{"prompt": f"What is {a} + 3?", "answer": str(a + 3)} for a in (1, 2, 3, 4)]
@@ -349,12 +340,38 @@ def test_a_failing_rewriter_ends_the_run_in_one_line_with_the_round_saved(
         _recipe().main(
             [
                 *("--model", str(tmp_path / "policy"), "--prompts", str(data), "--out", str(out)),
-                *("--rounds", "2", "--steps-per-round", "1", "--num-generations", "2"),
-                *("--prompts-per-step", "4", "--max-completion-length", "4"),
-                *("--evolver", f"tests.test_math_rlvr:{evolver}"),
+                *("--steps", "2", "--num-generations", "2", "--prompts-per-step", "4"),
+                *("--max-completion-length", "4", "--evolver", f"tests.test_math_rlvr:{evolver}"),
             ]
         )
     message = str(exited.value.code)
     assert message.startswith(f"grpo_math: --evolver tests.test_math_rlvr:{evolver}: {says}")
-    assert "\n" not in message and "round 1's policy is saved" in message
-    assert (out / "model" / "config.json").exists()  # round 1's training was not lost
+    assert "\n" not in message and "step 1's policy is saved" in message
+    assert (out / "model" / "config.json").exists()  # step 1's training was not lost
+
+
+@needs_math_verify
+def test_recipe_resumes_from_its_last_checkpoint_as_an_uninterrupted_run(tmp_path: Path) -> None:
+    rows = [{"prompt": f"What is {a} + 3?", "answer": str(a + 3)} for a in range(1, 9)]
+    data = tmp_path / "math.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _tiny_policy(tmp_path / "policy", [r["prompt"] + " 0123456789" for r in rows])
+
+    def run(out: Path, *extra: str) -> list[dict[str, Any]]:
+        return _recipe().main(
+            [
+                *("--model", str(tmp_path / "policy"), "--prompts", str(data), "--out", str(out)),
+                *("--steps", "4", "--num-generations", "2", "--prompts-per-step", "2"),
+                *("--max-completion-length", "4", "--save-steps", "2", "--buffer-size", "4"),
+                *extra,
+            ]
+        )
+
+    whole = run(tmp_path / "whole")
+    cut = tmp_path / "cut"
+    run(cut)
+    shutil.rmtree(cut / "trainer" / "checkpoint-4")  # as if it had been killed after step 2
+    rest = run(cut, "--resume")
+    assert [r["step"] for r in rest] == [2, 3] and rest == whole[2:]
+    logged = [json.loads(x) for x in (cut / "steps.jsonl").read_text().splitlines()]
+    assert logged[-2:] == whole[2:]

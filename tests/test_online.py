@@ -221,7 +221,11 @@ def test_kill_9_mid_segment_resumes_to_the_same_buffer_and_prompts(tmp_path, onl
         ("online.buffer.ratio_evol=1.5", "online.buffer.ratio_evol: Input should be less than"),
         ("online.buffer.size=0", "online.buffer.size: Input should be greater than or equal"),
         ("online.buffer.n_new=-1", "online.buffer.n_new: Input should be greater than or equal"),
-        ("online.solver.kind=ppo", "online.solver.kind: Input should be 'rloo', 'grpo' or"),
+        (
+            "online.solver.kind=ppo",
+            "online.solver: Input tag 'ppo' found using 'kind' does not "
+            "match any of the expected tags: 'rloo', 'grpo', 'online_dpo', 'python'",
+        ),
         ("online.budget=0", "online.budget: Input should be greater than 0"),
         ("online.solver.kind=online_dpo,online.solver.beta=0", "online.solver: online_dpo needs"),
     ],

@@ -2,19 +2,19 @@
 recorded by row, whatever layout the trainer passes them in; a resumed loop serves the batches an
 uninterrupted one does.
 
-The trainer is played by a loop that takes one mini-batch from the stream, "trains" for a
-fixed time, scores its samples and ends the step, as TRL does through the reward function and the
-step-end callback; the evolver is the paper's template evolver against a real local
-OpenAI-compatible server that answers slowly.
+The trainer is played by a loop that fetches one mini-batch from the TRL bridge's dataset (as
+torch's data loader does, through ``datasets``' batched fetch), "trains" for a fixed time, scores
+its samples through the bridge's reward wrapper and ends the step as the bridge's callback does;
+the evolver is the paper's template evolver against a real local OpenAI-compatible server that
+answers slowly. (TRL's own trainers drive the same loop in tests/test_online_skip_tied.py.)
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -24,7 +24,7 @@ from eva_core.creator import Creator
 from eva_core.schema import seed_records
 from tasks.backends.evolve.paper import PaperTemplateEvolver
 from tasks.backends.protocols import no_progress
-from tasks.online_loop import BufferConfig, OnlineLoop, pending_batches, rewriter_of
+from tasks.online_loop import BufferConfig, OnlineLoop, rewriter_of
 from tests.support.openai_server import OpenAICompatibleServer
 from tests.test_backend_evolve_paper import rewrite
 
@@ -41,20 +41,40 @@ class TextReward:
         return [[float(text) for text in row] for row in responses]
 
 
+class Fetcher:
+    """The trainer's data loader over the bridge's dataset: batches of ``k`` slots in order,
+    ``generations`` rows a prompt (RLOO/GRPO's layout)."""
+
+    def __init__(self, loop: OnlineLoop, k: int, generations: int = 1):
+        self.dataset = loop.feed.dataset(slots=1 << 12)
+        self.k, self.generations, self.next = k, generations, 0
+
+    def __call__(self) -> list[dict[str, Any]]:
+        slots = [s for s in range(self.next, self.next + self.k) for _ in range(self.generations)]
+        self.next += self.k
+        return self.dataset.__getitems__(slots)
+
+
 def trained(
     loop: OnlineLoop, batch: list[dict[str, Any]], rewards: np.ndarray, halves: bool = False
 ) -> None:
-    """One training step on ``batch``: score its samples in RLOO/GRPO's layout (each prompt's
-    samples together) or online DPO's (the batch once per sample), then end the step."""
+    """One training step on ``batch`` (one row a prompt): score its samples in RLOO/GRPO's
+    layout (each prompt's samples together) or online DPO's (the batch once per sample) through
+    the bridge's reward wrapper, then end the step as the bridge's callback does."""
     if halves:
         order = [(i, j) for j in range(rewards.shape[1]) for i in range(len(batch))]
     else:
         order = [(i, j) for i in range(len(batch)) for j in range(rewards.shape[1])]
-    rows = [batch[i]["row"] for i, _ in order]
-    prompts = [batch[i]["prompt"] for i, _ in order]
-    flat = loop.score(rows, prompts, [repr(float(rewards[i, j])) for i, j in order])
+    reward = loop.feed.recording(
+        lambda prompts, completions, eva_row, **_: loop.score(eva_row, prompts, completions)
+    )
+    flat = reward(
+        prompts=[batch[i]["prompt"] for i, _ in order],
+        completions=[repr(float(rewards[i, j])) for i, j in order],
+        eva_row=[batch[i]["eva_row"] for i, _ in order],
+    )
     assert flat == [float(rewards[i, j]) for i, j in order]
-    loop.step_end()
+    loop.feed.observe()
 
 
 def slow_rewrite(prompt: str, index: int, request: dict[str, Any]) -> str:
@@ -74,10 +94,10 @@ def creator(n: int, evolver: Any = None, lag: int = 0, **settings: Any) -> Creat
 def run(server: OpenAICompatibleServer, lag: int, steps: int = 4) -> OnlineLoop:
     llm = {"base_url": server.base_url, "model": "tiny", "timeout_s": 10}
     evolver = PaperTemplateEvolver(llm=llm, scorer="length").load()
-    loop = OnlineLoop(creator(40, evolver, lag, size=100, n_new=2), 4, TextReward())
-    stream = loop.prompts()
+    loop = OnlineLoop(creator(40, evolver, lag, size=100, n_new=2), TextReward())
+    fetch = Fetcher(loop, 4)
     for step in range(steps):
-        batch = list(islice(stream, 4))
+        batch = fetch()
         time.sleep(STEP)  # the training step
         rewards = np.tile([1.0, 0.0], (4, 1)) * (np.arange(4)[:, None] + 1 + step) / 10
         trained(loop, batch, rewards)
@@ -111,8 +131,8 @@ def test_rewards_are_recorded_by_row_whatever_the_layout() -> None:
     rewards = np.array([[0.1, 0.9], [0.5, 0.5], [0.2, 0.4], [0.7, 0.3]])
     logs = []
     for halves in (False, True):
-        loop = OnlineLoop(creator(3, evolve=False), 4, TextReward())
-        batch = list(islice(loop.prompts(), 4))
+        loop = OnlineLoop(creator(3, evolve=False), TextReward())
+        batch = Fetcher(loop, 4)()
         assert len({r["prompt_id"] for r in batch}) == 3
         trained(loop, batch, rewards, halves=halves)
         logs.append(loop.log)
@@ -120,17 +140,13 @@ def test_rewards_are_recorded_by_row_whatever_the_layout() -> None:
     assert logs[0] == logs[1]
 
 
-def test_a_step_must_train_on_the_batch_whose_rows_were_scored() -> None:
-    loop = OnlineLoop(creator(20, evolve=False), 2, TextReward())
-    stream = loop.prompts()
-    first, second = list(islice(stream, 2)), list(islice(stream, 2))
-    with pytest.raises(RuntimeError, match="rows scored since the last step"):
-        trained(loop, second, np.ones((2, 2)))  # the trainer scored batch 1, trains batch 0
-    loop = OnlineLoop(creator(20, evolve=False), 2, TextReward())
-    first = list(islice(loop.prompts(), 2))
-    loop.score([first[0]["row"]], [first[0]["prompt"]], ["1.0"])
-    with pytest.raises(RuntimeError, match="rows scored since the last step"):
-        loop.step_end()  # one of the batch's two prompts was never scored
+def test_a_step_that_scored_part_of_a_batch_is_refused() -> None:
+    loop = OnlineLoop(creator(20, evolve=False), TextReward())
+    first = Fetcher(loop, 2)()
+    record = loop.feed.recording(lambda prompts, completions, **_: [1.0] * len(prompts))
+    record(prompts=[first[0]["prompt"]], completions=["1.0"], eva_row=[first[0]["eva_row"]])
+    with pytest.raises(RuntimeError, match="a step ended with 1 of draw 0's 2 prompts scored"):
+        loop.feed.observe()  # one of the batch's two prompts was never scored
 
 
 def test_a_resumed_loop_serves_the_batches_drawn_ahead_first() -> None:
@@ -142,12 +158,12 @@ def test_a_resumed_loop_serves_the_batches_drawn_ahead_first() -> None:
     config, and a run resumes from a finished segment, so that is still exact.)"""
 
     def train(loop: OnlineLoop, steps: int) -> list[list[str]]:
-        stream: Iterator[dict[str, Any]] = loop.prompts()
-        ahead = list(islice(stream, 2))
+        fetch = Fetcher(loop, 2)
+        ahead = fetch()
         out = []
         for _ in range(steps):
-            batch, ahead = ahead, list(islice(stream, 2))  # the loader fetches one batch ahead
-            drawn = int(batch[0]["row"].split(":")[0])  # the batch's draw index
+            batch, ahead = ahead, fetch()  # the loader fetches one batch ahead
+            drawn = int(batch[0]["eva_row"].split(":")[0])  # the batch's draw index
             rewards = np.random.default_rng(drawn).random((2, 3))
             trained(loop, batch, rewards)
             out.append([r["prompt"] for r in batch])
@@ -160,11 +176,11 @@ def test_a_resumed_loop_serves_the_batches_drawn_ahead_first() -> None:
 
     def new(state: dict[str, Any] | None = None) -> OnlineLoop:
         if state is None:
-            made = creator(10, Tagger(), size=6, n_new=2, n_new_bootstrap=1)
-            return OnlineLoop(made, 2, TextReward())
+            return OnlineLoop(
+                creator(10, Tagger(), size=6, n_new=2, n_new_bootstrap=1), TextReward()
+            )
         made = Creator.from_state(seeds(10), state["creator"], rewriter=rewriter_of(Tagger()))
-        pending = pending_batches(state)
-        return OnlineLoop(made, 2, TextReward(), pending=pending, drawn=state["drawn"])
+        return OnlineLoop(made, TextReward(), state=state)
 
     whole = new()
     batches = train(whole, 8)

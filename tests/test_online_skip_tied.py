@@ -16,7 +16,7 @@ from tasks.backends.protocols import no_progress
 from tasks.backends.train.online import OnlineSolverConfig
 from tasks.backends.train.online_trainer import train_segment
 from tasks.keys import keyed_config
-from tasks.online_loop import BufferConfig, OnlineLoop, pending_batches
+from tasks.online_loop import BufferConfig, OnlineLoop
 
 PROMPTS = [f"{i}+{i}=" for i in range(4)]
 FLAT = {0, 1}
@@ -47,7 +47,7 @@ def new_creator(skip: bool) -> Creator:
 
 
 def test_tied_prompts_are_skipped_before_rollout_in_trls_trainer(tmp_path, policy_dir) -> None:
-    loop = OnlineLoop(new_creator(True), 2, SplitReward())
+    loop = OnlineLoop(new_creator(True), SplitReward())
     train_segment(CONFIG, policy_dir, loop, 7, str(tmp_path / "out"), seed=0)
     loop.close()
     trained = [PROMPTS.index(row["prompt"]) for row in loop.log]
@@ -63,7 +63,7 @@ def test_tied_prompts_are_skipped_before_rollout_in_trls_trainer(tmp_path, polic
 
 
 def test_without_the_filter_nothing_is_skipped(tmp_path, policy_dir) -> None:
-    loop = OnlineLoop(new_creator(False), 2, SplitReward())
+    loop = OnlineLoop(new_creator(False), SplitReward())
     train_segment(CONFIG, policy_dir, loop, 4, str(tmp_path / "out"), seed=0)
     loop.close()
     assert sorted(PROMPTS.index(r["prompt"]) for r in loop.log) == [0, 0, 1, 1, 2, 2, 3, 3]
@@ -72,17 +72,15 @@ def test_without_the_filter_nothing_is_skipped(tmp_path, policy_dir) -> None:
 
 
 def test_a_resumed_segment_skips_exactly_as_an_uninterrupted_one(tmp_path, policy_dir) -> None:
-    whole = OnlineLoop(new_creator(True), 2, SplitReward())
+    whole = OnlineLoop(new_creator(True), SplitReward())
     train_segment(CONFIG, policy_dir, whole, 7, str(tmp_path / "whole"), seed=0)
     whole.close()
-    first = OnlineLoop(new_creator(True), 2, SplitReward())
+    first = OnlineLoop(new_creator(True), SplitReward())
     train_segment(CONFIG, policy_dir, first, 4, str(tmp_path / "first"), seed=0)
     first.close()
     state = json.loads(json.dumps(first.state()))
     creator = Creator.from_state(seed_records(PROMPTS).to_pylist(), state["creator"])
-    second = OnlineLoop(
-        creator, 2, SplitReward(), pending=pending_batches(state), drawn=state["drawn"]
-    )
+    second = OnlineLoop(creator, SplitReward(), state=state)
     train_segment(CONFIG, str(tmp_path / "first"), second, 3, str(tmp_path / "second"), seed=0)
     second.close()
 

@@ -76,6 +76,26 @@ REPORTERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "dagshub": ("dagshub", ("dagshub",)),
     "flyte": ("flytekit", ("flytekit",)),
 }
+
+
+def known_reporters(value: list[str]) -> list[str]:
+    """``report_to`` checked: transformers' tracker names (``[]``: none); the online solver's
+    too."""
+    for name in value:
+        if name in ("all", "none"):
+            raise ValueError(
+                f"{name!r}: name each tracker (e.g. [tensorboard]); [] reports to none"
+            )
+        if name in REPORTERS or name == "kubeflow":
+            continue
+        from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+        if name not in INTEGRATION_TO_CALLBACK:
+            known = ", ".join(sorted(INTEGRATION_TO_CALLBACK))
+            raise ValueError(f"unknown tracker {name!r}; one of {known}")
+    return value
+
+
 MAX_PROMPT_HELP = (
     "Cap on prompt tokens (the chat template's own included), applied before TRL sees the text "
     "by keeping the end of the prompt; also held below max_length so a response token always "
@@ -152,19 +172,7 @@ class TRLSolverConfig(BaseModel):
     @field_validator("report_to")
     @classmethod
     def _known_reporters(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if name in ("all", "none"):
-                raise ValueError(
-                    f"{name!r}: name each tracker (e.g. [tensorboard]); [] reports to none"
-                )
-            if name in REPORTERS or name == "kubeflow":
-                continue
-            from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
-
-            if name not in INTEGRATION_TO_CALLBACK:
-                known = ", ".join(sorted(INTEGRATION_TO_CALLBACK))
-                raise ValueError(f"unknown tracker {name!r}; one of {known}")
-        return value
+        return known_reporters(value)
 
     def trainer_args(self, common: dict[str, Any]) -> TrainingArguments:
         """TRL's config object for this objective, from the shared ``common`` arguments."""

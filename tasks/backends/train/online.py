@@ -1,27 +1,33 @@
-"""Online solvers on TRL: RLOO (default), GRPO or the experimental online DPO, driven by eva's
-online loop (``tasks.online_loop``) for S optimizer steps at a time.
+"""Online solvers: RLOO (default), GRPO or the experimental online DPO on TRL, or a solver of
+yours (``kind: python``), driven by eva's online loop (``tasks.online_loop``) for S optimizer
+steps at a time.
 
-The trainer is TRL's own; the loop plugs in at three points, none of which depends on the order
-in which TRL calls things or on how it lays out a batch:
+The trainer is TRL's own; it meets the creator through the TRL bridge,
+``eva_adapters.trl.CreatorFeed`` (``feed.feed``), at three points, none of which depends on the
+order in which TRL calls things or on how it lays out a batch:
 
-* the prompt stream, a ``datasets.IterableDataset`` over ``feed.prompts()``: one mini-batch of
-  ``prompts_per_step`` prompts per optimizer step, each sampled ``num_generations`` times
-  (``per_device_train_batch_size = prompts x generations``, ``steps_per_generation = 1``, no
-  shuffle buffer, so the trainer sees prompts in draw order);
-* the reward function, which only scores: it hands each completion, with the ``row`` column of
-  the prompt it answers, to ``feed.score`` (any pointwise reward backend behind it);
-* a ``TrainerCallback`` whose ``on_step_end`` calls ``feed.step_end()``: the step has trained,
-  so the loop updates the buffer with the rewards recorded for the batch and evolves.
+* the prompt dataset, ``feed.feed.dataset()``: one mini-batch of ``prompts_per_step`` prompts
+  per optimizer step, drawn when the trainer's loader fetches it, each sampled
+  ``num_generations`` times (``per_device_train_batch_size = prompts x generations``,
+  ``steps_per_generation = 1``);
+* the reward function, which only scores: ``feed.feed.recording`` around a function that hands
+  each completion, with the ``eva_row`` of the prompt it answers, to ``feed.score`` (any
+  pointwise reward backend behind it);
+* the bridge's callback, whose ``on_step_end`` hands the trained batch's groups to the creator,
+  which updates the buffer and evolves.
 
 Checked in TRL 1.16's source and on CPU (tests/test_online.py): RLOO and GRPO pass every dataset
 column but ``prompt`` to a reward function as a keyword argument, one value per completion
 (``_calculate_rewards``); online DPO passes them from its collated batch, doubled like its
-``2 * prompts`` (``training_step``). All three accept an ``IterableDataset`` with ``max_steps``
-(RLOO/GRPO repeat each prompt in the stream, ``repeat_iterable_dataset``). transformers calls
-``on_step_end`` after the step's optimizer update and before the next step's batch is fetched;
-accelerate's data loader has fetched one batch ahead by then. With a chat template the stream's
-prompts are user turns, which all three template as the generation backends do, and the reward
-function gets the messages' text back (``tasks.backends.train.chat``).
+``2 * prompts`` (``training_step``). transformers calls ``on_step_end`` after the step's
+optimizer update and before the next step's batch is fetched; accelerate's data loader has
+fetched one batch ahead by then. With a chat template the dataset's prompts are user turns,
+which all three template as the generation backends do, and the reward function gets the
+messages' text back (``tasks.backends.train.chat``).
+
+A solver of yours is ``{kind: python, factory: "package.module:Name", options: {...},
+prompts_per_step: 16}``: ``factory(**options)`` builds an object with ``train_segment`` (the
+``OnlineSolver`` protocol below), which trains on the same three seams.
 
 A segment starts from a checkpoint, trains ``steps`` optimizer steps at a constant learning rate
 and saves the checkpoint; the optimizer starts afresh each segment (Adam's moments are
@@ -30,20 +36,31 @@ re-estimated within a few steps; carrying them would tie a checkpoint to one tra
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar, Literal, Protocol
+from collections.abc import Sequence
+from typing import Annotated, Any, ClassVar, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from tasks.backends.devices import Device
+from tasks.backends.protocols import Progress, no_progress
+from tasks.backends.python import PythonComponent
 from tasks.backends.train.chat import CHAT_TEMPLATE_HELP, ChatTemplate
+from tasks.backends.train.dpo import REPORT_TO_HELP, known_reporters
 
 
 class OnlineFeed(Protocol):
-    """What drives the trainer (``tasks.online_loop.OnlineLoop``)."""
+    """What an online solver trains on (``tasks.online_loop.OnlineLoop``)."""
 
-    def prompts(self) -> Iterator[dict[str, Any]]:
-        """The prompt stream: records with ``prompt`` and ``row`` (and ``prompt_id``)."""
+    @property
+    def feed(self) -> Any:
+        """The TRL bridge (``eva_adapters.trl.CreatorFeed``): ``dataset()``, ``recording()``,
+        ``callback()``."""
         ...
 
     def score(
@@ -53,12 +70,28 @@ class OnlineFeed(Protocol):
         completions: Sequence[str],
         finished: Sequence[bool] | None = None,
     ) -> list[float]:
-        """One reward per completion; ``rows[j]`` names the streamed prompt it answers;
-        ``finished[j]``: whether the policy ended it before ``max_completion_length``."""
+        """One reward per completion; ``rows[j]`` names the streamed prompt it answers (its
+        ``eva_row``); ``finished[j]``: whether the policy ended it before its length cap."""
         ...
 
-    def step_end(self) -> None:
-        """An optimizer step has finished."""
+
+@runtime_checkable
+class OnlineSolver(Protocol):
+    """Trains a segment of online RL on prompts from the creator: TRL's (``OnlineSolverConfig``)
+    or yours (``kind: python``)."""
+
+    def train_segment(
+        self,
+        policy_dir: str,
+        feed: OnlineFeed,
+        steps: int,
+        output_dir: str,
+        seed: int,
+        progress: Progress = no_progress,
+    ) -> list[dict[str, float]]:
+        """Train ``steps`` optimizer steps from ``policy_dir`` on ``feed`` (its dataset, reward
+        and callback), save the model and tokenizer to ``output_dir``, and return the logged
+        rows (each with a ``loss`` where one was logged)."""
         ...
 
 
@@ -119,6 +152,24 @@ class OnlineSolverConfig(BaseModel):
     vllm_mode: Literal["server", "colocate"] = Field(default="server")
     device: Device = Field(default="auto", description='"auto" = cuda when available, else "cpu".')
     chat_template: ChatTemplate = Field(default="auto", description=CHAT_TEMPLATE_HELP)
+    # Added after runs were keyed: left out of the key while empty (tasks/keys.py).
+    report_to: list[str] = Field(
+        default_factory=list,
+        description=REPORT_TO_HELP.replace("iter_t/train_logs", "iter_t/online_logs"),
+        json_schema_extra={"key": "unless default"},
+    )
+
+    @field_validator("report_to")
+    @classmethod
+    def _known_reporters(cls, value: list[str]) -> list[str]:
+        return known_reporters(value)
+
+    def load(self, logging_dir: str | None = None) -> OnlineSolver:
+        """TRL's trainer for ``kind``; TensorBoard's event files (``report_to``) go to
+        ``logging_dir``."""
+        from tasks.backends.train.online_trainer import TRLOnlineSolver
+
+        return TRLOnlineSolver(self, logging_dir)
 
     @model_validator(mode="before")
     @classmethod
@@ -135,3 +186,27 @@ class OnlineSolverConfig(BaseModel):
         if self.kind == "online_dpo" and self.beta == 0:
             raise ValueError("online_dpo needs beta > 0 (its loss is constant at beta 0)")
         return self
+
+
+class PythonOnlineSolver(PythonComponent):
+    """An online solver of yours: ``factory(**options)`` builds an ``OnlineSolver``."""
+
+    prompts_per_step: int = Field(
+        default=16,
+        ge=1,
+        description="Prompts a step of your solver trains on: the segment's steps and the "
+        "budget are counted in them.",
+    )
+
+    def load(self, logging_dir: str | None = None) -> OnlineSolver:
+        """``factory(**options)``; what it logs, and where, is its own (``logging_dir`` is for
+        TRL's solvers)."""
+        solver: OnlineSolver = super().load()
+        return solver
+
+
+# ``online.solver``: TRL's (kind rloo, grpo or online_dpo) or yours (kind python); a solver
+# section without a kind is TRL's RLOO, the paper's (``tasks.online.OnlineConfig`` fills it in).
+OnlineSolverBackend = Annotated[
+    OnlineSolverConfig | PythonOnlineSolver, Field(discriminator="kind")
+]

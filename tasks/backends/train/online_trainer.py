@@ -1,6 +1,6 @@
-"""The TRL side of an online segment: trainer arguments and class by ``kind``, the reward function
-that only scores, the step-end callback, the prompt stream (``tasks.backends.train.online``
-explains the seam)."""
+"""The TRL side of an online segment: trainer arguments and class by ``kind``, and the reward
+function that only scores; the dataset and the callback are the TRL bridge's
+(``eva_adapters.trl``; ``tasks.backends.train.online`` explains the seams)."""
 
 from __future__ import annotations
 
@@ -11,22 +11,14 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-import datasets
 import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    PrinterCallback,
-    TrainerCallback,
-    TrainerControl,
-    TrainerState,
-    TrainingArguments,
-)
+from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
 
 from tasks.backends.protocols import Progress, no_progress
 from tasks.backends.train.chat import message_text, use_template, user_turn
 from tasks.backends.train.online import OnlineFeed, OnlineSolverConfig
 from tasks.backends.train.trl_common import ProgressCallback, numeric_row, quiet
+from tasks.backends.train.trl_solver import log_tensorboard_to
 
 
 def _trainer_args(config: OnlineSolverConfig, common: dict[str, Any]) -> Any:
@@ -45,8 +37,8 @@ def _trainer_args(config: OnlineSolverConfig, common: dict[str, Any]) -> Any:
             per_device_train_batch_size=config.prompts_per_step,
             max_new_tokens=config.max_completion_length,
             missing_eos_penalty=config.missing_eos_penalty,
-            # accelerate dispatches an IterableDataset's batches as tensors by default; the
-            # prompts are text, so each process reads its own (RLOO/GRPO do this themselves).
+            # The prompts are text, never dispatched as tensors: each process reads its own
+            # batch (RLOO/GRPO set this themselves). The bridge runs in one process anyway.
             accelerator_config={"dispatch_batches": False},
         )
     from trl import GRPOConfig, RLOOConfig
@@ -74,12 +66,6 @@ def _trainer_class(config: OnlineSolverConfig) -> type:
     return GRPOTrainer if config.kind == "grpo" else RLOOTrainer
 
 
-def _as_input(record: dict[str, Any], chat: bool) -> dict[str, Any]:
-    """A streamed prompt record as the trainer takes it: with a chat template, the prompt as a
-    user turn, which TRL templates as generation does (``tasks.backends.train.chat``)."""
-    return {**record, "prompt": user_turn(record["prompt"])} if chat else record
-
-
 class _Reward:
     """TRL reward function: scores each completion through the feed, by its prompt's row. With
     a chat template TRL passes prompts and completions as messages: the feed gets their text,
@@ -96,13 +82,13 @@ class _Reward:
         self,
         prompts: Sequence[Any],
         completions: Sequence[Any],
-        row: Sequence[str],
+        eva_row: Sequence[str],
         completion_ids: Sequence[Sequence[int]],
         **_: Any,
     ) -> list[float]:
         texts = [message_text(p) for p in prompts]
         finished = [bool(ids) and ids[-1] in self.stop_ids for ids in completion_ids]
-        return self.feed.score(row, texts, [message_text(c) for c in completions], finished)
+        return self.feed.score(eva_row, texts, [message_text(c) for c in completions], finished)
 
 
 def stop_ids(tokenizer: Any, model: Any) -> list[int]:
@@ -114,18 +100,6 @@ def stop_ids(tokenizer: Any, model: Any) -> list[int]:
     return [i for i in [*flat, tokenizer.pad_token_id] if i is not None]
 
 
-class _StepEnd(TrainerCallback):
-    """Tells the feed that an optimizer step has finished."""
-
-    def __init__(self, feed: OnlineFeed):
-        self.feed = feed
-
-    def on_step_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
-    ) -> None:
-        self.feed.step_end()
-
-
 def build_online_trainer(
     config: OnlineSolverConfig,
     policy_dir: str,
@@ -134,16 +108,17 @@ def build_online_trainer(
     trainer_dir: str,
     seed: int,
     callbacks: Sequence[TrainerCallback] = (),
+    logging_dir: str | None = None,
 ) -> Any:
     """A ready-to-``train()`` TRL trainer for ``steps`` optimizer steps on prompts from
     ``feed``; split out of ``train_segment`` so tests can inspect the exact trainer (what it
-    feeds its model) that a segment trains."""
+    feeds its model) that a segment trains. With a chat template the bridge streams each prompt
+    as a user turn, which TRL templates as generation does (``tasks.backends.train.chat``)."""
     use_cpu = config.device == "cpu" or (config.device == "auto" and not torch.cuda.is_available())
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
-    chat = use_template(tokenizer, config.chat_template, policy_dir)
-    dataset = datasets.IterableDataset.from_generator(
-        _stream, gen_kwargs={"feed": _Handle(feed), "chat": chat}
-    )
+    bridge = feed.feed
+    if use_template(tokenizer, config.chat_template, policy_dir):
+        bridge.prompt = lambda record: user_turn(record["prompt"])
     common: dict[str, Any] = dict(
         output_dir=trainer_dir,
         gradient_accumulation_steps=1,
@@ -158,7 +133,7 @@ def build_online_trainer(
         seed=seed,
         data_seed=seed,
         logging_steps=1,
-        report_to=[],
+        report_to=list(config.report_to),  # transformers' "none" is []: never its "all"
         save_strategy="no",
         disable_tqdm=True,
     )
@@ -166,14 +141,39 @@ def build_online_trainer(
     model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
     trainer = _trainer_class(config)(
         model=model,
-        reward_funcs=_Reward(feed, stop_ids(tokenizer, model)),
+        reward_funcs=bridge.recording(_Reward(feed, stop_ids(tokenizer, model))),
         args=args,
-        train_dataset=dataset,
+        # One epoch longer than the segment: the loader fetches a batch ahead at every step,
+        # the last included (an epoch's end would fetch none), and that batch is carried over.
+        train_dataset=bridge.dataset(slots=(steps + 1) * config.prompts_per_step),
         processing_class=tokenizer,
-        callbacks=[_StepEnd(feed), *callbacks],
+        callbacks=[bridge.callback(), *callbacks],
     )
     trainer.remove_callback(PrinterCallback)
+    if logging_dir is not None:
+        log_tensorboard_to(trainer, logging_dir)
     return trainer
+
+
+class TRLOnlineSolver:
+    """``OnlineSolverConfig`` loaded: TRL's trainer for its ``kind``, as an ``OnlineSolver``."""
+
+    def __init__(self, config: OnlineSolverConfig, logging_dir: str | None = None):
+        self.config = config
+        self.logging_dir = logging_dir
+
+    def train_segment(
+        self,
+        policy_dir: str,
+        feed: OnlineFeed,
+        steps: int,
+        output_dir: str,
+        seed: int,
+        progress: Progress = no_progress,
+    ) -> list[dict[str, float]]:
+        return train_segment(
+            self.config, policy_dir, feed, steps, output_dir, seed, progress, self.logging_dir
+        )
 
 
 def train_segment(
@@ -184,6 +184,7 @@ def train_segment(
     output_dir: str,
     seed: int,
     progress: Progress = no_progress,
+    logging_dir: str | None = None,
 ) -> list[dict[str, float]]:
     """Train ``steps`` optimizer steps from ``policy_dir`` on prompts from ``feed``; save the
     model and tokenizer to ``output_dir``; return the trainer's logged rows."""
@@ -193,7 +194,7 @@ def train_segment(
     with scratch as trainer_dir, quiet():
         callbacks = [ProgressCallback(progress)]
         trainer = build_online_trainer(
-            config, policy_dir, feed, steps, trainer_dir, seed, callbacks
+            config, policy_dir, feed, steps, trainer_dir, seed, callbacks, logging_dir
         )
         trainer.train()
         rows = [numeric_row(e) for e in trainer.state.log_history if "loss" in e]
@@ -204,21 +205,6 @@ def train_segment(
             os.remove(os.path.join(output_dir, "training_args.bin"))
     progress(1.0)
     return rows
-
-
-class _Handle:
-    """Wraps the feed so ``datasets`` fingerprints a stable object, never pickles the buffer."""
-
-    def __init__(self, feed: OnlineFeed):
-        self.feed = feed
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (str, ("eva-online-source",))
-
-
-def _stream(feed: _Handle, chat: bool) -> Any:
-    for record in feed.feed.prompts():
-        yield _as_input(record, chat)
 
 
 def segment_stats(

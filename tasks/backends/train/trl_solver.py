@@ -143,11 +143,11 @@ def build_trainer(
     # disable_tqdm swaps the progress bar for PrinterCallback, which prints every log dict.
     trainer.remove_callback(PrinterCallback)
     if logging_dir is not None:
-        _log_tensorboard_to(trainer, logging_dir)
+        log_tensorboard_to(trainer, logging_dir)
     return trainer
 
 
-def _log_tensorboard_to(trainer: Trainer, logging_dir: str) -> None:
+def log_tensorboard_to(trainer: Trainer, logging_dir: str) -> None:
     """Point the trainer's TensorBoard callback at ``logging_dir``. transformers 5 dropped the
     ``logging_dir`` argument: the callback's default is a folder under the trainer's
     ``output_dir``, a temporary one here, removed with the event files in it."""
