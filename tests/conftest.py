@@ -72,6 +72,7 @@ E2E: dict[str, tuple[str, ...] | None] = {
     ),
     "test_own_model.py": None,  # `eva run` in a process of its own, each test
     "test_real_model.py": None,  # SmolLM2 from its wheel: converted, sampled, a run
+    "test_bench_real_model.py": ("test_the_device_script_runs_here_at_a_tiny_size_and_resumes",),
     "test_judge_e2e.py": None,  # `eva run` with an LLM judge and a reference model, served here
     "test_online_loop.py": ("test_evolution_overlaps_training_with_lag_and_costs_are_counted",),
     "test_online_skip_tied.py": ("test_a_resumed_segment_skips_exactly_as_an_uninterrupted_one",),
