@@ -216,21 +216,28 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
 
 
 def truncation_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """A warning per checkpoint and share (its solver's samples, its held-out answers) where
-    more than ``TRUNCATED_WARNING_SHARE`` of the responses were cut at the length cap, naming
-    the cap (the field that sets it and its value)."""
+    """One warning for the solver's samples and one for the held-out answers, where more than
+    ``TRUNCATED_WARNING_SHARE`` of some checkpoint's were cut at the length cap: their shares,
+    which checkpoints, and the cap (the field that sets it and its value)."""
     key = _columns(rows)[0]
     lines = []
-    for row in rows:
-        for column, what in (("truncated", "samples"), ("heldout_truncated", "held-out answers")):
-            value = row.get(column)
-            if isinstance(value, float) and value > TRUNCATED_WARNING_SHARE:
-                cap = row.get(CAPS, {}).get(column, "the length cap")
-                lines.append(
-                    f"warning: {key} {row[key]}: {value:.0%} of its {what} were cut at {cap} "
-                    "before the policy ended them: raise it (cut answers score as unfinished; "
-                    "they are never trained as the chosen side)"
-                )
+    for column, what in (("truncated", "samples"), ("heldout_truncated", "held-out answers")):
+        over = [
+            (row[key], row[column])
+            for row in rows
+            if isinstance(row.get(column), float) and row[column] > TRUNCATED_WARNING_SHARE
+        ]
+        if not over:
+            continue
+        caps = [row[CAPS][column] for row in rows if row.get(CAPS, {}).get(column)]
+        low, high = min(s for _, s in over), max(s for _, s in over)
+        shares = f"{low:.0%}" if low == high else f"{low:.0%}-{high:.0%}"
+        where = f"{key}{'s' if len(over) > 1 else ''} " + ", ".join(str(k) for k, _ in over)
+        lines.append(
+            f"warning: {shares} of the {what} of {where} were cut at "
+            f"{caps[0] if caps else 'the length cap'} before the policy ended them: raise it "
+            "(cut answers score as unfinished; they are never trained as the chosen side)"
+        )
     return lines
 
 

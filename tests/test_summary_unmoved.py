@@ -48,10 +48,14 @@ def test_a_large_truncated_share_is_warned_about_naming_the_cap() -> None:
         {"iteration": 2, "truncated": 0.88, "heldout_truncated": None, CAPS: caps},
     ]
     first, second = truncation_lines(rows)
-    assert first.startswith("warning: iteration theta_0: 50% of its held-out answers were cut at ")
-    assert "evaluate.generation.max_new_tokens (64)" in first
-    assert second.startswith("warning: iteration 2: 88% of its samples were cut at ")
-    assert "generate.backend.max_new_tokens (64) before the policy ended them" in second
-    assert summary_table(rows).splitlines()[-2:] == [first, second]
+    assert first.startswith("warning: 88% of the samples of iteration 2 were cut at ")
+    assert "generate.backend.max_new_tokens (64) before the policy ended them" in first
+    assert second.startswith("warning: 50% of the held-out answers of iteration theta_0 ")
+    assert "evaluate.generation.max_new_tokens (64)" in second
+    rows[2]["heldout_truncated"] = 0.75  # several checkpoints: one line, their range
+    assert truncation_lines(rows)[1].startswith(
+        "warning: 50%-75% of the held-out answers of iterations theta_0, 2 were cut at "
+    )
+    assert summary_table(rows).splitlines()[-2:] == truncation_lines(rows)
     online = [{"segment": 1, "truncated": 0.3}]  # no caps known: said plainly
     assert "cut at the length cap" in truncation_lines(online)[0]
