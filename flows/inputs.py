@@ -181,8 +181,8 @@ def _check_instructions(config: RunConfig | OnlineRunConfig, where: str, table: 
         raise ConfigError(
             f"{where}: no prompt carries instructions (instruction_id_list), and {readers[0]} "
             "checks a response against its prompt's",
-            hint="give each row IFEval's instruction_id_list and kwargs "
-            "(python -m bench.if_prompts writes such files)",
+            hint="give each row IFEval's instruction_id_list and kwargs, as python -m "
+            "bench.if_prompts writes them",
         )
     kwargs_cells = table.column("kwargs").to_pylist()
     for row, (given, kwargs) in enumerate(zip(ids, kwargs_cells, strict=True)):
@@ -190,7 +190,9 @@ def _check_instructions(config: RunConfig | OnlineRunConfig, where: str, table: 
             if given is not None:
                 parse(given, kwargs)
         except (ValueError, ImportError) as exc:
-            raise ConfigError(f"{where}: prompt {row}: {exc}", hint=f"{readers[0]}") from None
+            raise ConfigError(
+                f"{where}: prompt {row}: {exc}", hint=f"{readers[0]} checks every one"
+            ) from None
 
 
 def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: list[str]) -> None:

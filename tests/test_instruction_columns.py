@@ -92,3 +92,33 @@ def test_mixing_keeps_instructions_and_reads_tables_written_before_them() -> Non
     mixed_old, _ = mix_prompt_sets(old, evolved, 0.5, seed=0, size=2)
     assert mixed_old.schema == prompt_records(old).schema
     assert mixed_old.column("kwargs").type == pa.string()
+
+
+def test_a_run_whose_reward_reads_instructions_refuses_prompts_without_them(
+    tmp_path: Path,
+) -> None:
+    from eva_runtime.errors import ConfigError
+    from flows.config import load_config
+    from flows.inputs import check_inputs
+
+    plain = _jsonl(tmp_path / "plain.jsonl", [{"prompt": "Describe rain."}])
+    nltk = _jsonl(tmp_path / "nltk.jsonl", [{
+        "prompt": "Describe rain.", "instruction_id_list": ["length_constraints:number_sentences"],
+        "kwargs": [{"num_sentences": 2, "relation": "less than"}],
+    }])  # fmt: skip
+    recipe = "configs/smollm2-if.yaml"
+    with pytest.raises(ConfigError) as refused:
+        check_inputs(load_config(recipe, [f"prompts.path={plain}", f"root={tmp_path}"]))
+    assert "no prompt carries instructions (instruction_id_list), and annotate.reward" in str(
+        refused.value
+    )
+    pytest.importorskip("if_verifiable")
+    import nltk as nltk_module
+
+    try:
+        nltk_module.data.find("tokenizers/punkt")
+        pytest.skip("this machine has NLTK's punkt data")
+    except LookupError:
+        pass
+    with pytest.raises(ConfigError, match=r"prompt 0: instruction 'length_constraints:number_s"):
+        check_inputs(load_config(recipe, [f"prompts.path={nltk}", f"root={tmp_path}"]))
