@@ -100,8 +100,9 @@ def converted(
         _convert(path, staging)
         with open(os.path.join(staging, SOURCE_FILE), "w") as f:
             json.dump({"gguf": os.path.abspath(path), "sha256": digest}, f)
-        if os.path.isdir(folder):  # another process finished first, or an unfinished copy
-            shutil.rmtree(folder)
+        if os.path.isfile(os.path.join(folder, SOURCE_FILE)):
+            return folder  # another process finished first: its copy stays, ours goes
+        shutil.rmtree(folder, ignore_errors=True)  # a copy left unfinished
         os.replace(staging, folder)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
