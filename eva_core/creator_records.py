@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from eva_core.creator_checks import checked_rewrites, rewriter_name
 from eva_core.evolution import EvolveStats, clean_rewrite, evolved_records
-from eva_core.schema import PROMPT_SCHEMA, prompt_id, seed_records
+from eva_core.schema import PROMPT_SCHEMA, instruction_cells, prompt_id, seed_records
 
 Record = dict[str, Any]
 Rewrite = str | tuple[str, str]
@@ -45,7 +45,15 @@ def as_records(
             if row["prompt"].strip():  # an empty prompt is refused below, with its row
                 firsts.setdefault(prompt_id(row["prompt"]), row)
         rows = list(firsts.values()) + [r for r in rows if not r["prompt"].strip()]
-    table = seed_records([r["prompt"] for r in rows], [r.get("category") for r in rows])
+    # A row's verifiable instructions (IFEval's columns) stay its own, as the columns hold them.
+    given = [
+        instruction_cells(r["instruction_id_list"], r.get("kwargs"))
+        if r.get("instruction_id_list") is not None
+        else None
+        for r in rows
+    ]
+    texts, categories = [r["prompt"] for r in rows], [r.get("category") for r in rows]
+    table = seed_records(texts, categories, instructions=given if any(given) else None)
     return [{**row, **record} for row, record in zip(rows, table.to_pylist(), strict=True)]
 
 

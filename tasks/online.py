@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 import numpy as np
 import pyarrow as pa
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from eva_core.buffer import PromptBuffer
 from eva_core.creator import Creator
@@ -68,18 +68,6 @@ class OnlineConfig(BaseModel):
     evolver: Annotated[EvolverBackend | None, Builds("an evolver", ("evolve",))] = Field(
         default=None, description="The rewriter (required unless buffer.evolve is false)."
     )
-
-    @field_validator("reward", "evolver")
-    @classmethod
-    def _reads_text(cls, component: Any) -> Any:
-        # The online creator keeps a prompt's text and lineage; the instructions a prompt or
-        # a child carries as data (the instruction-following reward and evolver) it drops.
-        if reads := getattr(component, "prompt_columns", None):
-            raise ValueError(
-                f"{component.kind} reads each prompt's {', '.join(reads)}, which the online "
-                "creator does not carry: run it offline (eva run)"
-            )
-        return component
 
     max_chars: int | None = Field(
         default=8192, ge=1, description="Drop rewrites longer than this many characters."

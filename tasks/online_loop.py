@@ -90,10 +90,13 @@ class BufferConfig(BaseModel):
 def rewriter_of(evolver: Evolver) -> Callable[[list[Record], int, int], Any]:
     """A pipeline evolver as the creator's rewriter callable."""
 
+    reads = getattr(evolver, "prompt_columns", ())  # an instruction evolver: each parent's
+
     def rewrite(parents: list[Record], n: int, seed: int) -> Any:
         return evolver.evolve(
-            [p["prompt"] for p in parents], [p.get("category") for p in parents], n, seed
-        )
+            [p["prompt"] for p in parents], [p.get("category") for p in parents], n, seed,
+            **{c: [p.get(c) for p in parents] for c in reads},
+        )  # fmt: skip
 
     return rewrite
 
@@ -135,7 +138,10 @@ class OnlineLoop:
         self.stats = LoopStats()
         self.log: list[dict[str, Any]] = []  # one row per trained prompt
         self._finished: dict[str, list[bool]] = {}  # row -> whether each sample finished
-        self.feed = CreatorFeed(creator, on_observed=self._trained)
+        # The columns the reward reads beside the text (an instruction-following reward: each
+        # prompt's instructions) stream with each prompt; TRL hands them to the reward function.
+        self.reads: tuple[str, ...] = tuple(getattr(reward, "prompt_columns", ()))
+        self.feed = CreatorFeed(creator, columns=self.reads, on_observed=self._trained)
         if state:
             self.feed.load_state(dict(state), creator=False)
         observe = self.feed.observe
@@ -172,10 +178,12 @@ class OnlineLoop:
         prompts: Sequence[str],
         completions: Sequence[str],
         finished: Sequence[bool] | None = None,
+        **columns: Sequence[Any],
     ) -> list[float]:
         """One reward per completion; ``rows[j]`` is the row ``completions[j]`` answers and
-        ``finished[j]`` whether it ended before the length cap (None: all did). Each row's
-        samples are scored together (as the reward model expects); the bridge records them."""
+        ``finished[j]`` whether it ended before the length cap (None: all did); ``columns``,
+        the prompt columns the reward reads, one value per completion. Each row's samples are
+        scored together (as the reward model expects); the bridge records them."""
         if finished is None:
             finished = [True] * len(completions)
         if not len(rows) == len(prompts) == len(completions) == len(finished):
@@ -188,9 +196,15 @@ class OnlineLoop:
             samples.setdefault(row, []).append(j)
         if again := [row for row in samples if row in self._finished]:
             raise RuntimeError(f"rows {again[:3]} were scored twice within one step")
+        if missing := [c for c in self.reads if c not in columns]:
+            raise RuntimeError(f"the trainer passed no {missing} to the reward that reads them")
+        read: dict[str, Any] = {
+            c: [columns[c][js[0]] for js in samples.values()] for c in self.reads
+        }
         scores = self.reward.score(
             [prompts[js[0]] for js in samples.values()],
             [[completions[j] for j in js] for js in samples.values()],
+            **read,
         )
         flat = [float("nan")] * len(rows)
         for (row, js), row_scores in zip(samples.items(), scores, strict=True):

@@ -122,3 +122,16 @@ def test_a_run_whose_reward_reads_instructions_refuses_prompts_without_them(
         pass
     with pytest.raises(ConfigError, match=r"prompt 0: instruction 'length_constraints:number_s"):
         check_inputs(load_config(recipe, [f"prompts.path={nltk}", f"root={tmp_path}"]))
+
+
+def test_the_creator_keeps_a_seeds_instructions() -> None:
+    from eva_core.creator_records import as_records
+
+    (record, plain) = as_records([
+        {"prompt": "Describe rain.", "instruction_id_list": ["punctuation:no_comma"],
+         "kwargs": [{"unused": None}]},
+        "Describe snow.",
+    ])  # fmt: skip
+    assert record["instruction_id_list"] == ["punctuation:no_comma"]
+    assert record["kwargs"] == "[{}]" and record["depth"] == 0
+    assert plain["instruction_id_list"] is None and plain["kwargs"] is None

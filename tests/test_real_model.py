@@ -173,3 +173,52 @@ def _words(instruction_id: str) -> str:
     from tasks.backends.ifeval import describe
 
     return describe((instruction_id, {}))
+
+
+def test_online_eva_runs_the_real_model_on_instructions(
+    cache: str, model_dir: str, tmp_path: Path
+) -> None:
+    import yaml
+
+    rows = [
+        {"prompt": f"{q} {_words(iid)}", "instruction_id_list": [iid], "kwargs": [{}]}
+        for q, iid in SHORT
+    ]
+    train, heldout = tmp_path / "train.jsonl", tmp_path / "heldout.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows[:6]))
+    heldout.write_text("".join(json.dumps(r) + "\n" for r in rows[6:]))
+    config = {
+        "run": "real-online", "root": str(tmp_path / "runs"),
+        "prompts": {"path": str(train)}, "heldout": {"path": str(heldout)},
+        "bootstrap": {"init_checkpoint": REF},
+        "online": {
+            "solver": {"kind": "rloo", "learning_rate": 1e-5, "num_generations": 2,
+                       "prompts_per_step": 2, "max_completion_length": 24},
+            "buffer": {"size": 8, "n_new": 2, "n_new_bootstrap": 2},
+            "budget": 1.0, "steps_per_segment": 3, "evolve_lag": 0,
+            "reward": {"kind": "instruction_following"},
+            "evolver": {"kind": "instructions"},
+        },
+        "evaluate": {"generation": {"kind": "transformers", "temperature": 0.0,
+                                    "max_new_tokens": 24, "batch_size": 8}},
+    }  # fmt: skip
+    path = tmp_path / "online.yaml"
+    path.write_text(yaml.safe_dump(config))
+    done = _eva(["online", "--config", str(path)], cache)
+    assert done.returncode == 0, done.stderr[-3000:]
+    store = RunStore(str(tmp_path / "runs"), "real-online")
+    segment = store.read_manifest(1, "online")
+    log = store.read_table(segment["uri"]).to_pylist()
+    # The reward read each trained prompt's instructions: every prompt scored.
+    assert log and all(r["instruction_id_list"] for r in log)
+    assert all(0.0 <= x <= 1.0 for r in log for x in r["rewards"])
+    stats = segment["stats"]
+    assert stats["completions"] == 2 * len(log) and 0 <= stats["truncated"] <= stats["completions"]
+    assert stats["unscored_prompts"] == 0
+    # Children joined the buffer, each with its instructions: one more than its parent's.
+    assert stats["children_added"] > 0
+    state = json.loads((Path(store.absolute(segment["model_uri"])) / "eva_online_state.json")
+                       .read_text())  # fmt: skip
+    entries = [e["record"] for e in state["creator"]["buffer"]["entries"]]
+    assert entries and all(e["depth"] == 1 for e in entries)
+    assert all(len(e["instruction_id_list"]) == 2 for e in entries)  # the parent's one, and one

@@ -69,9 +69,11 @@ class OnlineFeed(Protocol):
         prompts: Sequence[str],
         completions: Sequence[str],
         finished: Sequence[bool] | None = None,
+        **columns: Sequence[Any],
     ) -> list[float]:
         """One reward per completion; ``rows[j]`` names the streamed prompt it answers (its
-        ``eva_row``); ``finished[j]``: whether the policy ended it before its length cap."""
+        ``eva_row``); ``finished[j]``: whether the policy ended it before its length cap;
+        ``columns``: prompt columns the reward reads (as streamed), one value per completion."""
         ...
 
 

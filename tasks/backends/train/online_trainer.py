@@ -84,11 +84,14 @@ class _Reward:
         completions: Sequence[Any],
         eva_row: Sequence[str],
         completion_ids: Sequence[Sequence[int]],
-        **_: Any,
+        **columns: Any,
     ) -> list[float]:
         texts = [message_text(p) for p in prompts]
         finished = [bool(ids) and ids[-1] in self.stop_ids for ids in completion_ids]
-        return self.feed.score(eva_row, texts, [message_text(c) for c in completions], finished)
+        # The record columns the bridge streams beside the prompt (those the reward reads).
+        read = {c: columns[c] for c in self.feed.feed.columns if c in columns}
+        completed = [message_text(c) for c in completions]
+        return self.feed.score(eva_row, texts, completed, finished, **read)
 
 
 def stop_ids(tokenizer: Any, model: Any) -> list[int]:
