@@ -33,12 +33,15 @@ import os
 import time
 from typing import Any
 
+import numpy as np
+
 from bench.arms import start_from
 from bench.claims import judge, paired
 from bench.method_results import generated, model_path
 from bench.run_report import Tokens, checkpoint_rows
 from flows.config import RunConfig, validate_config
 from flows.config_layers import deep_merge, read_config_file
+from flows.markdown import md_table
 
 ARMS = ("eva", "eva-uniform", "fresh")
 RECIPE = "configs/smollm2-if.yaml"
@@ -178,9 +181,6 @@ MEASURES = ("prompt_level", "instruction_level", "mean_tokens", "truncated_share
 
 def report(results: dict[str, dict[str, Any]], iterations: int) -> str:
     """Per arm and iteration, each measure's mean ± sd over seeds; then the verdicts."""
-    import numpy as np
-
-    from flows.markdown import md_table
 
     def cell(values: list[float]) -> str:
         a = np.asarray([v for v in values if v is not None], dtype=float)

@@ -15,8 +15,8 @@ from tasks.backends.protocols import prompt_columns, stats_of
 from tasks.backends.python import Builds
 from tasks.backends.ray_cluster import RayJob, run_on_ray
 from tasks.backends.reward import RewardBackend
-from tasks.context import StageContext, StageOutput, check_failures
-from tasks.generate import ROLLOUT_COLUMNS, share
+from tasks.context import StageContext, StageOutput, check_failures, finite_mean, share
+from tasks.generate import ROLLOUT_COLUMNS
 from tasks.stage import StageError, stage
 
 ANNOTATED_COLUMNS = (*ROLLOUT_COLUMNS, "rewards")
@@ -109,11 +109,11 @@ def annotate(ctx: StageContext, config: AnnotateConfig, rollouts: pa.Table) -> S
     stats = {
         "responses": int(flat.size), "unscored": int(flat.size - finite.size),
         "unscored_prompts": int(n - scored.sum()), "tied_prompts": int(tied.sum()),
-        "mean_reward": _mean(flat),
+        "mean_reward": finite_mean(flat),
         # Whether the reward tells a cut-off answer from a finished one: their mean rewards.
         "truncated": truncated, "truncated_share": share(truncated, int(flat.size)),
-        "mean_reward_finished": _mean(flat[finished]),
-        "mean_reward_truncated": _mean(flat[~finished]),
+        "mean_reward_finished": finite_mean(flat[finished]),
+        "mean_reward_truncated": finite_mean(flat[~finished]),
         "backend_seconds": round(seconds, 3),
         # The reward model's own counts (failures, too-long conversations, unreadable verdicts;
         # on a Ray cluster they stay with its workers), or the Ray job that scored.
@@ -121,12 +121,6 @@ def annotate(ctx: StageContext, config: AnnotateConfig, rollouts: pa.Table) -> S
         **cluster,
     }  # fmt: skip
     return StageOutput(out, stats=stats)
-
-
-def _mean(values: np.ndarray) -> float | None:
-    """The mean of the finite values, to 4 places; None of none (a manifest holds no NaN)."""
-    finite = values[np.isfinite(values)]
-    return round(float(finite.mean()), 4) if finite.size else None
 
 
 def _check_magnitude(artifact: str, flat: np.ndarray, counts: list[int]) -> None:

@@ -1,6 +1,6 @@
 """What a stage function is handed and what it returns: the run it belongs to, its context,
 its output and the one shape of its stats; and the helpers stages share (their seeds, their
-failure budget)."""
+failure budget, the means and shares their stats report)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -108,6 +109,19 @@ class StageContext:
             return get_run_logger()
         except Exception:
             return logging.getLogger(f"eva.{self.artifact}")
+
+
+def finite_mean(values: object) -> float | None:
+    """The mean of the finite values, to 4 places; None when there is none (a manifest is
+    JSON: a NaN there is no number a reader takes)."""
+    x = np.asarray(values, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    return round(float(x.mean()), 4) if x.size else None
+
+
+def share(part: int, whole: int) -> float:
+    """``part / whole`` to 4 places (0.0 of nothing)."""
+    return round(part / whole, 4) if whole else 0.0
 
 
 def check_failures(

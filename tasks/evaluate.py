@@ -23,8 +23,8 @@ from tasks.backends.judge.llm import JudgeConfig
 from tasks.backends.protocols import close_after, engine_stats, prompt_columns, stats_of
 from tasks.backends.python import Builds
 from tasks.backends.reward import PointwiseRewardBackend
-from tasks.context import StageContext, StageOutput
-from tasks.generate import share, warn_truncated
+from tasks.context import StageContext, StageOutput, finite_mean, share
+from tasks.generate import warn_truncated
 from tasks.stage import MODEL, StageError, stage
 
 
@@ -99,14 +99,14 @@ def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> St
         }
     )
     stats = {
-        "score": _finite_mean(rewards),
+        "score": finite_mean(rewards),
         "solved": _solved(rewards),
         "unscored": int(np.count_nonzero(~np.isfinite(rewards))),
         "truncated": truncated,
         "truncated_share": share(truncated, len(finished)),
         # A category no answer of which was scored is left out (charts plot numbers only).
         "per_category": {
-            c: m for c, v in sorted(by_cat.items()) if (m := _finite_mean(v)) is not None
+            c: m for c, v in sorted(by_cat.items()) if (m := finite_mean(v)) is not None
         },
         "backend_seconds": round(seconds, 3),
         **({"backend": requests} if requests is not None else {}),
@@ -115,14 +115,6 @@ def evaluate(ctx: StageContext, config: EvaluateConfig, heldout: pa.Table) -> St
         **engines,
     }
     return StageOutput(out, stats=stats, ui_tables={"responses": out.slice(0, 20).to_pylist()})
-
-
-def _finite_mean(values: object) -> float | None:
-    """The mean of the finite rewards; None when a reward scored none (a manifest is JSON: a
-    NaN there is no number a reader takes)."""
-    x = np.asarray(values, dtype=np.float64)
-    x = x[np.isfinite(x)]
-    return round(float(x.mean()), 4) if x.size else None
 
 
 def _solved(rewards: np.ndarray) -> float | None:

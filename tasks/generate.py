@@ -17,7 +17,7 @@ from tasks.backends.generate.transformers import TransformersGeneration
 from tasks.backends.protocols import Generations, close_after, engine_stats, stats_of
 from tasks.backends.ray_cluster import RayJob, run_on_ray
 from tasks.backends.ray_job import CLUSTER_BACKENDS
-from tasks.context import StageContext, StageOutput
+from tasks.context import StageContext, StageOutput, share
 from tasks.stage import MODEL, stage
 
 # ``finished``: per response, whether the policy ended it before the length cap (False: cut at
@@ -101,11 +101,6 @@ def generate(ctx: StageContext, config: GenerateConfig, prompts: pa.Table) -> St
         **cluster,
     }  # fmt: skip
     return StageOutput(out, stats=stats)
-
-
-def share(part: int, whole: int) -> float:
-    """``part / whole`` to 4 places (0.0 of nothing)."""
-    return round(part / whole, 4) if whole else 0.0
 
 
 def warn_truncated(

@@ -31,7 +31,7 @@ from tasks.backends.evolve import EvolverBackend
 from tasks.backends.python import Builds
 from tasks.backends.reward import PointwiseRewardBackend
 from tasks.backends.train.online import OnlineSolverBackend, OnlineSolverConfig
-from tasks.context import StageContext, StageOutput, check_failures
+from tasks.context import StageContext, StageOutput, check_failures, finite_mean
 from tasks.online_loop import BufferConfig, OnlineLoop, rewriter_of
 from tasks.stage import MODEL, StageError, stage
 
@@ -228,8 +228,8 @@ def online(
         "budget": round((buffer.consumed - pending) / len(records), 4),
         "seeds_left": buffer.seeds_left,
         "refilled": buffer.refilled,
-        "mean_reward": _finite_mean(rewards),
-        "mean_informativeness": _finite_mean(info),
+        "mean_reward": finite_mean(rewards),
+        "mean_informativeness": finite_mean(info),
         **signal,
         **_buffer_stats(buffer),
         **loop.report(),
@@ -274,12 +274,6 @@ def _tensorboard_dir(ctx: StageContext, solver: Any) -> str | None:
     if ctx.store.is_local:
         return ctx.store.path(ctx.iteration, "online_logs")
     return os.path.join(ctx.scratch, "online_logs")
-
-
-def _finite_mean(values: np.ndarray) -> float | None:
-    """The mean of the finite values, None when there is none (never a NaN in a manifest)."""
-    finite = values[np.isfinite(values)]
-    return round(float(finite.mean()), 4) if finite.size else None
 
 
 def _reward_signal(

@@ -118,14 +118,7 @@ def _eva(args: list[str], cache: str) -> subprocess.CompletedProcess:
 def test_the_recipe_runs_the_real_model_end_to_end(
     cache: str, model_dir: str, tmp_path: Path
 ) -> None:
-    rows = [
-        {"prompt": f"{q} {instruction}", "instruction_id_list": [iid], "kwargs": [{}]}
-        for q, iid in SHORT
-        for instruction in [_words(iid)]
-    ]
-    train, heldout = tmp_path / "train.jsonl", tmp_path / "heldout.jsonl"
-    train.write_text("".join(json.dumps(r) + "\n" for r in rows[:6]))
-    heldout.write_text("".join(json.dumps(r) + "\n" for r in rows[6:]))
+    train, heldout = _prompt_files(tmp_path)
     done = _eva(
         [
             "run", "--config", "configs/smollm2-if.yaml", "--root", str(tmp_path / "runs"),
@@ -169,6 +162,19 @@ def test_the_recipe_runs_the_real_model_end_to_end(
     assert "truncated_share" in evaluated
 
 
+def _prompt_files(folder: Path) -> tuple[Path, Path]:
+    """``SHORT`` as IFEval rows, each question with its instruction in the checker's words: the
+    first 6 the training file, the last 2 the held-out one."""
+    rows = [
+        {"prompt": f"{q} {_words(iid)}", "instruction_id_list": [iid], "kwargs": [{}]}
+        for q, iid in SHORT
+    ]
+    train, heldout = folder / "train.jsonl", folder / "heldout.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows[:6]))
+    heldout.write_text("".join(json.dumps(r) + "\n" for r in rows[6:]))
+    return train, heldout
+
+
 def _words(instruction_id: str) -> str:
     from tasks.backends.ifeval import describe
 
@@ -180,13 +186,7 @@ def test_online_eva_runs_the_real_model_on_instructions(
 ) -> None:
     import yaml
 
-    rows = [
-        {"prompt": f"{q} {_words(iid)}", "instruction_id_list": [iid], "kwargs": [{}]}
-        for q, iid in SHORT
-    ]
-    train, heldout = tmp_path / "train.jsonl", tmp_path / "heldout.jsonl"
-    train.write_text("".join(json.dumps(r) + "\n" for r in rows[:6]))
-    heldout.write_text("".join(json.dumps(r) + "\n" for r in rows[6:]))
+    train, heldout = _prompt_files(tmp_path)
     config = {
         "run": "real-online", "root": str(tmp_path / "runs"),
         "prompts": {"path": str(train)}, "heldout": {"path": str(heldout)},

@@ -92,9 +92,9 @@ def parse(ids: Any, kwargs: Any) -> list[Instruction]:
 
 
 def as_columns(instructions: Sequence[Instruction]) -> tuple[list[str], str]:
-    """The two columns of a prompt's instructions: ids, and kwargs as canonical JSON."""
-    ids = [iid for iid, _ in instructions]
-    return ids, json.dumps([args for _, args in instructions], sort_keys=True)
+    """The two columns of a prompt's instructions, in the one canonical form the columns hold
+    (``instruction_cells``)."""
+    return instruction_cells([iid for iid, _ in instructions], [a for _, a in instructions])
 
 
 @contextmanager

@@ -86,13 +86,7 @@ class TransformersGenerator:
         self.use_template = config.chat_template == "always" or (
             config.chat_template == "auto" and bool(tokenizer.chat_template)
         )
-        # Every id that ends a turn: the tokenizer's eos and the checkpoint's generation
-        # config's (a chat model often lists its end-of-turn token there: Llama 3's <|eot_id|>,
-        # Qwen's <|im_end|> beside <|endoftext|>).
-        configured = getattr(model.generation_config, "eos_token_id", None)
-        ends = _ids(tokenizer.eos_token_id) + _ids(configured)
-        ends += _ids(model.config.eos_token_id) if not ends else []
-        self.end_ids: list[int] = list(dict.fromkeys(ends))
+        self.end_ids: list[int] = end_ids(tokenizer, model)
         pad = tokenizer.pad_token_id
         if pad is None and self.end_ids:
             pad = self.end_ids[0]
@@ -216,6 +210,16 @@ class TransformersGenerator:
         if greedy:
             results, finished = [r * n for r in results], [f * n for f in finished]
         return Generations(results, finished)
+
+
+def end_ids(tokenizer: Any, model: Any) -> list[int]:
+    """Every id that ends a turn: the tokenizer's eos and the checkpoint's generation config's
+    (a chat model often lists its end-of-turn token there: Llama 3's <|eot_id|>, Qwen's
+    <|im_end|> beside <|endoftext|>); the model config's where neither names one."""
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    ends = _ids(tokenizer.eos_token_id) + _ids(configured)
+    ends += _ids(model.config.eos_token_id) if not ends else []
+    return list(dict.fromkeys(ends))
 
 
 def _ids(value: int | list[int] | None) -> list[int]:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
 
+from tasks.backends.generate.sampler import end_ids
 from tasks.backends.protocols import Progress, no_progress
 from tasks.backends.train.chat import message_text, use_template, user_turn
 from tasks.backends.train.online import OnlineFeed, OnlineSolverConfig
@@ -95,12 +96,11 @@ class _Reward:
 
 
 def stop_ids(tokenizer: Any, model: Any) -> list[int]:
-    """The ids a finished completion ends with, as TRL's trainers tell them: the tokenizer's
-    eos and the generation config's (where generation stops), and the pad id (what a batch of
+    """The ids a finished completion ends with, as TRL's trainers tell them: the ids that end
+    a turn (those generation stops at: ``end_ids``), and the pad id (what a batch of
     completions is padded with after its end)."""
-    ids = [tokenizer.eos_token_id, getattr(model.generation_config, "eos_token_id", None)]
-    flat = [i for x in ids for i in (x if isinstance(x, list) else [x])]
-    return [i for i in [*flat, tokenizer.pad_token_id] if i is not None]
+    pad = tokenizer.pad_token_id
+    return [*end_ids(tokenizer, model), *([pad] if pad is not None else [])]
 
 
 def build_online_trainer(
