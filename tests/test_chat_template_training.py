@@ -11,6 +11,7 @@ trainers pass to ``generate`` while they train.
 from __future__ import annotations
 
 import importlib.util
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from tasks.backends.train.objectives import (
     SPPOSolverConfig,
 )
 from tasks.backends.train.online import OnlineSolverConfig
-from tasks.backends.train.online_trainer import build_online_trainer
+from tasks.backends.train.online_trainer import build_online_trainer, cut_ranks_last
 from tasks.backends.train.trl_solver import build_trainer
 
 pytestmark = pytest.mark.filterwarnings(
@@ -239,8 +240,8 @@ def test_online_trainers_tell_the_feed_which_completions_were_cut(
     trainer = build_online_trainer(config, path, feed, 2, str(tmp_path), 0)
     if kind != "online_dpo":
         assert trainer.args.mask_truncated_completions is True
-    else:
-        assert trainer.args.missing_eos_penalty is None  # TRL's default unless set
+    else:  # eva's auto ranks cut completions last; TRL's own constant stays off
+        assert trainer.args.missing_eos_penalty is None
     trainer.train()
     completions = [c for _, _, cs in feed.scored for c in cs]
     assert len(feed.finished) == len(completions) == 2 * 4
@@ -252,6 +253,67 @@ def test_online_trainers_tell_the_feed_which_completions_were_cut(
     assert ours == pytest.approx(trl)
     if kind != "online_dpo":  # its two samples here both ran past the one token
         assert 0 < sum(ours) < 2  # some finished, some were cut
+
+
+class CutPreferred(Feed):
+    """A reward that prefers cut completions (5 against 0): the one case in which ranking by
+    reward alone chooses a cut completion over a finished one."""
+
+    def score(self, rows, prompts, completions, finished=None):  # type: ignore[no-untyped-def]
+        super().score(rows, prompts, completions, finished)
+        return [0.0 if f else 5.0 for f in (finished or [True] * len(rows))]
+
+
+@pytest.mark.parametrize("penalty", ["auto", None])
+def test_online_dpo_chooses_the_finished_completion_of_a_pair_by_default(
+    policies: dict[str, str], tmp_path: Path, penalty: Any
+) -> None:
+    # TRL's online DPO pairs completion i with i + B of each batch and chooses the one it
+    # compares higher. Spy on what it compares (the reward function it calls).
+    config = OnlineSolverConfig(
+        kind="online_dpo", learning_rate=1e-3, beta=0.1, prompts_per_step=4,
+        max_completion_length=1, device="cpu", temperature=2.0, missing_eos_penalty=penalty,
+    )  # fmt: skip
+    feed = CutPreferred([p for p, _, _ in PAIRS])
+    trainer = build_online_trainer(config, policies["chat"], feed, 4, str(tmp_path), 0)
+    compared: list[list[float]] = []
+    reward = trainer.reward_funcs[0]
+    trainer.reward_funcs[0] = lambda **kw: compared.append(reward(**kw)) or compared[-1]
+    recorded: list[float] = []  # what the creator is handed
+    record = feed.feed.record
+    feed.feed.record = lambda rows, values: recorded.extend(values) or record(rows, values)  # type: ignore[method-assign]
+    trainer.train()
+    chosen_cut = mixed = 0
+    for k, values in enumerate(compared):
+        finished = feed.finished[8 * k : 8 * k + 8]
+        for i in range(4):
+            a, b = (i, i + 4)
+            if finished[a] != finished[b]:
+                mixed += 1
+                chosen = a if values[a] >= values[b] else b
+                chosen_cut += not finished[chosen]
+    assert mixed > 0  # the draw gave pairs of one finished and one cut completion
+    if penalty == "auto":
+        assert chosen_cut == 0
+        # The creator is handed the reward itself, unshifted: 5 for each cut completion.
+        assert recorded == [0.0 if f else 5.0 for f in feed.finished]
+    else:
+        assert chosen_cut == mixed  # by reward alone, the cut one of each mixed pair
+
+
+def test_cut_ranks_last_lowers_cut_completions_by_the_span_plus_one() -> None:
+    # Ids 9 end a turn. Finite rewards 1 and 3: span 2, so a cut completion loses 3; an
+    # unscored one (None) and a NaN stay as they are; the wrapped reward sees every keyword.
+    seen: dict[str, Any] = {}
+
+    def reward(**kw: Any) -> list[Any]:
+        seen.update(kw)
+        return [1.0, None, 3.0, math.nan, 2.0]
+
+    compared = cut_ranks_last(reward, [9])
+    out = compared(completion_ids=[[4, 9], [4], [4, 5], [5], []], prompts=["p"] * 5)
+    assert out[:3] == [1.0, None, 0.0] and math.isnan(out[3]) and out[4] == -1.0
+    assert seen["prompts"] == ["p"] * 5 and compared.__name__ == "reward"
 
 
 def _math_recipe() -> Any:

@@ -43,6 +43,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeFloat,
     field_validator,
     model_validator,
 )
@@ -103,7 +104,8 @@ class OnlineSolverConfig(BaseModel):
 
     # 2: prompts are sampled and trained in the policy's chat template when it has one.
     # 3: a completion cut at max_completion_length trains nothing (mask_truncated_completions).
-    version: ClassVar[int] = 3  # bump when a change can change what it computes
+    # 4: online_dpo chooses a finished completion over a cut one (missing_eos_penalty auto).
+    version: ClassVar[int] = 4  # bump when a change can change what it computes
     libraries: ClassVar[tuple[str, ...]] = (
         "torch",
         "transformers",
@@ -135,13 +137,17 @@ class OnlineSolverConfig(BaseModel):
         "trains nothing, so the policy is never taught to stop where the cap cut it. false: "
         "TRL's default, every completion trains.",
     )
-    missing_eos_penalty: float | None = Field(
-        default=None,
-        ge=0,
-        description="online_dpo: TRL's option of that name, subtracted from the reward of a "
-        "completion cut at max_completion_length before the better of the two is chosen; above "
-        "the reward's range, a finished completion always wins over a cut one. None: off (a "
-        "cut completion can be chosen; TRL's online DPO has no option to mask it).",
+    missing_eos_penalty: NonNegativeFloat | Literal["auto"] | None = Field(
+        default="auto",
+        description="online_dpo: how a completion cut at max_completion_length is ranked "
+        "against the other of its pair before the better is chosen. auto: its reward, as TRL "
+        "compares it, is lowered by the batch's reward span plus one, so a finished completion "
+        "is always chosen over a cut one, whatever the reward's range (eva records the reward "
+        "unchanged). A number: TRL's option of that name, that constant subtracted (it decides "
+        "only above the reward's range). None: off, the rewards alone decide. A pair whose two "
+        "completions are both cut still trains (TRL's online DPO has no option to mask it); it "
+        "trains on the generated tokens with no end of turn appended, so it does not teach the "
+        "policy to stop where the cap cut it.",
     )
     optim: str = Field(default="adamw_torch", description="transformers optimizer name.")
     bf16: bool = Field(default=False, description="bf16 autocast (GPU).")

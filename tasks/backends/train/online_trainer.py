@@ -8,7 +8,7 @@ import contextlib
 import math
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -37,7 +37,10 @@ def _trainer_args(config: OnlineSolverConfig, common: dict[str, Any]) -> Any:
             **vllm,
             per_device_train_batch_size=config.prompts_per_step,
             max_new_tokens=config.max_completion_length,
-            missing_eos_penalty=config.missing_eos_penalty,
+            # auto is eva's own (cut_ranks_last); TRL's option is its one constant.
+            missing_eos_penalty=None
+            if config.missing_eos_penalty == "auto"
+            else config.missing_eos_penalty,
             # The prompts are text, never dispatched as tensors: each process reads its own
             # batch (RLOO/GRPO set this themselves). The bridge runs in one process anyway.
             accelerator_config={"dispatch_batches": False},
@@ -67,6 +70,12 @@ def _trainer_class(config: OnlineSolverConfig) -> type:
     return GRPOTrainer if config.kind == "grpo" else RLOOTrainer
 
 
+def ended(ids: Sequence[int], stop_ids: frozenset[int]) -> bool:
+    """Whether a completion's ids (as TRL hands them to a reward function, padded) end its
+    turn: its last id is an end of turn or the pad id."""
+    return bool(ids) and ids[-1] in stop_ids
+
+
 class _Reward:
     """TRL reward function: scores each completion through the feed, by its prompt's row. With
     a chat template TRL passes prompts and completions as messages: the feed gets their text,
@@ -88,11 +97,31 @@ class _Reward:
         **columns: Any,
     ) -> list[float]:
         texts = [message_text(p) for p in prompts]
-        finished = [bool(ids) and ids[-1] in self.stop_ids for ids in completion_ids]
+        finished = [ended(ids, self.stop_ids) for ids in completion_ids]
         # The record columns the bridge streams beside the prompt (those the reward reads).
         read = {c: columns[c] for c in self.feed.feed.columns if c in columns}
         completed = [message_text(c) for c in completions]
         return self.feed.score(eva_row, texts, completed, finished, **read)
+
+
+def cut_ranks_last(reward: Callable[..., list[Any]], stop_ids: Sequence[int]) -> Callable[..., Any]:
+    """``reward`` as online DPO compares it under ``missing_eos_penalty: auto``: each cut
+    completion's value lowered by the batch's reward span plus one, so that every finished
+    completion ranks above every cut one, and of a pair with one of each the finished one is
+    chosen, whatever the reward's range (TRL's ``missing_eos_penalty`` is one constant, which
+    decides only above the range). ``reward`` (the recording) sees and keeps the true values:
+    the creator's informativeness is never shifted. Unscored values (None) stay unscored."""
+    stops = frozenset(stop_ids)
+
+    def compared(completion_ids: Sequence[Sequence[int]], **kw: Any) -> list[Any]:
+        values = reward(completion_ids=completion_ids, **kw)
+        scored = [v for v in values if v is not None and math.isfinite(v)]
+        drop = (max(scored) - min(scored) + 1.0) if scored else 0.0
+        cut = [not ended(ids, stops) for ids in completion_ids]
+        return [v - drop if c and v is not None else v for v, c in zip(values, cut, strict=True)]
+
+    compared.__name__ = getattr(reward, "__name__", "reward")
+    return compared
 
 
 def stop_ids(tokenizer: Any, model: Any) -> list[int]:
@@ -142,9 +171,13 @@ def build_online_trainer(
     )
     args = _trainer_args(config, common)
     model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32)
+    stops = stop_ids(tokenizer, model)
+    reward = bridge.recording(_Reward(feed, stops))
+    if config.kind == "online_dpo" and config.missing_eos_penalty == "auto":
+        reward = cut_ranks_last(reward, stops)
     trainer = _trainer_class(config)(
         model=model,
-        reward_funcs=bridge.recording(_Reward(feed, stop_ids(tokenizer, model))),
+        reward_funcs=reward,
         args=args,
         # One epoch longer than the segment: the loader fetches a batch ahead at every step,
         # the last included (an epoch's end would fetch none), and that batch is carried over.
