@@ -15,19 +15,24 @@ typecheck:
 	mypy
 
 # Default suite: everything but GPU tests (which skip themselves anyway) and `slow` ones, in two
-# tiers: test-fast is all but the end-to-end runs (marked `e2e` in tests/conftest.py), under 3
+# tiers: test-fast is all but the end-to-end runs (marked `e2e` in tests/conftest.py), about 2
 # minutes on 2 cores; test-e2e is the rest. `make test` runs the whole default suite at once.
+# On two pytest-xdist workers, each test module whole on one (tests/conftest.py groups them):
+# the end-to-end tests wait on servers and subprocesses much of their time, so two at once take
+# two thirds of the time of one after the other. PARALLEL= runs them in one process.
+PARALLEL ?= -n 2 --dist loadgroup
+
 test:
-	$(PY) -m pytest -m "not slow" -q
+	$(PY) -m pytest -m "not slow" -q $(PARALLEL)
 
 test-fast:
-	$(PY) -m pytest -m "not slow and not e2e" -q
+	$(PY) -m pytest -m "not slow and not e2e" -q $(PARALLEL)
 
 test-e2e:
-	$(PY) -m pytest -m "e2e and not slow" -q
+	$(PY) -m pytest -m "e2e and not slow" -q $(PARALLEL)
 
 test-all:
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PARALLEL)
 
 # Record the code of every stage and component after a change (bump its version first if what it
 # writes can change); the test suite fails while a change is unrecorded (tasks/versions.py).

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 # Before prefect is imported anywhere: the ephemeral API needs more than 20 s on 2 cores.
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
+# Each test process (each xdist worker) its own Prefect home: the temporary servers that `eva`
+# starts in the tests' subprocesses keep their database there, never the user's ~/.prefect, and
+# two workers' servers never migrate one SQLite file at once. Removed when the process ends.
+os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="eva-tests-prefect-")
 
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -17,6 +24,8 @@ import pytest
 
 if TYPE_CHECKING:
     from tests.support.openai_server import OpenAICompatibleServer
+
+atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
 
 
 # The end-to-end tests: a run through a flow, the CLI or a recipe, a served deployment or work
@@ -116,12 +125,20 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+# make runs the suite on two pytest-xdist workers (--dist loadgroup), one module's tests on one
+# worker (its module fixtures built once). Modules that touch the same machine-wide state share a
+# group, so they never run at once: Ray's ~/.ray/auth_token, which ray.init writes and which
+# turns on token auth for every later `ray start`.
+SHARED: dict[str, str] = {"test_adapter_verl.py": "ray", "test_ray_cluster.py": "ray"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker, and before xdist reads groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         names = E2E.get(item.path.name, ())
         if names is None or getattr(item, "originalname", item.name) in names:
             item.add_marker(pytest.mark.e2e)
+        item.add_marker(pytest.mark.xdist_group(SHARED.get(item.path.name, item.path.name)))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -9,10 +9,12 @@ package (``tests``, ``scripts``, ...) are removed: on ``sys.path`` they would sh
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,20 +30,29 @@ def install(requirements: Sequence[str], root: Path, timeout: float = 300) -> Pa
     done = target / ".complete"
     if done.exists():
         return target
-    shutil.rmtree(target, ignore_errors=True)
-    target.mkdir(parents=True)
+    # Installed beside the target and moved there whole, so that a process that finds the
+    # folder (another test worker's) finds it complete, and two installing at once both end.
+    root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{key}.", dir=root))
     pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "--quiet"]
-    cmd = [*pip, "--disable-pip-version-check", "--target", str(target), *requirements]
+    cmd = [*pip, "--disable-pip-version-check", "--target", str(work), *requirements]
     try:
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise RuntimeError(f"pip install took over {timeout:.0f} s") from exc
-    if run.returncode != 0:
-        tail = "\n".join((run.stderr or run.stdout).strip().splitlines()[-5:])
-        raise RuntimeError(f"pip install {' '.join(requirements)} failed:\n{tail}")
-    for name in STRAY:
-        shutil.rmtree(target / name, ignore_errors=True)
-    done.write_text("\n".join(requirements) + "\n")
+        try:
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError(f"pip install took over {timeout:.0f} s") from exc
+        if run.returncode != 0:
+            tail = "\n".join((run.stderr or run.stdout).strip().splitlines()[-5:])
+            raise RuntimeError(f"pip install {' '.join(requirements)} failed:\n{tail}")
+        for name in STRAY:
+            shutil.rmtree(work / name, ignore_errors=True)
+        (work / ".complete").write_text("\n".join(requirements) + "\n")
+        if not done.exists():
+            shutil.rmtree(target, ignore_errors=True)  # an install interrupted before this
+            with contextlib.suppress(OSError):  # another process moved its copy there first
+                work.rename(target)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return target
 
 

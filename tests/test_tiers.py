@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.conftest import E2E
+from tests.conftest import E2E, SHARED
 
 TESTS = Path(__file__).parent
 
@@ -22,3 +22,9 @@ def test_every_e2e_entry_names_a_test_module_and_its_tests() -> None:
         }
         missing = sorted(set(names or ()) - defined)
         assert not missing, f"tests/conftest.py E2E: {module} has no {', '.join(missing)}"
+
+
+def test_every_shared_group_names_a_test_module() -> None:
+    # A renamed module would leave its group and run beside the module it must not overlap.
+    for module in SHARED:
+        assert (TESTS / module).is_file(), f"tests/conftest.py SHARED: no {module}"
