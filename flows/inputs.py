@@ -174,7 +174,7 @@ def _check_instructions(config: RunConfig | OnlineRunConfig, where: str, table: 
     ]
     if not readers:
         return
-    from tasks.backends.ifeval import parse
+    from tasks.backends.ifeval import check, parse
 
     ids = table.column("instruction_id_list").to_pylist()
     if all(i is None for i in ids):
@@ -188,7 +188,7 @@ def _check_instructions(config: RunConfig | OnlineRunConfig, where: str, table: 
     for row, (given, kwargs) in enumerate(zip(ids, kwargs_cells, strict=True)):
         try:
             if given is not None:
-                parse(given, kwargs)
+                check(parse(given, kwargs))
         except (ValueError, ImportError) as exc:
             raise ConfigError(
                 f"{where}: prompt {row}: {exc}", hint=f"{readers[0]} checks every one"

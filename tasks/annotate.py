@@ -97,7 +97,7 @@ def annotate(ctx: StageContext, config: AnnotateConfig, rollouts: pa.Table) -> S
     n = len(matrix)
     check_failures(
         ctx.artifact, int(n - scored.sum()), n, "all rewards NaN (unscored)",
-        config.max_unscored_share, "annotate.max_unscored_share",
+        config.max_unscored_share, "annotate.max_unscored_share", counts=backend,
     )  # fmt: skip
     if config.fail_on_no_signal and n and tied.sum() == scored.sum():
         raise StageError(

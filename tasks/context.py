@@ -132,9 +132,11 @@ def check_failures(
     limit: float,
     setting: str,
     endpoint: str | None = None,
+    counts: Mapping[str, int] | None = None,
 ) -> None:
     """Fail the stage (no manifest, so a rerun retries it) when more than ``limit`` of its
-    ``total`` items failed; fewer failures are the caller's to count in its stats.
+    ``total`` items failed; fewer failures are the caller's to count in its stats. ``counts``:
+    the backend's own (its failures by kind), said in the message where not zero.
 
     A backend that is down must not pass for a stage that found nothing to do: an evolver that
     kept 0 of 200 prompts because its endpoint refused every request would otherwise be cached
@@ -142,7 +144,9 @@ def check_failures(
     """
     if total and failed / total > limit:
         at = f" at {endpoint}" if endpoint else ""
+        said = ", ".join(f"{k} {v}" for k, v in (counts or {}).items() if v)
+        own = f" (the backend counted {said})" if said else ""
         raise StageError(
-            f"{artifact}: {what} for {failed} of {total}{at}, more than {setting} = {limit:g} "
-            "allows; fix the backend and run again (this stage left no artifact)"
+            f"{artifact}: {what} for {failed} of {total}{at}{own}, more than {setting} = "
+            f"{limit:g} allows; fix the backend and run again (this stage left no artifact)"
         )

@@ -273,6 +273,20 @@ def test_rewards_beyond_what_float64_gaps_survive_are_one_line_naming_the_first(
     assert "within ±1e+150" in line and "scale the reward" in line
 
 
+def test_a_stage_that_fails_on_unscored_items_says_what_its_backend_counted() -> None:
+    from tasks.context import check_failures
+    from tasks.stage import StageError
+
+    counts = {"responses": 0, "checker_failures": 8, "no_instructions": 0}
+    with pytest.raises(StageError) as refused:
+        check_failures("annotate", 2, 2, "all rewards NaN (unscored)", 0.5, "m", counts=counts)
+    assert str(refused.value).startswith(
+        "annotate: all rewards NaN (unscored) for 2 of 2 (the backend counted checker_failures "
+        "8), more than m = 0.5 allows"
+    )
+    check_failures("annotate", 1, 2, "all rewards NaN (unscored)", 0.5, "m", counts=counts)
+
+
 def test_annotate_fails_when_most_prompts_are_unscored_and_counts_the_rest(tmp_path: Path):
     from tasks.stage import StageError
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -122,6 +123,42 @@ def test_a_run_whose_reward_reads_instructions_refuses_prompts_without_them(
         pass
     with pytest.raises(ConfigError, match=r"prompt 0: instruction 'length_constraints:number_s"):
         check_inputs(load_config(recipe, [f"prompts.path={nltk}", f"root={tmp_path}"]))
+
+
+@pytest.mark.parametrize(
+    ("ids", "kwargs", "message"),
+    [
+        (["length_constraints:number_words"], [{"num_wordz": 5, "relation": "at least"}],
+         "refuses the arguments .*unexpected keyword argument 'num_wordz'"),
+        (["length_constraints:number_words"], [{"num_words": 5, "relation": "sideways"}],
+         "refuses the arguments .*sideways is given"),
+        (["length_constraints:number_words"], [{"num_words": "many", "relation": "at least"}],
+         "refuses the arguments .*not supported between instances of 'str' and 'int'"),
+        (["keywords:frequency"], [{"keyword": "rain", "frequency": 2}],
+         "leave out relation, which its checker then draws at random"),
+        (["change_case:english_lowercase", "change_case:english_capital"], [{}, {}],
+         "english_capital contradict each other"),
+    ],
+)  # fmt: skip
+def test_instructions_the_reward_could_not_score_are_refused_before_the_run(
+    tmp_path: Path, ids: list[str], kwargs: list[dict[str, Any]], message: str
+) -> None:
+    # Each of these passed the edge, and the run failed only after generation, at annotate
+    # ("all rewards NaN (unscored)", with no word of why), or scored against arguments drawn
+    # anew on every call, or against two instructions no answer can follow.
+    pytest.importorskip("if_verifiable")
+    from eva_runtime.errors import ConfigError
+    from flows.config import load_config
+    from flows.inputs import check_inputs
+
+    good = {"prompt": "Describe rain.", "instruction_id_list": ["punctuation:no_comma"],
+            "kwargs": [{}]}  # fmt: skip
+    bad = {"prompt": "Describe snow.", "instruction_id_list": ids, "kwargs": kwargs}
+    path = _jsonl(tmp_path / "p.jsonl", [good, bad])
+    config = load_config("configs/smollm2-if.yaml", [f"prompts.path={path}", f"root={tmp_path}"])
+    with pytest.raises(ConfigError, match=f"prompt 1: instruction.*{message}") as refused:
+        check_inputs(config)
+    assert refused.value.hint == "annotate.reward checks every one"
 
 
 def test_the_creator_keeps_a_seeds_instructions() -> None:

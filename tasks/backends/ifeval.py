@@ -91,6 +91,49 @@ def parse(ids: Any, kwargs: Any) -> list[Instruction]:
     return list(zip(ids, json.loads(args_json), strict=True))
 
 
+def check(instructions: Sequence[Instruction]) -> None:
+    """What the reward would meet only when scoring, said before a run starts: a ``ValueError``
+    naming an instruction whose checker refuses its arguments (an unknown name, a relation it
+    does not know, a count that is not a number), one whose checker would draw a missing
+    argument at random on every call (the reward would change from one scoring to the next),
+    or two instructions that contradict each other (no answer can follow both)."""
+    from if_verifiable.common import evaluate_instructions
+
+    for iid, args in instructions:
+        given = {k: v for k, v in args.items() if v is not None}
+        try:
+            drawn = [_built(iid, given, seed) for seed in range(4)]
+            # The reward's own call, on a plain answer: a value of the wrong type fails here.
+            evaluate_instructions(PROBE, [iid], [given], PROBE, registry())
+        except Exception as exc:
+            raise ValueError(
+                f"instruction {iid!r}: its checker refuses the arguments {json.dumps(args)} "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
+        random = sorted(k for k in drawn[0] if any(d[k] != drawn[0][k] for d in drawn))
+        if random:
+            raise ValueError(
+                f"instruction {iid!r}: kwargs {json.dumps(args)} leave out {', '.join(random)}, "
+                "which its checker then draws at random each time it scores (give every "
+                "argument, as IFEval's rows do)"
+            )
+    if not consistent(instructions):
+        ids = ", ".join(iid for iid, _ in instructions)
+        raise ValueError(f"instructions {ids} contradict each other: no answer follows all")
+
+
+# A plain answer the argument check scores (any text: it is the checkers' call that is tried).
+PROBE = "Here is a short answer. It has two sentences."
+
+
+def _built(instruction_id: str, given: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The arguments a checker holds once built from ``given`` under ``seed``."""
+    checker = registry()[instruction_id](instruction_id)
+    with seeded(seed):
+        checker.build_description(**given)
+    return {k: v for k, v in (checker.get_instruction_args() or {}).items() if k not in given}
+
+
 def as_columns(instructions: Sequence[Instruction]) -> tuple[list[str], str]:
     """The two columns of a prompt's instructions, in the one canonical form the columns hold
     (``instruction_cells``)."""
