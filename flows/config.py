@@ -213,13 +213,18 @@ def validate_config(data: dict[str, Any], model: type[BaseModel] = RunConfig) ->
     try:
         config = model.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(_settable_path(data, err["loc"])) or "config"
+        errors = exc.errors()
+        err, path = errors[0], _settable_path(data, errors[0]["loc"])
+        field = ".".join(path) or "config"
         shown = repr(err.get("input"))
         shown = shown if len(shown) <= 80 else shown[:77] + "..."
         got = f" (got {shown})" if err["type"] != "missing" and "input" in err else ""
-        msg = err["msg"].removeprefix("Value error, ")
-        more = f" [+{exc.error_count() - 1} more]" if exc.error_count() > 1 else ""
+        # A field of several types (a number or "auto") fails once per type: one message.
+        said = [e["msg"].removeprefix("Value error, ") for e in errors
+                if _settable_path(data, e["loc"]) == path]  # fmt: skip
+        msg = said[0] + "".join(f", or {m.removeprefix('Input should be ')}" for m in said[1:])
+        left = exc.error_count() - len(said)
+        more = f" [+{left} more]" if left else ""
         head = "" if msg.startswith(f"{field}:") else f"{field}: "
         hint = None
         if err["type"] == "extra_forbidden":
@@ -228,6 +233,13 @@ def validate_config(data: dict[str, Any], model: type[BaseModel] = RunConfig) ->
             near = close_field(model, data, field)
             msg = "not a field of this section"
             hint = f"did you mean {near}?" if near else "eva config --explain lists the fields"
+            if other := _other_kind(model, path):
+                msg, got = f"a section of {other} run's config, not of this one", ""
+                hint = (
+                    "run it with eva online; eva config --online shows it"
+                    if other == "an online"
+                    else "run it with eva run; eva config shows it"
+                )
         elif field.endswith(".factory"):  # a component of yours (tasks/backends/python.py)
             hint = (
                 "name it 'package.module:Name', importable where eva runs (pip install -e your "
@@ -253,15 +265,29 @@ def check_finite(config: BaseModel) -> None:
             )
 
 
+def _other_kind(model: type[BaseModel], path: list[str]) -> str | None:
+    """Which other run a top-level section belongs to ("an online", "an offline"), where
+    ``model`` does not have it: an online config given to eva run, or the other way round."""
+    if len(path) != 1 or model not in (RunConfig, OnlineRunConfig):
+        return None
+    other = OnlineRunConfig if model is RunConfig else RunConfig
+    if path[0] in other.model_fields and path[0] not in model.model_fields:
+        return "an online" if other is OnlineRunConfig else "an offline"
+    return None
+
+
 def _settable_path(data: Any, loc: tuple[Any, ...]) -> list[str]:
     """A pydantic error location as the key a user would --set: without the ``kind`` tag that
     discriminated unions insert (``generate.backend.transformers.batch_size`` is
-    ``generate.backend.batch_size``)."""
+    ``generate.backend.batch_size``), nor the member a plain union adds after the value
+    (``...missing_eos_penalty.constrained-float`` is ``...missing_eos_penalty``)."""
     out: list[str] = []
     node = data
     for part in loc:
         if isinstance(node, dict) and node.get("kind") == part and part not in node:
             continue  # the union's tag, not a field
+        if out and not isinstance(node, dict | list):
+            break  # past the value: the member of a plain union it failed ('constrained-float')
         out.append(str(part))
         node = get_path(node, [part])
     return out
