@@ -106,6 +106,7 @@ def iteration_summary(store: RunStore, config: RunConfig) -> list[dict[str, Any]
             "mean_informativeness": stat(t, "score", "mean_informativeness"),
             "evolved_kept": stat(t, "mix", "evolved"),
             "pairs": stat(t, "pairs", "pairs"),
+            SKIPPED: skipped(store, t),
             "truncated": stat(t, "generate", "truncated_share"),
             "heldout_score": stat(t, "evaluate", "score"),
             "heldout_solved": stat(t, "evaluate", "solved"),
@@ -137,6 +138,22 @@ ONLINE_COLUMNS = (
 # Under this key a row names the length cap behind each of its truncated shares, for the
 # warning line (not a column).
 CAPS = "length_caps"
+# Under this key a row holds why its prompts gave no pair, by reason (not a column).
+SKIPPED = "pairs_skipped"
+# The pairs stage's reasons, as the warning says them.
+WHY_SKIPPED = {
+    "skipped_truncated": "with no finished answer to choose (pairs.truncated)",
+    "skipped_tied": "tied",
+    "skipped_unscored": "unscored",
+    "skipped_low_chosen": "with their best below pairs.min_chosen_reward",
+}
+
+
+def skipped(store: RunStore, iteration: int) -> dict[str, int]:
+    """How many prompts of ``iteration`` gave no pair, by the pairs stage's reasons."""
+    manifest = store.read_manifest(iteration, "pairs")
+    stats = {} if manifest is None else manifest["stats"]
+    return {why: int(stats[key]) for key, why in WHY_SKIPPED.items() if stats.get(key)}
 
 
 def _cap(field: str, backend: Any) -> str:
@@ -248,7 +265,14 @@ def unmoved(rows: list[dict[str, Any]]) -> list[str]:
     lr = "online.solver.learning_rate" if key == "segment" else "train.solver.learning_rate"
     lines = []
     for previous, row in itertools.pairwise(rows):
-        if row.get("answers_changed") == 0.0:
+        if row.get("pairs") == 0:  # nothing was trained: the learning rate is not the cause
+            why = ", ".join(f"{n} {reason}" for reason, n in row.get(SKIPPED, {}).items())
+            lines.append(
+                f"warning: {key} {row[key]} had no preference pair to train on (of its "
+                f"{row.get('prompts')} prompts: {why or 'none skipped'}), so its policy is "
+                f"{previous[key]}'s (eva show --iteration {row[key]} --stage pairs)"
+            )
+        elif row.get("answers_changed") == 0.0:
             lines.append(
                 f"warning: {key} {row[key]} gives every held-out prompt the same greedy answer "
                 f"as {previous[key]}: training did not move the policy (raise {lr} or train "

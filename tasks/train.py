@@ -112,8 +112,9 @@ def train(ctx: StageContext, config: TrainConfig, pairs: pa.Table) -> StageOutpu
             raise StageError(
                 "no preference pairs to train on, and on_no_pairs is fail",
                 field="train.on_no_pairs",
-                hint="the pairs stage's stats say why (every prompt tied, or no chosen answer "
-                "reached pairs.min_chosen_reward); keep_policy passes the policy on unchanged",
+                hint="the pairs stage's stats say why (every prompt tied, no chosen answer "
+                "reached pairs.min_chosen_reward, or none finished before the length cap); "
+                "keep_policy passes the policy on unchanged",
             )
         ctx.log.warning("no preference pairs: the policy is passed on unchanged")
         empty = pa.table({"step": pa.array([], pa.int64())})

@@ -27,6 +27,24 @@ def test_a_checkpoint_with_every_answer_unchanged_is_warned_about() -> None:
     assert unmoved(rows[:1]) == [] and unmoved([]) == []
 
 
+def test_an_iteration_without_a_pair_says_why_not_to_raise_the_learning_rate() -> None:
+    from flows.summary import SKIPPED
+
+    why = {"with no finished answer to choose (pairs.truncated)": 10, "tied": 2}
+    rows = [
+        {"iteration": "theta_0"},
+        {"iteration": 1, "prompts": 12, "pairs": 0, SKIPPED: why, "answers_changed": 0.0},
+        {"iteration": 2, "prompts": 12, "pairs": 3, SKIPPED: {"tied": 9}, "answers_changed": 0.0},
+    ]
+    no_pair, unmoved_line = unmoved(rows)
+    assert no_pair == (
+        "warning: iteration 1 had no preference pair to train on (of its 12 prompts: 10 with no "
+        "finished answer to choose (pairs.truncated), 2 tied), so its policy is theta_0's (eva "
+        "show --iteration 1 --stage pairs)"
+    )
+    assert unmoved_line.startswith("warning: iteration 2 gives every held-out prompt the same")
+
+
 def test_solved_is_a_verifiers_share_and_nothing_for_a_reward_model() -> None:
     assert _solved(np.array([1.0, 0.0, 0.5, 1.0])) == 0.5
     assert _solved(np.array([1.0, np.nan, 0.0])) == 0.5  # of the scored answers
