@@ -104,16 +104,17 @@ def check(instructions: Sequence[Instruction]) -> None:
         try:
             drawn = [_built(iid, given, seed) for seed in range(4)]
             # The reward's own call, on a plain answer: a value of the wrong type fails here.
-            evaluate_instructions(PROBE, [iid], [given], PROBE, registry())
+            with seeded(0):
+                evaluate_instructions(PROBE, [iid], [given], PROBE, registry())
         except Exception as exc:
             raise ValueError(
                 f"instruction {iid!r}: its checker refuses the arguments {json.dumps(args)} "
                 f"({type(exc).__name__}: {exc})"
             ) from None
-        random = sorted(k for k in drawn[0] if any(d[k] != drawn[0][k] for d in drawn))
-        if random:
+        left_out = sorted(k for k in drawn[0] if any(d[k] != drawn[0][k] for d in drawn))
+        if left_out:
             raise ValueError(
-                f"instruction {iid!r}: kwargs {json.dumps(args)} leave out {', '.join(random)}, "
+                f"instruction {iid!r}: kwargs {json.dumps(args)} leave out {', '.join(left_out)}, "
                 "which its checker then draws at random each time it scores (give every "
                 "argument, as IFEval's rows do)"
             )
