@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 from eva_core.winrate import paired_by_id, win_rate
@@ -10,8 +9,17 @@ from flows.config import OnlineRunConfig, RunConfig
 from flows.judged import COLUMNS as JUDGE_COLUMNS
 from flows.judged import judge_columns, judge_lines, judge_markdown, judged
 from flows.markdown import md_table
+from flows.summary_warnings import (
+    CAPS,
+    PAIRED_AS,
+    SKIPPED,
+    TRAINED,
+    online_training_of_cut,
+    skipped,
+    truncation_lines,
+    unmoved,
+)
 from tasks.backends.generate import length_cap
-from tasks.generate import TRUNCATED_WARNING_SHARE
 from tasks.store import RunStore
 
 COLUMNS = (
@@ -84,6 +92,7 @@ def iteration_summary(store: RunStore, config: RunConfig) -> list[dict[str, Any]
     caps = {
         "truncated": _cap("generate.backend", config.generate.backend),
         "heldout_truncated": _cap("evaluate.generation", config.evaluate.generation),
+        TRAINED: PAIRED_AS[config.pairs.truncated],
     }
     rows = [
         {
@@ -135,25 +144,6 @@ ONLINE_COLUMNS = (
     "answers_changed",
     "win_vs_theta_0",
 )
-# Under this key a row names the length cap behind each of its truncated shares, for the
-# warning line (not a column).
-CAPS = "length_caps"
-# Under this key a row holds why its prompts gave no pair, by reason (not a column).
-SKIPPED = "pairs_skipped"
-# The pairs stage's reasons, as the warning says them.
-WHY_SKIPPED = {
-    "skipped_truncated": "with no finished answer to choose (pairs.truncated)",
-    "skipped_tied": "tied",
-    "skipped_unscored": "unscored",
-    "skipped_low_chosen": "with their best below pairs.min_chosen_reward",
-}
-
-
-def skipped(store: RunStore, iteration: int) -> dict[str, int]:
-    """How many prompts of ``iteration`` gave no pair, by the pairs stage's reasons."""
-    manifest = store.read_manifest(iteration, "pairs")
-    stats = {} if manifest is None else manifest["stats"]
-    return {why: int(stats[key]) for key, why in WHY_SKIPPED.items() if stats.get(key)}
 
 
 def _cap(field: str, backend: Any) -> str:
@@ -169,6 +159,7 @@ def online_summary(store: RunStore, config: OnlineRunConfig, segments: int) -> l
     caps = {
         "truncated": f"online.solver.max_completion_length ({cap})" if cap else "the solver's cap",
         "heldout_truncated": _cap("evaluate.generation", config.evaluate.generation),
+        TRAINED: online_training_of_cut(config.online.solver),
     }
 
     def stats(it: int | None, stage: str) -> dict[str, Any]:
@@ -230,55 +221,6 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     )
     lines = [*unmoved(rows), *truncation_lines(rows)]
     return "\n".join([table, *lines, *judge_lines(rows, columns[0])])
-
-
-def truncation_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """One warning for the solver's samples and one for the held-out answers, where more than
-    ``TRUNCATED_WARNING_SHARE`` of some checkpoint's were cut at the length cap: their shares,
-    which checkpoints, and the cap (the field that sets it and its value)."""
-    key = _columns(rows)[0]
-    lines = []
-    for column, what in (("truncated", "samples"), ("heldout_truncated", "held-out answers")):
-        over = [
-            (row[key], row[column])
-            for row in rows
-            if isinstance(row.get(column), float) and row[column] > TRUNCATED_WARNING_SHARE
-        ]
-        if not over:
-            continue
-        caps = [row[CAPS][column] for row in rows if row.get(CAPS, {}).get(column)]
-        low, high = min(s for _, s in over), max(s for _, s in over)
-        shares = f"{low:.0%}" if low == high else f"{low:.0%}-{high:.0%}"
-        where = f"{key}{'s' if len(over) > 1 else ''} " + ", ".join(str(k) for k, _ in over)
-        lines.append(
-            f"warning: {shares} of the {what} of {where} were cut at "
-            f"{caps[0] if caps else 'the length cap'} before the policy ended them: raise it "
-            "(cut answers score as unfinished; they are never trained as the chosen side)"
-        )
-    return lines
-
-
-def unmoved(rows: list[dict[str, Any]]) -> list[str]:
-    """A warning per trained checkpoint that answers every held-out prompt exactly as the one
-    before it did: its scores are the previous checkpoint's, not a result of training."""
-    key = _columns(rows)[0]
-    lr = "online.solver.learning_rate" if key == "segment" else "train.solver.learning_rate"
-    lines = []
-    for previous, row in itertools.pairwise(rows):
-        if row.get("pairs") == 0:  # nothing was trained: the learning rate is not the cause
-            why = ", ".join(f"{n} {reason}" for reason, n in row.get(SKIPPED, {}).items())
-            lines.append(
-                f"warning: {key} {row[key]} had no preference pair to train on (of its "
-                f"{row.get('prompts')} prompts: {why or 'none skipped'}), so its policy is "
-                f"{previous[key]}'s (eva show --iteration {row[key]} --stage pairs)"
-            )
-        elif row.get("answers_changed") == 0.0:
-            lines.append(
-                f"warning: {key} {row[key]} gives every held-out prompt the same greedy answer "
-                f"as {previous[key]}: training did not move the policy (raise {lr} or train "
-                "longer; the training loss says how far it got)"
-            )
-    return lines
 
 
 HELDOUT_COLUMNS = (

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from flows.summary import summary_table, unmoved
+from flows.summary import summary_table
+from flows.summary_warnings import unmoved
 from tasks.evaluate import _solved
 
 
@@ -28,7 +29,7 @@ def test_a_checkpoint_with_every_answer_unchanged_is_warned_about() -> None:
 
 
 def test_an_iteration_without_a_pair_says_why_not_to_raise_the_learning_rate() -> None:
-    from flows.summary import SKIPPED
+    from flows.summary_warnings import SKIPPED
 
     why = {"with no finished answer to choose (pairs.truncated)": 10, "tied": 2}
     rows = [
@@ -54,7 +55,7 @@ def test_solved_is_a_verifiers_share_and_nothing_for_a_reward_model() -> None:
 
 
 def test_a_large_truncated_share_is_warned_about_naming_the_cap() -> None:
-    from flows.summary import CAPS, truncation_lines
+    from flows.summary_warnings import CAPS, truncation_lines
 
     caps = {
         "truncated": "generate.backend.max_new_tokens (64)",
@@ -77,3 +78,44 @@ def test_a_large_truncated_share_is_warned_about_naming_the_cap() -> None:
     assert summary_table(rows).splitlines()[-2:] == truncation_lines(rows)
     online = [{"segment": 1, "truncated": 0.3}]  # no caps known: said plainly
     assert "cut at the length cap" in truncation_lines(online)[0]
+
+
+def test_the_truncation_warning_says_what_the_runs_own_training_does_with_cut_samples() -> None:
+    from flows.summary_warnings import (
+        CAPS,
+        PAIRED_AS,
+        TRAINED,
+        online_training_of_cut,
+        truncation_lines,
+    )
+    from tasks.backends.train.online import OnlineSolverConfig
+
+    def line(trained: str | None) -> str:
+        caps = {"truncated": "the cap (8)", "heldout_truncated": "the cap (8)", TRAINED: trained}
+        rows = [{"iteration": 1, "truncated": 0.9, "heldout_truncated": 0.9, CAPS: caps}]
+        samples, heldout = truncation_lines(rows)
+        assert heldout.endswith("raise it (cut answers score as unfinished)")
+        return samples
+
+    assert line(PAIRED_AS["reject_only"]).endswith(
+        "(cut answers score as unfinished; they are never trained as the chosen side)"
+    )
+    assert "as the chosen side too (pairs.truncated: allow)" in line(PAIRED_AS["allow"])
+    assert line(None).endswith("raise it (cut answers score as unfinished)")  # yours: unsaid
+    said = [
+        online_training_of_cut(OnlineSolverConfig(kind=kind, **option))
+        for kind, option in [
+            ("rloo", {}), ("grpo", {"mask_truncated_completions": False}),
+            ("online_dpo", {"beta": 0.1}),
+            ("online_dpo", {"beta": 0.1, "missing_eos_penalty": None}),
+            ("online_dpo", {"beta": 0.1, "missing_eos_penalty": 2.5}),
+        ]
+    ]  # fmt: skip
+    assert said == [
+        "they train nothing (online.solver.mask_truncated_completions)",
+        "they train as finished ones (online.solver.mask_truncated_completions: false)",
+        "a finished one is always chosen over a cut one, but a pair of two cut ones still "
+        "trains, as online DPO cannot mask it",
+        "they are chosen by reward alone (online.solver.missing_eos_penalty: null)",
+        "their reward is lowered by online.solver.missing_eos_penalty (2.5)",
+    ]
