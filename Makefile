@@ -19,8 +19,9 @@ typecheck:
 # minutes on 2 cores; test-e2e is the rest. `make test` runs the whole default suite at once.
 # On two pytest-xdist workers, each test module whole on one (tests/conftest.py groups them):
 # the end-to-end tests wait on servers and subprocesses much of their time, so two at once take
-# two thirds of the time of one after the other. PARALLEL= runs them in one process.
-PARALLEL ?= -n 2 --dist loadgroup
+# two thirds of the time of one after the other. PARALLEL= runs them in one process, as does an
+# environment without pytest-xdist (installed before the dev extra had it).
+PARALLEL ?= $(shell $(PY) -c "import xdist" 2>/dev/null && echo "-n 2 --dist loadgroup")
 
 test:
 	$(PY) -m pytest -m "not slow" -q $(PARALLEL)
