@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import csv
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -118,8 +119,6 @@ def pack_model(out: Path, part_mb: int) -> None:
         folder = out / f"m{k + 1}"
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"model.{k:02d}").write_bytes(data[k * size : (k + 1) * size])
-    import hashlib
-
     (out / f"m{count}" / "model.last").write_text(hashlib.sha256(data).hexdigest() + "\n")
 
 

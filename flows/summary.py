@@ -15,6 +15,7 @@ from flows.summary_warnings import (
     SKIPPED,
     TRAINED,
     online_training_of_cut,
+    row_key,
     skipped,
     truncation_lines,
     unmoved,
@@ -206,7 +207,7 @@ def _fmt(v: Any) -> str:
 
 
 def _columns(rows: list[dict[str, Any]]) -> tuple[str, ...]:
-    columns = ONLINE_COLUMNS if rows and "segment" in rows[0] else COLUMNS
+    columns = ONLINE_COLUMNS if row_key(rows) == "segment" else COLUMNS
     return (*columns, *JUDGE_COLUMNS) if judged(rows) else columns
 
 

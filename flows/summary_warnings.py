@@ -60,7 +60,7 @@ def skipped(store: RunStore, iteration: int) -> dict[str, int]:
     return {why: int(stats[key]) for key, why in WHY_SKIPPED.items() if stats.get(key)}
 
 
-def _key(rows: list[dict[str, Any]]) -> str:
+def row_key(rows: list[dict[str, Any]]) -> str:
     """The rows' first column: an online run's segments, or an offline run's iterations."""
     return "segment" if rows and "segment" in rows[0] else "iteration"
 
@@ -69,7 +69,7 @@ def truncation_lines(rows: list[dict[str, Any]]) -> list[str]:
     """One warning for the solver's samples and one for the held-out answers, where more than
     ``TRUNCATED_WARNING_SHARE`` of some checkpoint's were cut at the length cap: their shares,
     which checkpoints, and the cap (the field that sets it and its value)."""
-    key = _key(rows)
+    key = row_key(rows)
     lines = []
     for column, what in (("truncated", "samples"), ("heldout_truncated", "held-out answers")):
         over = [
@@ -97,7 +97,7 @@ def truncation_lines(rows: list[dict[str, Any]]) -> list[str]:
 def unmoved(rows: list[dict[str, Any]]) -> list[str]:
     """A warning per trained checkpoint that answers every held-out prompt exactly as the one
     before it did: its scores are the previous checkpoint's, not a result of training."""
-    key = _key(rows)
+    key = row_key(rows)
     lr = "online.solver.learning_rate" if key == "segment" else "train.solver.learning_rate"
     lines = []
     for previous, row in itertools.pairwise(rows):

@@ -47,10 +47,13 @@ def install(requirements: Sequence[str], root: Path, timeout: float = 300) -> Pa
         for name in STRAY:
             shutil.rmtree(work / name, ignore_errors=True)
         (work / ".complete").write_text("\n".join(requirements) + "\n")
-        if not done.exists():
-            shutil.rmtree(target, ignore_errors=True)  # an install interrupted before this
-            with contextlib.suppress(OSError):  # another process moved its copy there first
-                work.rename(target)
+        try:
+            work.rename(target)
+        except OSError:  # a folder is there: another process's finished copy, or one unfinished
+            if not done.exists():  # a finished copy is never removed: a process may import it
+                shutil.rmtree(target, ignore_errors=True)
+                with contextlib.suppress(OSError):  # another process moved its copy there first
+                    work.rename(target)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return target
