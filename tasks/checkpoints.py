@@ -14,9 +14,10 @@ A checkpoint field (``bootstrap.init_checkpoint``, a judge's reference model) ma
 tokenizer (with its chat template) with ``save_pretrained``. transformers refuses to save a
 model it loaded from GGUF (``quantization_config`` says gguf), so the weights move into a model
 built from the same config: every call here is public API. The folder is cached under
-``$EVA_CACHE_DIR/gguf`` (default ``~/.cache/eva/gguf``), named by the file's sha256: a changed
-file is converted again, the same file never is, and a cache deleted by hand is rebuilt by the
-next stage that needs it.
+``$EVA_CACHE_DIR/gguf`` (default ``~/.cache/eva/gguf``), named by the file's sha256
+(``eva_runtime.folder_cache``): a changed file is converted again, the same file never is, a
+conversion killed midway leaves nothing that the next one keeps, and a folder deleted or damaged
+by hand is rebuilt by the next stage that needs it.
 """
 
 from __future__ import annotations
@@ -24,20 +25,17 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
-import json
 import logging
 import os
-import shutil
-import uuid
 from collections.abc import Callable
 
 from eva_runtime.errors import EvaError
+from eva_runtime.folder_cache import cache_dir, cached_folder, intact
 from tasks.content_hashes import hash_file
+from tasks.package_files import is_package_file, package_file
 
 _log = logging.getLogger("eva.checkpoints")
 GGUF = ".gguf"
-PACKAGE = "package:"
-SOURCE_FILE = "eva-gguf-source.json"  # written last: a folder without it is not finished
 
 
 class CheckpointError(EvaError, ValueError):
@@ -51,25 +49,11 @@ def is_gguf(ref: str) -> bool:
 
 def gguf_path(ref: str) -> str:
     """The local path of a ``.gguf`` reference; ``ValueError`` naming what is missing."""
-    if ref.startswith(PACKAGE):
-        module, _, inside = ref.removeprefix(PACKAGE).partition("/")
-        spec = importlib.util.find_spec(module) if module.isidentifier() else None
-        folders = list(spec.submodule_search_locations or []) if spec else []
-        if not folders:
-            raise ValueError(f"no installed Python package {module!r} (in {ref!r})")
-        path = os.path.join(folders[0], inside)
-        if not os.path.isfile(path):
-            raise ValueError(f"package {module!r} has no file {inside!r}")
-        return path
+    if is_package_file(ref):
+        return package_file(ref)
     if not os.path.isfile(ref):
         raise ValueError(f"no GGUF file at {ref!r}")
     return ref
-
-
-def cache_root() -> str:
-    return os.path.join(
-        os.environ.get("EVA_CACHE_DIR") or os.path.expanduser("~/.cache/eva"), "gguf"
-    )
 
 
 def check_gguf_reader(field: str) -> None:
@@ -90,22 +74,12 @@ def converted(
     (``say`` tells where, once)."""
     path = gguf_path(ref)
     digest = hash_file(path)
-    folder = os.path.join(cache_root(), digest[:16])
-    if os.path.isfile(os.path.join(folder, SOURCE_FILE)):
-        return folder
-    check_gguf_reader(field)
-    say(f"converting {ref} into a Hugging Face checkpoint once (cached in {folder})")
-    staging = f"{folder}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        _convert(path, staging)
-        with open(os.path.join(staging, SOURCE_FILE), "w") as f:
-            json.dump({"gguf": os.path.abspath(path), "sha256": digest}, f)
-        if os.path.isfile(os.path.join(folder, SOURCE_FILE)):
-            return folder  # another process finished first: its copy stays, ours goes
-        shutil.rmtree(folder, ignore_errors=True)  # a copy left unfinished
-        os.replace(staging, folder)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    root = cache_dir("gguf")
+    if not intact(os.path.join(root, digest[:16])):
+        check_gguf_reader(field)
+        say(f"converting {ref} into a Hugging Face checkpoint once (cached in {root})")
+    source = {"gguf": os.path.abspath(path), "sha256": digest}
+    folder, _ = cached_folder(root, digest[:16], lambda out: _convert(path, out), source)
     return folder
 
 

@@ -37,7 +37,8 @@ class GenerateConfig(BaseModel):
     )
     backend: GenerationBackend = Field(
         default_factory=TransformersGeneration,
-        description="transformers (CPU/GPU), vllm (in-process, GPU env), openai (any "
+        description="transformers (CPU/GPU), ctranslate2 (fast on CPU, int8; CUDA too), vllm "
+        "(in-process, GPU env), openai (any "
         "OpenAI-compatible endpoint: vllm serve, sglang, a hosted API), or served (starts "
         "`vllm serve` from its own env on this stage's checkpoint, reused by the next stage that "
         "samples it).",

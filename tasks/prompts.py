@@ -27,6 +27,7 @@ from eva_runtime.errors import ConfigError
 from tasks.backends.python import Builds, PythonComponent
 from tasks.content_hashes import hash_file
 from tasks.context import StageContext, StageOutput
+from tasks.package_files import is_package_file, package_file
 from tasks.prompt_datasets import check_dataset_name, dataset_key, read_prompt_dataset
 from tasks.prompt_files import read_prompt_file
 from tasks.prompt_rows import DROP_REASONS, MultiTurn, PromptRows, RowRules, dropped_line
@@ -41,7 +42,9 @@ class PromptsConfig(BaseModel):
     path: str | None = Field(
         default=None,
         description="Prompt file (.jsonl/.json/.csv/.parquet, any fsspec URL, hf://datasets/... "
-        "included); when set, it is used instead of source.",
+        "included, or package:<module>/<file> inside an installed package: IFEval's 541 prompts "
+        "are package:eval_framework/tasks/ifeval/data/input_data.jsonl); when set, it is used "
+        "instead of source.",
     )
     dataset: str | None = Field(
         default=None,
@@ -85,6 +88,11 @@ class PromptsConfig(BaseModel):
         "options: {...}}, an object with draw(seed, exclude) -> [(prompt, category)] (the "
         "built-in world's: eva_world.components:WorldPrompts).",
     )
+
+    @field_validator("path")
+    @classmethod
+    def _package_file(cls, path: str | None) -> str | None:
+        return package_file(path) if path is not None and is_package_file(path) else path
 
     @field_validator("dataset")
     @classmethod

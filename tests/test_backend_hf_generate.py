@@ -42,7 +42,7 @@ def test_loads_as_a_generator_on_cpu_in_float32(model_dir: str):
     gen = _load(model_dir)
     assert isinstance(gen, Generator)
     assert gen.model.device.type == "cpu" and gen.model.dtype == torch.float32
-    assert not gen.use_template  # the char tokenizer has no chat template: raw text
+    assert not gen.codec.use_template  # the char tokenizer has no chat template: raw text
 
 
 def test_greedy_returns_only_the_new_tokens(model_dir: str):

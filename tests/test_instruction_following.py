@@ -103,6 +103,34 @@ def test_the_checkers_that_need_nltk_data_are_refused_without_it(monkeypatch) ->
     assert unusable("punctuation:no_comma") is None
 
 
+def test_the_checkers_that_read_nltk_data_score_from_the_wheels_punkt_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("punkt")
+    from tasks.backends import nltk_punkt
+
+    monkeypatch.setenv("EVA_CACHE_DIR", str(tmp_path))
+    nltk_punkt.install.cache_clear()
+    folder = nltk_punkt.install()
+    assert folder is not None and folder.startswith(str(tmp_path))
+    assert all(unusable(iid) is None for iid in NEEDS_NLTK)
+    reward = InstructionFollowingReward().load()
+    # "Dr." and "p.m." are abbreviations to Punkt, not sentence ends: 3 sentences, not 5.
+    answer = "Dr. Smith came at 5 p.m. today. He was late! Was he sorry?"
+    fewer = [{"num_sentences": 4, "relation": "less than"}]
+    more = [{"num_sentences": 4, "relation": "at least"}]
+    # Three capitalized words of the nine word tokens NLTK's tokenizer finds: THE, SUN, RISES.
+    shouting = "THE SUN RISES over hills, and birds sing."
+    capitals = [{"capital_frequency": 3, "capital_relation": "at least"}]
+    got = reward.score(
+        ["p", "p", "p", "p"], [[answer], [answer], [shouting], ["The sun RISES."]],
+        instruction_id_list=[["length_constraints:number_sentences"]] * 2
+        + [["change_case:capital_word_frequency"]] * 2,
+        kwargs=[fewer, more, capitals, capitals],
+    )  # fmt: skip
+    assert got == [[1.0], [0.0], [1.0], [0.0]]
+
+
 def test_importing_the_checkers_asks_the_network_for_nothing() -> None:
     code = (
         "import socket\n"

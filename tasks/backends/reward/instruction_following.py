@@ -15,7 +15,9 @@ that response NaN, counted as ``checker_failures``.
 
 ``stats()`` counts, since load, the instructions checked and followed: over a held-out set,
 ``followed / instructions`` is IFEval's instruction-level accuracy and ``all_followed /
-responses`` its prompt-level one.
+responses`` its prompt-level one, in the configured check; ``*_strict`` and ``*_loose`` count
+both checks whatever the configuration, and ``instructions_given`` every instruction, a
+response a checker failed on included (``flows.evaluate_run.ifeval_figures``).
 """
 
 from __future__ import annotations
@@ -114,6 +116,7 @@ class InstructionScorer:
         from if_verifiable.common import evaluate_instructions
 
         ids = [iid for iid, _ in instructions]
+        self._counts["instructions_given"] += len(ids)
         try:
             results, _ = evaluate_instructions(
                 response, ids, [args for _, args in instructions], prompt, registry()
@@ -122,13 +125,19 @@ class InstructionScorer:
             self._counts["checker_failures"] += 1
             return math.nan
         # An empty response follows nothing (the package returns no results for it).
-        passed = [r.loose_pass if self.config.loose else r.strict_pass for r in results]
-        followed = sum(passed) if len(passed) == len(ids) else 0
+        whole = len(results) == len(ids)
+        strict = sum(r.strict_pass for r in results) if whole else 0
+        loose = sum(r.loose_pass for r in results) if whole else 0
+        followed = loose if self.config.loose else strict
         self._counts.update(
             responses=1,
             instructions=len(ids),
             followed=followed,
             all_followed=int(followed == len(ids)),
+            followed_strict=strict,
+            all_followed_strict=int(strict == len(ids)),
+            followed_loose=loose,
+            all_followed_loose=int(loose == len(ids)),
         )
         if self.config.score == "all":
             return float(followed == len(ids))

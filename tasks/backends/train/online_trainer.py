@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
 
-from tasks.backends.generate.sampler import end_ids
+from tasks.backends.generate.chat_codec import end_ids
 from tasks.backends.protocols import Progress, no_progress
 from tasks.backends.train.chat import message_text, use_template, user_turn
 from tasks.backends.train.online import OnlineFeed, OnlineSolverConfig
@@ -129,7 +129,10 @@ def stop_ids(tokenizer: Any, model: Any) -> list[int]:
     a turn (those generation stops at: ``end_ids``), and the pad id (what a batch of
     completions is padded with after its end)."""
     pad = tokenizer.pad_token_id
-    return [*end_ids(tokenizer, model), *([pad] if pad is not None else [])]
+    return [
+        *end_ids(tokenizer, model.generation_config, model.config),
+        *([pad] if pad is not None else []),
+    ]
 
 
 def build_online_trainer(
