@@ -2,11 +2,11 @@
 CUDA: the real-model recipe's ``Generator`` on a machine without a GPU.
 
 Each checkpoint is converted once with CTranslate2's own converter
-(``ctranslate2.converters.TransformersConverter``, weights kept at the checkpoint's precision)
-into ``$EVA_CACHE_DIR/ctranslate2``, named by the checkpoint's content
-(``eva_runtime.folder_cache``): the creator's and the solver's samples and the evaluation of the
-same policy share one conversion, and a policy is never converted again. The precision it runs
-at is chosen when it loads (``compute_type``), so int8 and float32 read the same conversion.
+(``ctranslate2.converters.TransformersConverter``) into ``$EVA_CACHE_DIR/ctranslate2``, named by
+the checkpoint's content (``eva_runtime.folder_cache``): the creator's and the solver's samples
+and the evaluation of the same policy share one conversion, and a policy is never converted
+again. For an int8 ``compute_type`` the weights are stored in int8 (130 MB for SmolLM2-135M
+against 514 MB), otherwise as the checkpoint has them.
 
 Prompts and answers go through the checkpoint's own Hugging Face tokenizer exactly as in the
 transformers backend (``ChatCodec``): the same template, the same end-of-turn ids, the same cut
@@ -119,7 +119,13 @@ class CTranslate2Generation(BaseModel):
             raise ConfigError(MISSING, field=f"{GENERATION}.kind", hint=INSTALL) from None
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-        converted, fresh = convert(model_dir)
+        device = self.device
+        if device == "auto":
+            device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
+        compute_type = _compute_type(ctranslate2, self.compute_type, device)
+        # int8 weights are stored as int8 (a quarter of the disk): what an int8 engine makes of
+        # float32 weights when it loads them, to the bit.
+        converted, fresh = convert(model_dir, "int8" if compute_type.startswith("int8") else None)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         model_config = AutoConfig.from_pretrained(model_dir)
         try:
@@ -136,19 +142,17 @@ class CTranslate2Generation(BaseModel):
             )
         has_template = bool(getattr(tokenizer, "chat_template", None))
         use = template_use(has_template, self.chat_template, model_dir, GENERATION)
-        device = self.device
-        if device == "auto":
-            device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
         return CTranslate2Generator(
-            converted, ChatCodec(tokenizer, ends, use), model_config, self, device,
-            _compute_type(ctranslate2, self.compute_type, device), conversions=int(fresh),
+            converted, ChatCodec(tokenizer, ends, use), model_config, self, device, compute_type,
+            conversions=int(fresh),
         )  # fmt: skip
 
 
-def convert(model_dir: str) -> tuple[str, bool]:
-    """The CTranslate2 model of the checkpoint in ``model_dir``: cached by its content, or
-    converted now. Returns the folder and whether it was converted by this call; a checkpoint
-    CTranslate2 cannot convert is one line naming the backend's kind."""
+def convert(model_dir: str, quantization: str | None = None) -> tuple[str, bool]:
+    """The CTranslate2 model of the checkpoint in ``model_dir``, its weights stored as
+    ``quantization`` (None: as the checkpoint has them): cached by its content, or converted now.
+    Returns the folder and whether it was converted by this call; a checkpoint CTranslate2
+    cannot convert is one line naming the backend's kind."""
     digest = hash_directory(model_dir)
 
     def build(out: str) -> None:
@@ -156,7 +160,7 @@ def convert(model_dir: str) -> tuple[str, bool]:
 
         try:  # transformers draws a loading bar on stderr, which no switch of its hides
             with contextlib.redirect_stderr(io.StringIO()):
-                TransformersConverter(model_dir).convert(out, force=True)
+                TransformersConverter(model_dir).convert(out, quantization=quantization, force=True)
         except (ValueError, NotImplementedError, KeyError, OSError) as exc:
             raise ConfigError(
                 f"CTranslate2 cannot convert {model_dir}: {first_line(exc, with_type=False)}",
@@ -164,8 +168,10 @@ def convert(model_dir: str) -> tuple[str, bool]:
                 hint="use kind: transformers for this checkpoint",
             ) from None
 
-    source = {"checkpoint": os.path.abspath(model_dir), "sha256": digest}
-    return cached_folder(cache_dir("ctranslate2"), digest[:16], build, source)
+    source = {"checkpoint": os.path.abspath(model_dir), "sha256": digest,
+              "quantization": str(quantization)}  # fmt: skip
+    key = digest[:16] + (f"-{quantization}" if quantization else "")
+    return cached_folder(cache_dir("ctranslate2"), key, build, source)
 
 
 def _compute_type(ctranslate2: Any, setting: str, device: str) -> str:
