@@ -1,7 +1,14 @@
-"""``python -m bench [--quick] [--root DIR] [--out DIR]``: the method, compute-matched and cost
-benchmarks, one after the other (what ``eva bench`` starts); each module also runs alone
-(``python -m bench.method``, ``python -m bench.matched``, ``python -m bench.costs``). The
-compute-matched arms start from the method benchmark's base runs under the same root."""
+"""The benchmarks (what ``eva bench`` starts):
+
+    python -m bench run STUDY [--root runs-bench] [--results FILE] [--deadline SECONDS]
+    python -m bench report STUDY [--results FILE]
+    python -m bench [--quick] [--root runs-bench] [--out docs/bench]
+
+STUDY is a study file (bench/studies/NAME.yaml, or NAME alone). ``run`` runs every (seed, arm)
+the results file (default docs/bench/NAME.jsonl) does not hold yet, then reports; ``report``
+writes NAME.md and its plots beside the results file from whatever it holds. With no verb: the
+method and compute-matched studies (``--quick``: their quick files), then the pipeline's costs.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +16,78 @@ import argparse
 import os
 import sys
 
-from bench import costs, matched, method
+import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
+from eva_runtime.errors import EvaError
+
+STUDIES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "studies")
+
+
+def study_path(name: str) -> str:
+    if os.path.exists(name) or name.endswith((".yaml", ".yml")):
+        return name
+    return os.path.join(STUDIES, f"{name}.yaml")
+
+
+def run(path: str, root: str, results: str | None, deadline: float | None) -> int:
+    from bench.report import write_report
+    from bench.runner import Results, run_study
+    from bench.study import load_study
+    from eva_runtime.prefect_api import prefect_api
+
+    study = load_study(study_path(path))
+    results = results or os.path.join("docs", "bench", f"{study.name}.jsonl")
+    if study.report.plots:  # checked first: finding out after the last arm would waste it all
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise EvaError("the plots need matplotlib", hint="pip install -e '.[bench]'") from None
+    with prefect_api(print):
+        finished = run_study(study, root, results, deadline)
+    write_report(study, Results(results).records, os.path.dirname(os.path.abspath(results)))
+    return 0 if finished else 3
+
+
+def report(path: str, results: str | None) -> int:
+    from bench.report import write_report
+    from bench.runner import Results
+    from bench.study import load_study
+
+    study = load_study(study_path(path))
+    results = results or os.path.join("docs", "bench", f"{study.name}.jsonl")
+    print(write_report(study, Results(results).records, os.path.dirname(os.path.abspath(results))))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="one seed, fewer arms, demo size")
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    if argv[:1] in (["run"], ["report"]):
+        p.add_argument("verb")
+        p.add_argument("study", help="a study file, or a name in bench/studies/")
+        p.add_argument("--root", default="runs-bench", help="where the runs live")
+        p.add_argument("--results", help="the results file (default docs/bench/NAME.jsonl)")
+        p.add_argument("--deadline", type=float, help="seconds: start nothing that ends later")
+        args = p.parse_args(argv)
+        try:
+            if args.verb == "report":
+                return report(args.study, args.results)
+            return run(args.study, args.root, args.results, args.deadline)
+        except EvaError as exc:
+            print(f"eva: error: {exc.line()}", file=sys.stderr)
+            return 2
+    p.add_argument("--quick", action="store_true", help="the quick studies, costs at demo size")
     p.add_argument("--root", default="runs-bench", help="where the benchmark runs live")
-    p.add_argument("--out", default=os.path.join("docs", "bench"), help="tables and plots")
+    p.add_argument("--out", default=os.path.join("docs", "bench"), help="results and tables")
     args = p.parse_args(argv)
+    suffix = "-quick" if args.quick else ""
+    for name in ("method", "matched"):
+        results = os.path.join(args.out, f"{name}{suffix}.jsonl")
+        if run(f"{name}{suffix}", args.root, results, None):
+            return 1
+    from bench import costs
+
     quick = ["--quick"] if args.quick else []
-    method.main([*quick, "--root", args.root, "--out", args.out])
-    matched.main([*quick, "--root", args.root, "--out", args.out])
     costs.main([*quick, "--root", os.path.join(args.root, "costs"), "--out", args.out])
     return 0
 

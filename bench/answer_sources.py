@@ -34,10 +34,11 @@ import numpy as np
 import torch
 
 from bench import world as bench_world
-from bench.report import md_table, mean_std
+from bench.report import mean_std
 from eva_core.answers import majority_answers
 from eva_world import world
 from eva_world.components import WorldRewriter
+from flows.markdown import md_table
 from tasks.backends.generate.transformers import TransformersGeneration
 
 ALL = "all"

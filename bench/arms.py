@@ -41,22 +41,6 @@ def world_sizes(prompts: int, heldout: int | None = None) -> dict[str, Any]:
     return out
 
 
-# The benchmark's world (docs/benchmarks.md, candidate C4, met both preconditions): seed prompts
-# pose sums and differences only (1-2 digit operands); the target also asks to reverse strings,
-# a skill theta_0 was shown but the seeds never exercise. Every seed's held-out set is drawn
-# with one seed (the runs then share theta_0 as well: seeds replicate the post-training).
-BENCH_SEED_DISTRIBUTION = {"categories": {"add": 0.5, "sub": 0.5}}
-HELDOUT_SEED = 1000
-
-
-def bench_world() -> dict[str, Any]:
-    """Config fields (onto configs/world.yaml) that make it the benchmark's world."""
-    return {
-        "prompts": {"source": {"options": {"distribution": BENCH_SEED_DISTRIBUTION}}},
-        "heldout": {"source": {"options": {"seed": HELDOUT_SEED}}},
-    }
-
-
 def sft_steps(steps: int) -> dict[str, Any]:
     """Config fields that shorten the world's theta_0 SFT."""
     return {"bootstrap": {"builder": {"options": {"sft": {"steps": steps}}}}}

@@ -1,47 +1,23 @@
-"""The paper's claims, each judged by the rule written before any arm ran (docs/benchmarks.md).
+"""The rule every claim is judged by, written before any arm ran (docs/benchmarks.md, section 1).
 
-A claim compares two arms (or two iterations of one) seed by seed: the paired difference per seed,
-its mean and standard deviation over seeds. It *holds* when the mean has the paper's sign and
-exceeds 2 standard deviations; otherwise it does not, and the margin says by how much it missed
-(mean minus 2 sd, in the paper's direction). The preconditions use their own, stricter rule (a
-floor and 3 sd). eva's share of the possible gain, (eva - fresh) / (target - fresh), is given per
-seed.
+A claim compares two arms (or two iterations of one) seed by seed: the paired difference per
+seed, its mean and standard deviation over seeds. By the ``sd`` rule it *holds* when the mean
+has the expected sign and exceeds 2 standard deviations (the preconditions: a floor and 3 sd);
+otherwise the margin says by how much it missed (the mean minus 2 sd, in the expected
+direction). Issue 32's studies used two more: ``t`` (the paired t beyond 2.776, two-sided 95%
+at df 4) and ``no-worse`` (the mean no lower than one sd of the control over seeds).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from bench.report import md_table
-
 Results = dict[str, dict[str, Any]]  # seed -> arm -> result
 Score = Callable[[dict[str, Any]], float | None]  # one seed's result -> a score (None: absent)
-
-
-def at(arm: str, t: int | None = 1) -> Score:
-    """The held-out score of ``arm`` at iteration ``t`` (None: a base model)."""
-
-    def score(per_seed: dict[str, Any]) -> float | None:
-        entry = per_seed.get(arm)
-        if entry is None:
-            return None
-        if t is None:
-            return float(entry["score"])
-        its = entry.get("iterations", [])
-        return float(its[t - 1]["score"]) if len(its) >= t else None
-
-    return score
-
-
-def difficulty(arm: str, t: int) -> Score:
-    def value(per_seed: dict[str, Any]) -> float | None:
-        its = per_seed.get(arm, {}).get("iterations", [])
-        return float(its[t - 1]["difficulty"]) if len(its) >= t else None
-
-    return value
 
 
 def paired(results: Results, a: Score, b: Score) -> np.ndarray:
@@ -66,81 +42,26 @@ def judge(d: np.ndarray, sign: int = 1, sds: float = 2.0, floor: float = 0.0) ->
     return ("**held**" if margin > 0 else "not held"), f"{margin:+.3f}"
 
 
-def _cell(d: np.ndarray) -> str:
-    if d.size == 0:
-        return "-"
-    sd = f" ± {d.std(ddof=1):.3f}" if d.size > 1 else ""
-    positive = int((d > 0).sum())
-    return f"{d.mean():+.3f}{sd} ({positive} of {d.size} > 0)"
+def t_stat(d: np.ndarray) -> float | None:
+    """The paired t of per-seed differences (None when they do not vary or one seed ran)."""
+    sd = float(d.std(ddof=1)) if d.size > 1 else 0.0
+    return round(float(d.mean()) / (sd / math.sqrt(d.size)), 2) if sd > 0 else None
 
 
-# (claim, table, comparison, a, b, expected sign)
-CLAIMS: list[tuple[str, str, str, Score, Score, int]] = [
-    ("eva beats new seed prompts, world solver", "T2", "eva - fresh, it. 1",
-     at("eva"), at("fresh"), 1),
-    *[(f"eva beats new seed prompts, {s}", "T2", f"eva-{s} - fresh-{s}",
-       at(f"eva-{s}"), at(f"fresh-{s}"), 1) for s in ("dpo", "simpo", "orpo", "sppo")],
-    *[(f"a_min beats {m}", "T4", f"eva - metric-{m}", at("eva"), at(f"metric-{m}"), 1)
-      for m in ("a_avg", "a_dis", "var", "avg", "inv_avg", "inv_a_min", "uniform")],
-    ("evolving beats the informative subset alone, weighted", "T5", "eva - subset-weighted",
-     at("eva"), at("subset-weighted"), 1),
-    ("evolving beats the informative subset alone, greedy", "T5", "eva-greedy - subset-greedy",
-     at("eva-greedy"), at("subset-greedy"), 1),
-    ("weighted sampling beats greedy", "T5", "eva - eva-greedy", at("eva"), at("eva-greedy"), 1),
-    ("reward-guided selection beats uniform selection (null control)", "null",
-     "eva - metric-uniform", at("eva"), at("metric-uniform"), 1),
-    ("directed evolution beats random evolution (null control)", "null",
-     "eva - random-evolution", at("eva"), at("random-evolution"), 1),
-    ("eva keeps gaining over iterations", "T13", "eva it. 3 - it. 1", at("eva", 3), at("eva"), 1),
-    ("eva beats new seed prompts at iteration 2", "T13", "eva - fresh, it. 2",
-     at("eva", 2), at("fresh", 2), 1),
-    ("eva beats new seed prompts at iteration 3", "T13", "eva - fresh, it. 3",
-     at("eva", 3), at("fresh", 3), 1),
-    ("prompts grow harder over iterations", "T7 / Fig. 6", "eva difficulty, it. 3 - it. 1",
-     difficulty("eva", 3), difficulty("eva", 1), 1),
-    ("online: RLOO-eva at 1x reaches RLOO at 6x", "T1", "RLOO-eva 1x - RLOO 6x",
-     at("online-eva", 1), at("online-rloo", 6), 1),
-    *[(f"online: RLOO-eva beats RLOO at {x}x", "T1", f"RLOO-eva - RLOO, {x}x",
-       at("online-eva", x), at("online-rloo", x), 1) for x in (1, 2, 3)],
-]  # fmt: skip
+def by_t(d: np.ndarray, sign: int, critical: float) -> tuple[str, str]:
+    """Held when the paired t has the expected sign beyond ``critical``; the opposite sign
+    beyond it is said as such."""
+    t = t_stat(d)
+    if d.size < 2 or t is None:
+        return ("not run", "-") if d.size == 0 else ("not judged", "-")
+    if t * sign > critical:
+        return "**held**", f"t {t:+.2f}"
+    return ("opposite" if t * sign < -critical else "not held"), f"t {t:+.2f}"
 
 
-def claims_table(results: Results) -> str:
-    """The preconditions, every claim with its verdict, and eva's share of the possible gain."""
-    pre = [
-        ("the baseline learns", "theta_1 - theta_0", at("theta_1", None), at("theta_0", None),
-         0.03),
-        ("the prompt distribution matters", "target - fresh, it. 1", at("target"), at("fresh"),
-         0.05),
-    ]  # fmt: skip
-    rows = []
-    for name, comparison, a, b, floor in pre:
-        d = paired(results, a, b)
-        verdict, margin = judge(d, 1, sds=3.0, floor=floor)
-        rows.append([f"precondition: {name} (>= {floor:+.2f}, 3 sd)", "-", comparison,
-                     _cell(d), verdict, margin])  # fmt: skip
-    for name, table, comparison, a, b, sign in CLAIMS:
-        d = paired(results, a, b)
-        if d.size:
-            rows.append([name, table, comparison, _cell(d), *judge(d, sign)])
-    head = ["claim", "table", "paired difference", "mean ± sd (seeds > 0)", "held?", "margin"]
-    parts = ["### The claims, judged (held: the paper's sign beyond 2 sd)", "",
-             *md_table(head, rows), ""]  # fmt: skip
-    share = _share_lines(results)
-    if share:
-        parts += ["### eva's share of the possible gain, (eva - fresh) / (target - fresh)", "",
-                  *share, ""]  # fmt: skip
-    return "\n".join(parts)
-
-
-def _share_lines(results: Results) -> list[str]:
-    rows = []
-    for t in (1, 2, 3):
-        gain = paired(results, at("eva", t), at("fresh", t))
-        room = paired(results, at("target", t), at("fresh", t))
-        if gain.size == 0 or gain.size != room.size:
-            continue
-        share = gain / np.where(room == 0, np.nan, room)
-        cells = ", ".join(f"{s:.2f}" for s in share)
-        rows.append([f"iteration {t}", cells, f"{np.nanmean(share):.2f}"])
-    return md_table(["iteration", "per seed", "mean"], rows) if rows else []
+def no_worse(d: np.ndarray, control: np.ndarray, sign: int) -> tuple[str, str]:
+    """Held when the mean difference is no worse than one sd of the control over seeds."""
+    if d.size < 2 or control.size < 2:
+        return ("not run", "-") if d.size == 0 else ("not judged", "-")
+    margin = float(d.mean()) * sign + float(control.std(ddof=1))
+    return ("**held**" if margin >= 0 else "not held"), f"{margin:+.3f}"

@@ -4,11 +4,12 @@ rerun, rollouts and generation per pair."""
 from __future__ import annotations
 
 import os
+import platform
+import time
 from typing import Any
 
 import numpy as np
 
-from bench.report import machine
 from flows.markdown import md_table
 
 
@@ -180,3 +181,7 @@ def write_costs_report(results: dict[str, Any], out_dir: str, name: str, command
     with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
         f.write(md)
     return md
+
+
+def machine() -> str:
+    return f"{platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}"

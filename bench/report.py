@@ -1,5 +1,6 @@
-"""Tables and plots from ``bench.method`` results (mean +- std over seeds), and the cells and
-machine line the other bench reports share."""
+"""``eva bench report STUDY``: the tables, the plots and the verdicts of a study from whatever its
+results file holds (a study half run reports its finished seeds). Every figure is a mean ± sd
+over the seeds that have it; every difference is paired by seed."""
 
 from __future__ import annotations
 
@@ -10,223 +11,176 @@ from typing import Any
 
 import numpy as np
 
+from bench.claims import by_t, judge, no_worse
+from bench.study import Claim, Study, split_at
 from flows.markdown import md_table
 
-Results = dict[str, dict[str, Any]]  # seed -> arm -> result
+Point = tuple[str, int | None]  # (arm, iteration; None: theta_0)
+Index = dict[Point, dict[int, dict[str, Any]]]  # (arm, t) -> seed -> record
 
 
-def mean_std(values: list[float]) -> str:
-    """'mean ± sample std' over seeds (just the mean for one seed)."""
-    a = np.asarray(values, dtype=float)
-    return f"{a.mean():.3f} ± {a.std(ddof=1):.3f}" if len(a) > 1 else f"{a.mean():.3f}"
-
-
-def _rows(results: Results, arm: str, t: int | None) -> list[dict[str, Any]]:
-    """One row per seed for ``arm`` at iteration ``t`` (None: a base model), each carrying
-    ``delta``: its score minus the same seed's starting model (``base``: theta_1 for the offline
-    arms, theta_0 for theta_1 itself and the online arms), a paired difference that removes
-    most of the seed-to-seed spread. Empty when the arm was not run (or not that long)."""
-    out = []
-    for per_seed in results.values():
-        if arm not in per_seed:
-            return []
-        entry = per_seed[arm]
-        if t is not None and len(entry["iterations"]) < t:
-            return []
-        row = entry if t is None else entry["iterations"][t - 1]
-        base = entry.get("base")
-        start = per_seed[base]["score"] if base else row["score"]
-        out.append({**row, "delta": row["score"] - start, "topup": entry.get("topup", 1.0)})
+def index(records: list[dict[str, Any]]) -> Index:
+    out: Index = {}
+    for r in records:
+        out.setdefault((r["arm"], r["iteration"]), {})[r["seed"]] = r
     return out
 
 
-def _line(label: str, rows: list[dict[str, Any]], cats: list[str]) -> list[str]:
-    """A table row over seeds; empty when the arm was not run."""
-    if not rows:
-        return []
-    cells = [label, mean_std([r["score"] for r in rows]), mean_std([r["delta"] for r in rows])]
-    cells.append(mean_std([r["solved"] for r in rows]))
-    cells += [mean_std([r.get(f"cat_{c}", np.nan) for r in rows]) for c in cats]
-    if "difficulty" in rows[0]:
-        cells.append(mean_std([r["pairs"] for r in rows]))
-        cells.append(mean_std([r["difficulty"] for r in rows]))
+def value(record: dict[str, Any] | None, measure: str) -> float | None:
+    """A record's number at ``measure`` (a dotted path into nested figures), else None."""
+    v: Any = record
+    for key in measure.split("."):
+        v = v.get(key) if isinstance(v, dict) else None
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def mean_std(values: list[float]) -> str:
+    """'mean ± sample sd' over seeds (the mean alone for one seed; '-' for none)."""
+    a = np.asarray(values, dtype=float)
+    if not a.size:
+        return "-"
+    return f"{a.mean():.3f} ± {a.std(ddof=1):.3f}" if a.size > 1 else f"{a.mean():.3f}"
+
+
+def column(idx: Index, key: Point, measure: str) -> dict[int, float]:
+    """seed -> the measure at (arm, t), for the seeds that have it."""
+    got = {s: value(r, measure) for s, r in idx.get(key, {}).items()}
+    return {s: v for s, v in got.items() if v is not None}
+
+
+def where(idx: Index, ref: str, t: int | None = None) -> Point:
+    """(arm, iteration) of 'ARM' (its last recorded, or ``t``), 'ARM@T' or 'ARM@theta_0'."""
+    name, at = split_at(ref)
+    if at == "last":
+        if t is not None:
+            return name, t
+        done = [it for arm, it in idx if arm == name and it is not None]
+        return name, max(done, default=None)
+    return name, at
+
+
+def diff(
+    idx: Index, a: tuple[str, int | None], b: tuple[str, int | None], measure: str
+) -> np.ndarray:
+    x, y = column(idx, a, measure), column(idx, b, measure)
+    return np.asarray([x[s] - y[s] for s in sorted(x) if s in y], dtype=float)
+
+
+def cell(d: np.ndarray) -> str:
+    if not d.size:
+        return "-"
+    sd = f" ± {d.std(ddof=1):.3f}" if d.size > 1 else ""
+    return f"{d.mean():+.3f}{sd} ({int((d > 0).sum())} of {d.size} > 0)"
+
+
+def verdict(claim: Claim, idx: Index, t: int | None) -> tuple[str, np.ndarray, str, str]:
+    """(the comparison in words, the paired differences, the verdict, the margin)."""
+    a, b = where(idx, claim.a, t), where(idx, claim.b, t)
+    d = diff(idx, a, b, claim.measure)
+    if claim.rule == "t":
+        held = by_t(d, claim.sign, claim.t)
+    elif claim.rule == "no-worse":
+        held = no_worse(d, np.asarray(list(column(idx, b, claim.measure).values())), claim.sign)
     else:
-        cells += ["-", "-"]
-    if "responses" in rows[0]:
-        cells.append(f"{np.mean([r['responses'] for r in rows]):.0f}")
-        cells.append("x" + "/".join(sorted({f"{r['topup']:g}" for r in rows})))
-    else:
-        cells += ["-", "-"]
-    return cells
+        held = judge(d, claim.sign, claim.sds, claim.floor)
+
+    def name(arm: str, it: int | None) -> str:
+        return f"{arm}@{'theta_0' if it is None else it}"
+
+    return f"{name(*a)} - {name(*b)}", d, *held
 
 
-def _table(title: str, lines: list[list[str]], cats: list[str], vs: str = "start") -> str:
-    head = [
-        "arm",
-        "held-out score",
-        f"Δ vs {vs}",
-        "solved",
-        *[f"score {c}" for c in cats],
-        "pairs",
-        "train difficulty",
-        "responses generated",
-        "source grown",
-    ]
-    return "\n".join([f"### {title}", "", *md_table(head, [ln for ln in lines if ln]), ""])
+def rows_of(
+    study: Study, idx: Index, keys: list[tuple[str, tuple[str, int | None]]]
+) -> list[list[str]]:
+    """A table row per (label, (arm, t)): seeds, each column, Δ of the first column from the
+    arm's start (paired), and how far its source grew."""
+    first = study.report.columns[0]
+    out = []
+    for label, key in keys:
+        if key not in idx:
+            continue
+        arm = study.arm(key[0])
+        cells = [label, str(len(idx[key]))]
+        cells += [mean_std(list(column(idx, key, c).values())) for c in study.report.columns]
+        start = where(idx, arm.start) if arm.start and key[1] is not None else None
+        cells.append(cell(diff(idx, key, start, first)) if start else "-")
+        grown = sorted({f"x{r.get('grown', 1.0):g}" for r in idx[key].values()})
+        out.append([*cells, "/".join(grown)])
+    return out
 
 
-_TAUGHT = ("pairs", "sample_reward", "chosen_exact", "steps", "train_loss", "train_margin")
-
-
-def _taught_table(results: Results, arms: list[str]) -> str:
-    """What each solver step was given and how far it moved (see bench.method_results)."""
-    lines = []
-    first = next(iter(results.values()))
-    for arm in ["theta_1", *arms]:
-        its = [first[arm]] if arm == "theta_1" else first[arm]["iterations"]
-        for t in range(len(its)):
-            rows = _rows(results, arm, None if arm == "theta_1" else t + 1)
-            if not rows or "chosen_exact" not in rows[0]:
-                continue
-            cells = [f"{arm}, iteration {0 if arm == 'theta_1' else t + 1}"]
-            cells += [mean_std([r[k] for r in rows]) for k in _TAUGHT]
-            lines.append(cells)
-    head = ["arm", "pairs", "mean sample reward on X_t", "chosen exact", "optimizer steps",
-            "final loss", "final margin"]  # fmt: skip
-    return "\n".join(["### What the solver was taught", "", *md_table(head, lines), ""])
-
-
-def write_method_report(
-    results: Results, out_dir: str, name: str, seconds: float, quick: bool, command: str
-) -> str:
-    first = next(iter(results.values()))
-    cats = sorted(k.removeprefix("cat_") for k in first["theta_0"] if k.startswith("cat_"))
-    arms = [a for a in first if not a.startswith("theta_")]
-
-    def line(label: str, arm: str, t: int | None = 1) -> list[str]:
-        return _line(label, _rows(results, arm, t), cats)
-
-    base = [
-        line("theta_0", "theta_0", None),
-        line("theta_1 (world solver: DPO+NLL)", "theta_1", None),
-    ]
+def write_report(study: Study, records: list[dict[str, Any]], out_dir: str) -> str:
+    """``<out_dir>/<name>.md`` and its plots; returns the markdown."""
+    idx = index(records)
+    head = ["arm", "seeds", *study.report.columns, f"Δ {study.report.columns[0]} vs start", "grown"]
+    seeds = sorted({r["seed"] for r in records})
     parts = [
-        f"## Method benchmark ({'quick' if quick else 'full'})",
+        f"## {study.name}",
         "",
-        f"`{command}`",
-        "",
-        f"{len(results)} seed(s): {', '.join(results)}; {seconds / 60:.1f} min; "
-        f"{machine()}. Score = mean dense reward of greedy answers on the "
-        "held-out set; ± is the standard deviation over seeds; Δ is the paired difference "
-        "from the same seed's starting model (theta_0 for theta_1 and the online arms, the "
-        "arm's theta_1 otherwise).",
+        f"Seeds {', '.join(map(str, seeds)) or 'none yet'} of {len(study.seeds)}; "
+        f"{platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}. ± is the sd "
+        "over seeds; Δ is paired by seed, from the checkpoint the arm started from.",
         "",
     ]
-    t2 = [
-        *base,
-        line("+new seed prompts (fresh)", "fresh"),
-        line("+eva", "eva"),
-        line("+target prompts (upper bound)", "target"),
-    ]
-    for s in ("dpo", "simpo", "orpo", "sppo"):
-        t2 += [
-            line(f"theta_1 ({s})", f"theta_1-{s}", None),
-            line(f"{s}: +new seed prompts", f"fresh-{s}"),
-            line(f"{s}: +eva", f"eva-{s}"),
-        ]
-    parts.append(_table("Table 2 analogue: one iteration from theta_1", t2, cats))
-    t4 = [line(a.removeprefix("metric-"), a) for a in arms if a.startswith("metric-")]
-    t4.append(line("a_min (default)", "eva"))
-    parts.append(_table("Table 4 analogue: informativeness metric", t4, cats, "theta_1"))
-    t5 = [
-        line(label, a)
-        for a, label in (
-            ("subset-greedy", "no evolving, greedy"),
-            ("subset-weighted", "no evolving, weighted"),
-            ("eva-greedy", "evolving, greedy"),
-            ("eva", "evolving, weighted"),
-        )
-        if a in arms
-    ]
-    parts.append(_table("Table 5 analogue: evolving and sampling", t5, cats, "theta_1"))
-    iterations = len(first["eva"]["iterations"]) if "eva" in first else 0
-    both = "fresh" in first and iterations > 0
-    if both:
-        t13 = [*base]
-        for t in range(1, iterations + 1):
-            for arm in ("fresh", "eva", "eva-previous", "target"):
-                t13.append(line(f"{arm}, iteration {t}", arm, t))
-        parts.append(_table(f"Table 13 analogue: {iterations} iterations", t13, cats, "theta_1"))
-    if "online-rloo" in first:
-        t1 = [line("theta_0", "theta_0", None)]
-        for arm, label in (("online-rloo", "RLOO"), ("online-eva", "RLOO-eva")):
-            for t in range(1, len(first[arm]["iterations"]) + 1):
-                t1.append(line(f"{label} ({t}x)", arm, t))
-        parts.append(_table("Table 1 analogue: online, by prompt budget", t1, cats, "theta_0"))
-    nulls = [
-        line(label, a)
-        for a, label in (
-            ("eva", "eva (reward-guided selection, directed evolution)"),
-            ("metric-uniform", "uniform selection, directed evolution"),
-            ("random-evolution", "uniform selection, random evolution"),
-            ("subset-weighted", "reward-guided selection, no evolution"),
-        )
-        if a in arms or a == "eva"
-    ]
-    parts.append(_table("Null controls: selection and evolution apart", nulls, cats, "theta_1"))
-    from bench.claims import claims_table
-
-    parts.append(claims_table(results))
-    parts.append(_taught_table(results, [a for a in ("fresh", "eva", "target") if a in arms]))
-    if both:
-        parts.append(_plots(results, out_dir, name, iterations))
+    keys = []
+    for arm in study.arms:
+        its = sorted({t for a, t in idx if a == arm.name}, key=lambda t: -1 if t is None else t)
+        keys += [(f"{arm.name}@{'theta_0' if t is None else t}", (arm.name, t)) for t in its]
+    parts += ["### Every arm, every checkpoint", "", *md_table(head, rows_of(study, idx, keys)), ""]
+    for table in study.report.tables:
+        chosen = [(label, where(idx, ref)) for label, ref in table.rows]
+        parts += [f"### {table.title}", "", *md_table(head, rows_of(study, idx, chosen)), ""]
+    if study.claims:
+        rows = []
+        for claim in study.claims:
+            judged: list[int | None] = [*claim.at] or [None]
+            for t in judged:
+                said, d, held, margin = verdict(claim, idx, t)
+                rows.append([claim.name, said, claim.measure, cell(d), held, margin])
+        head = ["claim", "paired difference", "measure", "mean ± sd", "verdict", "margin"]
+        parts += ["### The claims, judged by the rule written before any arm ran", "",
+                  *md_table(head, rows), ""]  # fmt: skip
+    os.makedirs(out_dir, exist_ok=True)
+    for plot in study.report.plots:
+        parts.append(draw(study, idx, plot, out_dir))
     md = "\n".join(parts)
-    with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
+    with open(os.path.join(out_dir, f"{study.name}.md"), "w") as f:
         f.write(md)
     return md
 
 
-def _plots(results: Results, out_dir: str, name: str, iterations: int) -> str:
-    """Training-set difficulty and category mix over iterations (Table 7 / Figure 6)."""
+def draw(study: Study, idx: Index, plot: Any, out_dir: str) -> str:
+    """The measure against the iteration (or the cumulative responses generated), a line per
+    arm from its start, ± sd bars."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    ts = list(range(1, iterations + 1))
-    for arm in ("fresh", "eva", "target"):
-        if arm not in next(iter(results.values())):
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for arm in [study.arm(a) for a in plot.arms] or study.arms:
+        its = sorted(t for a, t in idx if a == arm.name and t is not None and t > 0)
+        if not its:
             continue
-        runs = [per_seed[arm]["iterations"] for per_seed in results.values()]
-        arm_ts = list(range(1, min(len(r) for r in runs) + 1))
-        d = np.array([[r[t - 1]["difficulty"] for t in arm_ts] for r in runs])
-        ax1.errorbar(arm_ts, d.mean(0), yerr=d.std(0), marker="o", label=arm, capsize=3)
-    ax1.set(xlabel="iteration", ylabel="mean difficulty of X_t", title="Training-set difficulty")
-    ax1.set_xticks(ts)
-    ax1.legend()
-    cats = ["add", "sub", "rev"]
-    shares = np.zeros((iterations, len(cats)))
-    for per_seed in results.values():
-        for t in ts:
-            c = per_seed["eva"]["iterations"][t - 1]["categories"]
-            total = sum(c.values())
-            shares[t - 1] += [c.get(k, 0) / total / len(results) for k in cats]
-    bottom = np.zeros(iterations)
-    for i, cat in enumerate(cats):
-        ax2.bar(ts, shares[:, i], bottom=bottom, label=cat)
-        bottom += shares[:, i]
-    ax2.set(xlabel="iteration", ylabel="share of X_t", title="eva: category mix")
-    ax2.set_xticks(ts)
-    ax2.legend()
+        points = [where(idx, arm.start)] if arm.start else []
+        xs = [0.0] if arm.start else []
+        spent = 0.0
+        for t in its:
+            responses = column(idx, (arm.name, t), "responses").values()
+            spent += float(np.mean(list(responses))) if responses else 0.0
+            xs.append(spent if plot.x == "responses" else float(t))
+            points.append((arm.name, t))
+        ys = [list(column(idx, p, plot.measure).values()) for p in points]
+        keep = [i for i, y in enumerate(ys) if y]
+        ax.errorbar([xs[i] for i in keep], [np.mean(ys[i]) for i in keep],
+                    yerr=[float(np.std(ys[i], ddof=1)) if len(ys[i]) > 1 else 0.0 for i in keep],
+                    marker="o", capsize=3, label=arm.name)  # fmt: skip
+    xlabel = "cumulative generated responses" if plot.x == "responses" else "iteration"
+    ax.set(xlabel=xlabel, ylabel=plot.measure)
+    ax.legend(fontsize=8)
     fig.tight_layout()
-    path = os.path.join(out_dir, f"{name}-curriculum.png")
-    fig.savefig(path, dpi=110)
+    name = f"{study.name}-{plot.measure}-{plot.x}.png"
+    fig.savefig(os.path.join(out_dir, name), dpi=110)
     plt.close(fig)
-    return (
-        f"### Table 7 / Figure 6 analogue: curriculum\n\n![curriculum]({os.path.basename(path)})\n"
-    )
-
-
-def machine() -> str:
-    return f"{platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}"
+    return f"### {plot.measure} against {xlabel}\n\n![{plot.measure}]({name})\n"

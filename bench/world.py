@@ -30,11 +30,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.report import md_table, mean_std
+from bench.report import mean_std
 from eva_core.pairs import choose_pairs
 from eva_world import world
 from eva_world.configs import TinyModelConfig
 from eva_world.tiny_lm import build_char_tokenizer, build_tiny_model, save_checkpoint, sft
+from flows.markdown import md_table
 from tasks.backends.generate.transformers import TransformersGeneration
 from tasks.backends.train.objectives import DPONLLSolverConfig
 

@@ -8,6 +8,7 @@ eva evaluate --run R --heldout FILE [--name N]       a run's checkpoints on anot
 eva serve [--file infra/prefect.yaml]                serve the deployment to a Prefect API
 eva train-node --run R [--root ROOT] [--machine-rank K]   machine K of multi-node training
 eva config [--config FILE] [--set key=value ...]    print the config that would run, as YAML
+eva bench run|report STUDY [--results F] [--deadline S]   a study file (bench/studies)
 eva bench [--quick]                                  the method and cost benchmarks (docs/bench)
 eva prefect-server [PREFECT ARGS]                    a lasting Prefect server for eva (UI)
 """
@@ -245,13 +246,25 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     bench = sub.add_parser(
-        "bench", help="the paper's tables in miniature and the pipeline's costs (docs/bench)"
+        "bench",
+        help="run or report a study file (bench/studies/); alone: the method, compute-matched "
+        "and cost benchmarks (docs/bench)",
     )
+    bench.add_argument(
+        "verb", nargs="?", choices=("run", "report"),
+        help="run: every (seed, arm) its results file does not hold yet, then the report; "
+        "report: the tables, plots and verdicts from whatever the results file holds",
+    )  # fmt: skip
+    bench.add_argument("study", nargs="?", help="a study file, or a name in bench/studies/")
     bench.add_argument(
         "--quick", action="store_true", help="one seed, fewer arms, demo size (<= 10 min)"
     )
     bench.add_argument("--root", default="runs-bench", help="where the benchmark runs live")
     bench.add_argument("--out", default=os.path.join("docs", "bench"), help="tables and plots")
+    bench.add_argument("--results", help="a study's results file (default docs/bench/NAME.jsonl)")
+    bench.add_argument(
+        "--deadline", type=float, help="seconds: start no piece the runs so far say ends later"
+    )
     return p
 
 

@@ -324,5 +324,12 @@ def serve(args: argparse.Namespace) -> int:
 def bench(args: argparse.Namespace) -> int:
     """The benchmarks are their own program (``python -m bench``): the method does not import
     the benchmark code, it only starts it."""
-    argv = [*(["--quick"] if args.quick else []), "--root", args.root, "--out", args.out]
+    if args.verb is not None:
+        if args.study is None:
+            raise ConfigError(f"eva bench {args.verb}: which study?", hint="name a study file")
+        argv = [args.verb, args.study, "--root", args.root]
+        argv += [*(["--results", args.results] if args.results else [])]
+        argv += [*(["--deadline", str(args.deadline)] if args.deadline is not None else [])]
+    else:
+        argv = [*(["--quick"] if args.quick else []), "--root", args.root, "--out", args.out]
     return subprocess.call([sys.executable, "-m", "bench", *argv])

@@ -1,88 +1,15 @@
-"""The method benchmark's harness, on a tiny world: it runs every quick arm and writes tables."""
+"""The pipeline-cost benchmark (bench.costs), on a tiny world: what it measures and reports."""
 
 from __future__ import annotations
-
-import re
 
 import pytest
 
 import bench.costs as costs
 import bench.costs_timing as costs_timing
-import bench.method as method
-import bench.method_arms as method_arms
 from bench.costs_report import _floor_lines, write_costs_report
-from bench.report import write_method_report
 from tests.conftest import tiny_run_config
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
-
-
-def test_quick_arms_produce_well_formed_tables(tmp_path, monkeypatch) -> None:
-    def tiny_base(root: str, seed: int, quick: bool, overrides: list[str]) -> dict:
-        cfg = tiny_run_config(root, seed=seed)
-        cfg.pop("run")
-        cfg["pairs"] = {"max_pairs": 4}
-        return cfg
-
-    monkeypatch.setattr(method, "base_config", tiny_base)
-    monkeypatch.setattr(method, "ONLINE_SEEDS", 12)
-    monkeypatch.setattr(method, "PAIR_BUDGET", 4)  # the tiny runs' cap: no arm needs a top-up
-    results = {"0": method.run_seed(str(tmp_path / "runs"), 0, True, [], None)}
-    assert set(results["0"]) == {
-        "theta_0",
-        "theta_1",
-        "fresh",
-        "eva",
-        "target",
-        "metric-uniform",
-        "subset-weighted",
-        "random-evolution",
-        "online-rloo",
-        "online-eva",
-    }
-    online = results["0"]["online-eva"]["iterations"]
-    assert len(online) == 1 and online[0]["budget"] >= 1.0
-    eva = results["0"]["eva"]["iterations"]
-    assert len(eva) == 2 and all(r["pairs"] <= 4 for r in eva)
-    md = write_method_report(results, str(tmp_path), "m", seconds=1.0, quick=True, command="c")
-    for title in ("Table 1", "Table 2", "Table 4", "Table 5", "Table 13", "Table 7"):
-        assert f"### {title}" in md
-    rows = [line for line in md.splitlines() if line.startswith("| +eva")]
-    assert len(rows) == 1
-    score, delta = float(rows[0].split("|")[2]), float(rows[0].split("|")[3])
-    assert 0.0 <= score <= 1.0
-    theta1 = results["0"]["theta_1"]["score"]
-    assert abs(delta - (results["0"]["eva"]["iterations"][0]["score"] - theta1)) < 1e-3
-    assert "### What the solver was taught" in md
-    # Every table row has as many cells as its header.
-    for block in re.findall(r"(\| arm .*?)\n\n", md, flags=re.S):
-        widths = {line.count("|") for line in block.splitlines() if line.startswith("|")}
-        assert len(widths) == 1, block
-    assert (tmp_path / "m-curriculum.png").stat().st_size > 1000
-
-
-def test_every_full_arm_has_a_valid_config(tmp_path) -> None:
-    """The full benchmark's arms, built as run_seed builds them (no run): a bad merge would
-    otherwise surface after half an hour of earlier arms."""
-    base = method_arms.base_config(str(tmp_path), 0, False, [])
-    names = set()
-    for arm in method_arms.arms(quick=False):
-        overrides = {"iterations": arm.iterations, "iteration0_dpo": False, **arm.overrides}
-        cfg = method_arms.arm_config(base, arm.name, overrides)
-        names.add(arm.name)
-        if arm.start != "theta_1":
-            solver = arm.overrides["train"]["solver"]
-            assert cfg.train.solver.kind == solver["kind"] == arm.start.removeprefix("theta_1-")
-            assert cfg.train.solver.learning_rate == 2e-4
-            assert cfg.pairs.min_chosen_reward == 1.0
-            assert cfg.pairs.max_pairs == method_arms.PAIR_BUDGET
-            base_run = method_arms.arm_config(
-                base, "b", {"iterations": 0, "train": arm.overrides["train"]}
-            )
-            assert base_run.train.solver.kind == cfg.train.solver.kind
-        else:
-            assert cfg.train.solver.kind == "dpo_nll" and cfg.pairs.min_chosen_reward == 1.0
-    assert {"fresh", "eva", "target", "eva-previous", "eva-sppo", "fresh-orpo"} <= names
 
 
 def test_costs_quick_measures_a_run_its_cached_rerun_and_rollouts(tmp_path) -> None:

@@ -1,4 +1,4 @@
-"""bench.answer_blind's label checks and report, on hand-made rollouts (no run)."""
+"""The answer-blind study's label checks (bench.labels), on hand-made rollouts (no run)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,7 @@ import math
 
 import pytest
 
-from bench.answer_blind import (
-    chosen_correct,
-    inherited_accuracy,
-    label_check,
-    threshold_sweep,
-)
-from bench.answer_blind_report import report
+from bench.labels import chosen_correct, inherited_accuracy, label_check, threshold_sweep
 from eva_core.schema import prompt_id
 
 NAN = math.nan
@@ -77,40 +71,3 @@ def test_pair_and_inheritance_shares() -> None:
     assert inherited_accuracy(
         ["2+1=", "1+3=", "r:ba="], ["1+2=", "1+2=", "r:ab="]
     ) == pytest.approx(round(1 / 3, 4))
-
-
-def _it(score: float, **more: object) -> dict[str, object]:
-    return {"score": score, "pairs": 320, "chosen_correct": 1.0, "children": 10,
-            "inherited_accuracy": 0.0, "cat_add": score, **more}  # fmt: skip
-
-
-def test_report_pairs_the_arms_by_seed() -> None:
-    check = {"prompts": 4, "known": 1, "majority": 2, "dropped": 1, "reproduced": True,
-             "label_accuracy": 0.5, "dropped_share": 0.25, "wrong_careless": 1.0,
-             "reward_error": 0.1, "by_category": {"add": {"unknown": 3, "dropped_share": 0.25,
-             "label_accuracy": 0.5}}}  # fmt: skip
-    results = {
-        s: {
-            "theta_1": {"score": 0.5, "cat_add": 0.5},
-            "exact": {"topup": 1.0, "iterations": [_it(e1), _it(e2)]},
-            "blind": {
-                "topup": 1.5,
-                "iterations": [_it(b1, annotate=check), _it(b2, annotate=check)],
-            },
-        }
-        for s, (e1, e2, b1, b2) in {"0": (0.6, 0.7, 0.5, 0.6), "1": (0.6, 0.8, 0.6, 0.6)}.items()
-    }
-    md = report(results, 60.0, "python -m bench.answer_blind --seeds 0 1", 0.5)
-    # Seed 0: Δ it1 = 0.5 - 0.6, Δ it2 = 0.6 - 0.7; seed 1: 0.0 and -0.2.
-    assert "| 0 | 0.500 | 0.600 | 0.500 | -0.100 | 0.700 | 0.600 | -0.100 | x1.0/x1.5 |" in md
-    # Mean ± sd of the paired Δ it2 over seeds: -0.15 ± 0.0707.
-    assert "| mean | 0.500 ± 0.000 | 0.600 ± 0.000 | 0.550 ± 0.071 | -0.050 ± 0.071 |" in md
-    assert "-0.150 ± 0.071 | - |" in md
-    assert (
-        "| 1 | annotate | 2.000 ± 0.000 | 0.500 ± 0.000 | 0.250 ± 0.000 | 1.000 ± 0.000 | "
-        "0.100 ± 0.000 | yes |"
-    ) in md
-    assert "| 2 | add | 3.000 ± 0.000 | 0.250 ± 0.000 | 0.500 ± 0.000 |" in md
-    # Per-category held-out scores; pairs on majority labels only exist in the blind arm.
-    assert "| blind it2 | 0.600 ± 0.000 |" in md
-    assert "| 1 | exact | 320.000 ± 0.000 | - | 1.000 ± 0.000 |" in md

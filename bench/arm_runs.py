@@ -1,0 +1,96 @@
+"""One arm's run, by its source: eva (``flows.run.eva_run``, or at equal generated responses a
+flow that sizes each X_t to spend what the creator left of the budget), iterative DPO on new
+prompts (``bench.arms`` on the world's streams, ``bench.real_model_fresh`` on a prompt file's
+next rows), or eva online."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from bench.configs import x0_size
+from bench.study import Arm
+from eva_runtime.errors import EvaError
+from flows.config import RunConfig
+from flows.iteration import Step, eva_iteration, setup
+from flows.launch import opened_run, run_name
+from tasks.store import Ref
+
+
+def run_arm(arm: Arm, config: Any, factor: float, budget: int | None) -> Any:
+    """Run ``config`` (the arm up to its current iteration; its finished stages are reused)
+    and return its store. ``factor``: how far a split grows; ``budget``: G responses an
+    iteration (None: the arm is not equalised by generation)."""
+    from tasks.store import RunStore
+
+    data = config.model_dump(mode="json")
+    if arm.source == "online":
+        from flows.online import eva_online
+
+        eva_online(config)
+    elif arm.source in ("fresh", "target"):
+        size, n = x0_size(data), config.generate.n
+        grow = factor if budget is None else budget / (n * size)
+        if config.prompts.path is not None:  # rows of the file after X_0, each used once
+            from bench.real_model_fresh import fresh_run
+
+            if arm.source == "target":
+                raise EvaError("the target arm draws from a distribution, not a file")
+            fresh_run(config, take=round(size * grow))
+        else:
+            from bench.arms import baseline_run
+
+            baseline_run(config, arm.source, grow)
+    elif budget is not None and config.iterations > 0:
+        matched_run(config, budget)
+    else:
+        from flows.run import eva_run
+
+        eva_run(config)
+    return RunStore(config.root, config.run, config.storage_options)
+
+
+def creator_spent(store: Any, t: int) -> int:
+    manifest = store.read_manifest(t, "creator_generate")
+    return int(manifest["stats"]["responses"]) if manifest is not None else 0
+
+
+@flow(name="eva-matched", flow_run_name=run_name)
+def matched_run(config: RunConfig, budget: int) -> list[int]:
+    """eva's iterations with X_t sized so that creator and solver generate ``budget`` responses
+    together: the creator's pass over X_{t-1} (fresh creator rollouts, or any creator at
+    iteration 1, before the run has solver readings) is known before it runs; otherwise (a
+    probe, say) the iteration is rerun once with what it spent (its creator stages reused).
+    ``size / evolutions`` parents are evolved, four children each by default, so the share of
+    spare children is the plain run's. Returns |X_t| per iteration."""
+    n, sizes = config.generate.n, []
+    with opened_run(config, None) as run:
+        prompts, heldout, policy, answers = setup(run, config)
+        step: Step | None = None
+        older: Ref | None = None
+        for t in range(1, config.iterations + 1):
+            last = step.rollouts if step else None
+            first = config.creator_rollouts == "fresh" or t == 1
+            creator = prompts.rows * n if first else 0
+            for _ in range(3):
+                size = round((budget - creator) / n)
+                if size < 1:
+                    raise EvaError(f"the creator spent {creator} of {budget}: no solver prompts")
+                fraction = min(1.0, size / (config.evolve.num_evolutions * prompts.rows))
+                cfg = config
+                if size != prompts.rows or fraction != config.sample.fraction:
+                    cfg = config.model_copy(update={
+                        "mix": config.mix.model_copy(update={"size": size}),
+                        "sample": config.sample.model_copy(update={"fraction": fraction}),
+                    })  # fmt: skip
+                step = eva_iteration(run, t, cfg, prompts, policy, heldout, last, older, answers)
+                spent = creator_spent(run.store(), t)
+                if spent == creator:
+                    break
+                creator = spent
+            else:
+                raise EvaError(f"iteration {t}: the creator's generation did not settle")
+            sizes.append(size)
+            prompts, policy, older = step.prompts, step.policy, last
+    return sizes

@@ -1,0 +1,313 @@
+"""``eva bench run STUDY``: every (seed, arm) of a study as ordinary eva runs under one root, an
+iteration at a time, each checkpoint's record written to one results file as it finishes.
+
+A record is a seed, an arm, an iteration (None: theta_0) and what the study's measures read
+there. The file is rewritten whole on every record (written aside, then renamed: a kill never
+leaves half a record), and a rerun skips every record it holds; the runs' finished stages are
+reused, so a stop loses at most the iteration in flight. Timings stay out of the file, so an
+interrupted study resumed ends with the file an uninterrupted one writes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from bench.arm_runs import run_arm
+from bench.configs import arm_config, x0_size
+from bench.measures import MEASURES, available_pairs, generated, model_path, world_rewards
+from bench.study import Arm, Study, split_at
+from eva_runtime.errors import EvaError
+
+Key = tuple[int, str, int | None]
+TOLERANCE = 0.01  # equal generation: each iteration within 1% of G
+
+
+class Results:
+    """The results file: records in the order they were made, one per (seed, arm, iteration)."""
+
+    def __init__(self, path: str):
+        self.path, self.records = path, []
+        if os.path.exists(path):
+            with open(path) as f:
+                self.records = [json.loads(line) for line in f if line.strip()]
+
+    @staticmethod
+    def key(record: dict[str, Any]) -> Key:
+        return record["seed"], record["arm"], record["iteration"]
+
+    def get(self, seed: int, arm: str, t: int | None) -> dict[str, Any] | None:
+        return next((r for r in self.records if self.key(r) == (seed, arm, t)), None)
+
+    def of(self, seed: int, arm: str) -> list[dict[str, Any]]:
+        return [r for r in self.records if r["seed"] == seed and r["arm"] == arm]
+
+    def put(self, records: list[dict[str, Any]]) -> None:
+        for record in records:
+            old = self.get(*self.key(record))
+            if old is None:
+                self.records.append(record)
+            else:
+                old.update(record)
+        self.save()
+
+    def drop(self, seed: int, arm: str) -> None:
+        self.records = [r for r in self.records if (r["seed"], r["arm"]) != (seed, arm)]
+
+    def save(self) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        with open(f"{self.path}.tmp", "w") as f:
+            f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in self.records)
+        os.replace(f"{self.path}.tmp", self.path)
+
+
+class Stopped(Exception):
+    """The deadline: the next piece of work would not finish in time."""
+
+
+class Clock:
+    """Progress by the pieces run so far, and the deadline."""
+
+    def __init__(self, total: int, done: int, deadline: float | None, say: Callable[[str], None]):
+        self.total, self.done, self.deadline, self.say = total, done, deadline, say
+        self.started, self.times = time.monotonic(), []  # type: ignore[var-annotated]
+
+    @contextmanager
+    def run(self, what: str) -> Iterator[None]:
+        mean = sum(self.times) / len(self.times) if self.times else 0.0
+        if self.deadline is not None and self.times:
+            left = self.deadline - (time.monotonic() - self.started)
+            if left < 1.2 * mean:
+                raise Stopped(f"{left:.0f} s left, a piece takes {mean:.0f} s")
+        self.say(f"{what}: running ({self.done + 1} of {self.total})")
+        t0 = time.monotonic()
+        yield
+        self.times.append(time.monotonic() - t0)
+        self.done += 1
+        mean = sum(self.times) / len(self.times)
+        rest = (self.total - self.done) * mean
+        self.say(f"{what}: done in {self.times[-1]:.0f} s; {self.total - self.done} left, about "
+                 f"{rest / 60:.1f} min by the runs so far")  # fmt: skip
+
+
+def units(arm: Arm) -> list[tuple[int, list[int | None]]]:
+    """An offline arm's pieces: (iterations run, the checkpoints it records)."""
+    if arm.iterations == 0:
+        return [(0, [0] if arm.start else [None, 0])]
+    return [(t, [t]) for t in range(1, arm.iterations + 1)]
+
+
+class StudyRun:
+    def __init__(self, study: Study, root: str, results: Results, say: Callable[[str], None]):
+        self.study, self.results, self.say = study, results, say
+        self.root = os.path.abspath(os.path.join(root, study.folder or study.name))
+
+    def store(self, seed: int, arm: str) -> Any:
+        from tasks.store import RunStore
+
+        return RunStore(self.root, f"s{seed}-{arm}")
+
+    def factor(self, seed: int, arm: str) -> float:
+        records = self.results.of(seed, arm)
+        return float(records[0]["grown"]) if records else self.study.equalise.grow[0]
+
+    def x0_factor(self, seed: int, arm: Arm) -> float:
+        """How far the arm's X_0 grew: its own factor where it grows X_0 (a base run), else
+        what the arm it starts from had (its theta was trained on that X_0)."""
+        if arm.growth() == "prompts":
+            return self.factor(seed, arm.name)
+        if arm.start is None or arm.source == "online":
+            return 1.0
+        return self.x0_factor(seed, self.study.arm(split_at(arm.start)[0]))
+
+    def config(self, seed: int, arm: Arm, factor: float, iterations: int | None = None) -> Any:
+        x0 = 1.0 if arm.growth() == "prompts" else self.x0_factor(seed, arm)
+        starts, inputs = self.starts(seed, arm), self.inputs(seed)
+        return arm_config(self.study, arm, self.root, seed, starts, factor=factor, x0_factor=x0,
+                          iterations=iterations, inputs=inputs)  # fmt: skip
+
+    def starts(self, seed: int, arm: Arm) -> dict[str, str]:
+        out = {}
+        if arm.start is not None:
+            out[arm.start] = self.checkpoint(seed, arm.start)
+        if self.study.theta_0 == "shared" and seed != self.study.seeds[0] and arm.start is None:
+            out["theta_0"] = self.checkpoint(
+                self.study.seeds[0], f"{self.study.arms[0].name}@theta_0"
+            )
+        return out
+
+    def checkpoint(self, seed: int, ref: str) -> str:
+        """ARM's checkpoint (its run made again, from its cached stages, if it is not here)."""
+        name, at = split_at(ref)
+        arm = self.study.arm(name)
+        t = at
+        if at == "last":
+            done = [r["iteration"] for r in self.results.of(seed, name)]
+            t = max((t for t in done if t is not None), default=arm.iterations)
+        assert t != "last"
+        try:
+            return model_path(self.store(seed, name), t)
+        except FileNotFoundError:
+            factor = self.factor(seed, name)
+            config = self.config(seed, arm, factor)
+            run_arm(arm, config, factor, self.budget(arm, config))
+            return model_path(self.store(seed, name), t)
+
+    def inputs(self, seed: int) -> Callable[[str, str], str]:
+        def path(kind: str, arm: str) -> str:
+            store = self.store(seed, arm)
+            if kind in ("prompts", "heldout"):
+                return str(store.absolute(store.read_manifest(None, kind)["uri"]))
+            if kind == "answers":  # X_0's answers by the world's solver: a seed set's labels
+                from bench.labels import world_answers
+
+                x0 = store.read_table(store.read_manifest(None, "prompts")["uri"])
+                out = os.path.join(self.root, "answers", f"s{seed}-{arm}-x0.jsonl")
+                world_answers(x0.column("prompt").to_pylist(), out)
+                return out
+            raise EvaError(f"${{{kind}:{arm}}}: not a placeholder the runner fills")
+
+        return path
+
+    def record(
+        self, seed: int, arm: Arm, config: Any, store: Any, ts: list[Any], factor: float
+    ) -> None:
+        rows = []
+        for t in ts:
+            row: dict[str, Any] = {"seed": seed, "arm": arm.name, "iteration": t, "grown": factor}
+            for name in self.study.measures:
+                row.update(MEASURES[name](store, t, config))
+            rows.append(row)
+        self.results.put(rows)
+
+    def run_arm(self, seed: int, arm: Arm, clock: Clock) -> None:
+        if arm.source == "online":  # one piece: the run's segments, recorded together
+            if self.results.of(seed, arm.name):
+                return
+            with clock.run(f"seed {seed}, {arm.name}"):
+                config = self.config(seed, arm, 1.0)
+                store = run_arm(arm, config, 1.0, None)
+            segments = list(itertools.takewhile(
+                lambda s: store.read_manifest(s, "evaluate") is not None, itertools.count(1)
+            ))  # fmt: skip
+            self.record(seed, arm, config, store, segments, 1.0)
+            return
+        eq, factors = self.study.equalise, self.study.equalise.grow
+        factor = self.factor(seed, arm.name)
+        pieces, i = units(arm), 0
+        while i < len(pieces):
+            t, ts = pieces[i]
+            if all(self.results.get(seed, arm.name, c) for c in ts):
+                i += 1
+                continue
+            with clock.run(f"seed {seed}, {arm.name}, iteration {t}"):
+                config = self.config(seed, arm, factor, t)
+                budget = self.budget(arm, config)
+                store = run_arm(arm, config, factor, budget)
+            if budget is not None and abs(generated(store, t) - budget) > TOLERANCE * budget:
+                raise EvaError(f"{arm.name}, iteration {t}: {generated(store, t)} responses, "
+                               f"not G = {budget}")  # fmt: skip
+            grow = [f for f in factors if f > factor and (arm.growth() != "split" or f <= 2.0)]
+            k = eq.pairs if budget is None and arm.growth() != "none" else None
+            if k is not None and grow and available_pairs(store, t) < k:
+                self.say(
+                    f"{arm.name}, iteration {t}: fewer than {eq.pairs} pairs; grown x{grow[0]:g}"
+                )
+                factor, i = grow[0], 0
+                self.results.drop(seed, arm.name)
+                continue
+            self.record(seed, arm, config, store, ts, factor)
+            i += 1
+
+    def budget(self, arm: Arm, config: Any) -> int | None:
+        """G, where generation is equalised (iterations >= 1 of an offline arm), else None."""
+        g = self.study.equalise.responses
+        if g is None or arm.source == "online" or config.iterations == 0:
+            return None
+        if g == "auto":
+            return 2 * x0_size(config.model_dump(mode="json")) * config.generate.n
+        return int(g)
+
+    def held_apart(self, seed: int) -> None:
+        """The study's held-apart sets, drawn once every arm of the seed has run, apart from
+        every prompt any of them trained on, and each offline checkpoint's reward there."""
+        from eva_world import world
+        from eva_world.components import distribution_of
+
+        offline = [a for a in self.study.arms if a.source != "online"]
+        records = [r for a in offline for r in self.results.of(seed, a.name)]
+        for spec in self.study.held_apart:
+            if all(spec.name in r for r in records):
+                continue
+            seen: set[str] = set()
+            for arm in offline:
+                store = self.store(seed, arm.name)
+                for t in range(arm.iterations + 1):
+                    if (m := store.read_manifest(t, "generate")) is not None:
+                        seen |= set(store.read_table(m["uri"]).column("prompt").to_pylist())
+            dist = distribution_of(spec.distribution)
+            held = world.sample_prompts(dist, spec.size, spec.draw, exclude=seen)
+            for r in records:
+                rewards = world_rewards(
+                    model_path(self.store(seed, r["arm"]), r["iteration"]), held
+                )
+                r[spec.name] = round(float(rewards.mean()), 4)
+                r[f"{spec.name}_exact"] = round(float((rewards == 1.0).mean()), 4)
+            first = self.study.arms[0]
+            last = max(
+                r["iteration"]
+                for r in self.results.of(seed, first.name)
+                if r["iteration"] is not None
+            )
+            if spec.pass_at:
+                rewards = world_rewards(
+                    model_path(self.store(seed, first.name), last), held, spec.pass_at
+                )
+                record = self.results.get(seed, first.name, last)
+                assert record is not None
+                record[f"pass@{spec.pass_at}"] = round(
+                    float((rewards == 1.0).any(axis=1).mean()), 4
+                )
+            records[0][f"{spec.name}_set"] = {
+                "size": len(held),
+                "excluded": len(seen),
+                "trained_on": sum(map(dist.contains, seen)),
+            }
+            self.results.save()
+
+
+def run_study(
+    study: Study,
+    root: str,
+    results_path: str,
+    deadline: float | None = None,
+    say: Callable[[str], None] = print,
+) -> bool:
+    """Every (seed, arm) of ``study`` not in the results file yet; False when the deadline
+    stopped it first."""
+    results = Results(results_path)
+    runner = StudyRun(study, root, results, say)
+    total = done = 0
+    for seed in study.seeds:
+        for arm in study.arms:
+            if arm.source == "online":
+                total, done = total + 1, done + bool(results.of(seed, arm.name))
+                continue
+            pieces = [ts for _, ts in units(arm)]
+            total += len(pieces)
+            done += sum(all(results.get(seed, arm.name, c) for c in ts) for ts in pieces)
+    clock = Clock(total, done, deadline, lambda line: say(f"{study.name}: {line}"))
+    try:
+        for seed in study.seeds:
+            for arm in study.arms:
+                runner.run_arm(seed, arm, clock)
+            runner.held_apart(seed)
+    except Stopped as exc:
+        say(f"{study.name}: stopped before the deadline ({exc}); rerun to continue")
+        return False
+    return True

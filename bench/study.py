@@ -1,0 +1,218 @@
+"""A study file: the arms of a benchmark as overrides of ordinary eva runs, the seeds, the
+equalisation, the measures and the claims judged on them, in one YAML file written (and
+committed) before any arm runs. ``bench.runner`` runs it, ``bench.report`` reports it.
+
+Each arm is a run named ``s<seed>-<arm>`` under ``--root/<folder>``: the study's config with
+the arm's overrides merged field by field (a component of another ``kind`` replaces the old
+one whole), started from another arm's checkpoint where ``start`` says so (``base``: its last
+checkpoint; ``base@theta_0``: its theta_0). A bad field is one line naming its key.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from eva_runtime.errors import ConfigError
+
+Frozen = ConfigDict(frozen=True, extra="forbid")
+Source = Literal["eva", "fresh", "target", "online"]
+Grow = Literal["auto", "evolve", "subset", "split", "prompts", "none"]
+
+
+class Arm(BaseModel):
+    model_config = Frozen
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="The run's suffix.")
+    start: str | None = Field(
+        default=None,
+        description="The checkpoint it starts from: 'ARM' (that arm's last), 'ARM@theta_0' or "
+        "'ARM@T'; none: the config's own theta_0 (the study's first seed's when theta_0 is "
+        "shared).",
+    )
+    source: Source = Field(
+        default="eva",
+        description="eva: the method; fresh / target: iterative DPO on new prompts of the seed "
+        "distribution (or the prompt file's next rows) / of the held-out one; online: eva online.",
+    )
+    iterations: int = Field(
+        default=1, ge=0, description="Iterations (segments for online); 0: iteration 0 only."
+    )
+    config: str | None = Field(
+        default=None, description="A config file of its own instead of the study's (overrides "
+        "still apply; the study's base does not). An online arm starts from the world's "
+        "online config unless it names one."
+    )  # fmt: skip
+    overrides: dict[str, Any] = Field(default_factory=dict, description="Config fields it sets.")
+    grow: Grow = Field(
+        default="auto",
+        description="How its source grows to reach the equalised pairs: evolve (more parents, "
+        "a larger X_t), subset (more of X_{t-1}), split (a longer split), prompts (a larger "
+        "X_0), none; auto picks by source.",
+    )
+
+    def growth(self) -> str:
+        if self.grow != "auto":
+            return self.grow
+        if self.source == "online":
+            return "none"
+        if self.source in ("fresh", "target"):
+            return "split"
+        if self.iterations == 0:
+            return "prompts"
+        return "subset" if self.overrides.get("prompt_strategy") == "subset" else "evolve"
+
+
+class Equalise(BaseModel):
+    model_config = Frozen
+    pairs: int | None = Field(
+        default=None, ge=1, description="K: every offline iteration trains exactly K pairs "
+        "(pairs.max_pairs: K; an arm short of K reruns with its source grown)."
+    )  # fmt: skip
+    responses: int | Literal["auto"] | None = Field(
+        default=None, description="G: every iteration t >= 1 generates G responses (creator "
+        "and solver) and trains every pair they yield; auto: 2 x |X_0| x N, what paper eva "
+        "generates. With pairs too, pairs rules the iteration-0 (base) runs only."
+    )  # fmt: skip
+    grow: list[float] = Field(
+        default=[1.0, 1.5, 2.0, 3.0],
+        min_length=1,
+        description="The growth factors tried, in order.",
+    )
+
+
+class HeldApart(BaseModel):
+    model_config = Frozen
+    name: str = Field(description="The measure's name in the results (and <name>_exact).")
+    distribution: dict[str, Any] = Field(description="A world distribution's parameters.")
+    size: int = Field(default=500, ge=1, description="Prompts drawn.")
+    draw: int = Field(description="The draw's seed.")
+    pass_at: int | None = Field(
+        default=None, ge=2, description="Also pass@n on the first arm's last checkpoint."
+    )
+
+
+class Claim(BaseModel):
+    model_config = Frozen
+    name: str = Field(description="What is claimed, in words.")
+    a: str = Field(description="'ARM' or 'ARM@T' (T a number or theta_0).")
+    b: str = Field(description="The control, as a.")
+    at: list[int] = Field(default=[], description="Iterations judged (a and b each at T).")
+    measure: str = Field(default="score", description="The recorded measure compared.")
+    sign: Literal[1, -1] = Field(default=1, description="The expected sign of a - b.")
+    rule: Literal["sd", "t", "no-worse"] = Field(
+        default="sd",
+        description="sd: mean beyond sds sd and above floor; t: paired t beyond t; no-worse: "
+        "mean at least minus one sd of b over seeds.",
+    )
+    sds: float = Field(default=2.0, gt=0)
+    floor: float = Field(default=0.0)
+    t: float = Field(default=2.776, gt=0, description="Two-sided 95% at df 4 by default.")
+
+
+class Table(BaseModel):
+    model_config = Frozen
+    title: str
+    rows: list[tuple[str, str]] = Field(description="(label, 'ARM' or 'ARM@T') per row.")
+
+
+class Plot(BaseModel):
+    model_config = Frozen
+    measure: str = "score"
+    x: Literal["iteration", "responses"] = "iteration"
+    arms: list[str] = []
+
+
+class ReportSpec(BaseModel):
+    model_config = Frozen
+    columns: list[str] = Field(default=["score", "solved"], description="Measures tabulated.")
+    tables: list[Table] = []
+    plots: list[Plot] = []
+
+
+class Study(BaseModel):
+    model_config = Frozen
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="The results' name.")
+    description: str = Field(default="", description="The question and design, in words.")
+    folder: str | None = Field(default=None, description="Runs under --root/FOLDER (the name).")
+    config: str | None = Field(default=None, description="The config file (the world's).")
+    base: dict[str, Any] = Field(default_factory=dict, description="Overrides for every arm.")
+    seeds: list[int] = Field(min_length=1)
+    theta_0: Literal["shared", "own"] = Field(
+        default="shared", description="shared: every seed from the first seed's theta_0."
+    )
+    equalise: Equalise = Field(default_factory=Equalise)
+    arms: list[Arm] = Field(min_length=1)
+    measures: list[str] = Field(default=["heldout", "trained"], description="Read per checkpoint.")
+    held_apart: list[HeldApart] = []
+    claims: list[Claim] = []
+    report: ReportSpec = Field(default_factory=ReportSpec)
+
+    @field_validator("measures")
+    @classmethod
+    def _known(cls, names: list[str]) -> list[str]:
+        from bench.measures import MEASURES
+
+        for name in names:
+            if name not in MEASURES:
+                raise ValueError(f"{name!r}: one of {', '.join(MEASURES)}")
+        return names
+
+    @field_validator("arms")
+    @classmethod
+    def _arms_in_order(cls, arms: list[Arm]) -> list[Arm]:
+        seen: set[str] = set()
+        for arm in arms:
+            if arm.name in seen:
+                raise ValueError(f"arm {arm.name!r} twice")
+            if arm.start is not None and split_at(arm.start)[0] not in seen:
+                raise ValueError(f"arm {arm.name!r} starts from {arm.start!r}: no arm before it")
+            seen.add(arm.name)
+        return arms
+
+    @field_validator("claims")
+    @classmethod
+    def _claims_name_arms(cls, claims: list[Claim], info: ValidationInfo) -> list[Claim]:
+        arms = {a.name for a in info.data.get("arms", [])}
+        for claim in claims:
+            for side in (claim.a, claim.b):
+                if split_at(side)[0] not in arms:
+                    raise ValueError(f"claim {claim.name!r}: no arm {side!r}")
+        return claims
+
+    def arm(self, name: str) -> Arm:
+        return next(a for a in self.arms if a.name == name)
+
+
+def split_at(ref: str) -> tuple[str, int | Literal["last"] | None]:
+    """'ARM' -> (ARM, 'last'); 'ARM@3' -> (ARM, 3); 'ARM@theta_0' -> (ARM, None)."""
+    name, sep, at = ref.partition("@")
+    if not sep:
+        return name, "last"
+    return name, None if at == "theta_0" else int(at)
+
+
+def load_study(path: str) -> Study:
+    """The study in ``path``, validated; every arm's config is built and validated too, so a
+    bad override is refused before anything runs (``arms.<name>.overrides.<key>``)."""
+    from flows.config import validate_config
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: {exc}", field="study") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level", field="study")
+    study = validate_config(data, Study)
+    from bench.configs import arm_config
+
+    for arm in study.arms:
+        try:
+            arm_config(study, arm, os.path.abspath("runs-bench"), study.seeds[0], {}, check=True)
+        except ConfigError as exc:
+            where = f"arms.{arm.name}.overrides.{exc.field}" if exc.field else f"arms.{arm.name}"
+            raise ConfigError(exc.message, field=where, hint=exc.hint) from None
+    return study

@@ -1,0 +1,154 @@
+"""Study files (bench.study, bench.configs) and their report (bench.report), without a run: every
+study in bench/studies builds a valid config for every arm, a bad key is named, an arm's config
+follows the merge and growth rules, and the verdicts are the rule's on hand-computed figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from bench.configs import arm_config
+from bench.report import write_report
+from bench.runner import Results
+from bench.study import Study, load_study
+from eva_runtime.errors import ConfigError
+from tests.conftest import tiny_run_config
+
+STUDIES = sorted((Path(__file__).resolve().parents[1] / "bench" / "studies").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=lambda p: p.stem)
+def test_every_study_file_builds_every_arms_config(path: Path) -> None:
+    study = load_study(str(path))  # every arm's config validated, stand-ins for checkpoints
+    assert study.name == path.stem
+
+
+def _tiny(**more: Any) -> dict[str, Any]:
+    base: dict[str, Any] = tiny_run_config("unused")
+    del base["run"], base["root"]
+    return {"name": "t", "seeds": [0, 1], "base": base,
+            "arms": [{"name": "eva"}, {"name": "fresh", "source": "fresh"}], **more}  # fmt: skip
+
+
+def test_a_study_file_names_the_key_it_cannot_use(tmp_path: Path) -> None:
+    fresh = {"name": "fresh", "source": "fresh"}
+    for change, key in (
+        ({"seeds": []}, "seeds"),
+        ({"arms": [{"name": "eva", "start": "base"}, fresh]}, "arms"),
+        ({"arms": [{"name": "eva", "overrides": {"sample": {"fractoin": 0.5}}}, fresh]},
+         "arms.eva.overrides.sample.fractoin"),
+        ({"arms": [{"name": "eva"}, {**fresh, "iterations": -1}]}, "arms.1.iterations"),
+        ({"claims": [{"name": "x", "a": "eva", "b": "fresh", "rule": "3sd"}]}, "claims.0.rule"),
+        ({"claims": [{"name": "x", "a": "eva", "b": "target"}]}, "claims"),
+        ({"measures": ["heldout", "speed"]}, "measures"),
+        ({"equalise": {"pairs": 0}}, "equalise.pairs"),
+        ({"folders": "x"}, "folders"),
+    ):  # fmt: skip
+        path = tmp_path / "s.yaml"
+        path.write_text(json.dumps(_tiny(**change)))
+        with pytest.raises(ConfigError) as caught:
+            load_study(str(path))
+        assert caught.value.field == key, caught.value
+
+
+def test_an_arms_config_merges_its_start_equalisation_overrides_and_growth() -> None:
+    base: dict[str, Any] = tiny_run_config("unused")  # 24 seed prompts
+    del base["run"], base["root"]
+    study = Study.model_validate({
+        "name": "t", "seeds": [0, 1], "base": base, "equalise": {"pairs": 8},
+        "arms": [
+            {"name": "base", "iterations": 0},
+            {"name": "eva", "start": "base", "iterations": 2},
+            {"name": "dpo", "start": "base", "overrides": {"train": {"solver": {"kind": "simpo"}}}},
+            {"name": "subset", "start": "base", "overrides": {"prompt_strategy": "subset"}},
+        ],
+    })  # fmt: skip
+    starts = {"base": "org/theta-1", "theta_0": "org/theta-0"}
+    eva = arm_config(study, study.arm("eva"), "/r", 1, starts, factor=1.5, x0_factor=2.0)
+    assert eva.run == "s1-eva" and eva.seed == 1 and eva.iterations == 2
+    assert (eva.bootstrap.init_checkpoint, eva.bootstrap.builder) == ("org/theta-1", None)
+    assert not eva.iteration0_dpo and eva.pairs.max_pairs == 8
+    # X_0 as its start grew it (24 x 2 = 48), then its own source grown 1.5x: a quarter of
+    # X_{t-1} x 1.5 drawn as parents, X_t of 48 x 1.5 = 72.
+    assert eva.prompts.source.options["size"] == 48
+    assert (eva.sample.fraction, eva.mix.size) == (0.375, 72)
+    subset = arm_config(study, study.arm("subset"), "/r", 0, starts, factor=2.0)
+    assert (subset.sample.fraction, subset.mix.size) == (0.5, None)
+    dpo = arm_config(study, study.arm("dpo"), "/r", 0, starts)  # another kind: replaced whole
+    assert dpo.train.solver.kind == "simpo" and dpo.train.solver.learning_rate != 1e-3
+    # The base run of a later seed starts from the first seed's theta_0 and grows X_0 itself.
+    base_run = arm_config(study, study.arm("base"), "/r", 1, starts, factor=3.0)
+    assert base_run.bootstrap.init_checkpoint == "org/theta-0" and base_run.iteration0_dpo
+    assert base_run.iterations == 0 and base_run.prompts.source.options["size"] == 72
+    # At equal responses the arms train every pair; the base run keeps the pair budget.
+    matched = study.model_copy(update={"equalise": study.equalise.model_copy(
+        update={"responses": "auto"})})  # fmt: skip
+    assert arm_config(matched, study.arm("eva"), "/r", 0, starts).pairs.max_pairs is None
+    assert arm_config(matched, study.arm("base"), "/r", 0, starts).pairs.max_pairs == 8
+
+
+def _record(seed: int, arm: str, t: int | None, score: float, **more: Any) -> dict[str, Any]:
+    return {"seed": seed, "arm": arm, "iteration": t, "grown": 1.0, "score": score, **more}
+
+
+def test_the_report_judges_each_claim_by_its_rule(tmp_path: Path) -> None:
+    study = Study.model_validate(_tiny(
+        seeds=[0, 1, 2],
+        arms=[{"name": "base", "iterations": 0}, {"name": "eva", "start": "base"},
+              {"name": "fresh", "start": "base", "source": "fresh"}],
+        claims=[
+            {"name": "sd", "a": "eva", "b": "fresh", "at": [1]},
+            {"name": "t", "a": "eva@1", "b": "fresh@1", "rule": "t"},
+            {"name": "no-worse", "a": "fresh@1", "b": "eva@1", "rule": "no-worse",
+             "measure": "skill"},
+            {"name": "learns", "a": "base@0", "b": "base@theta_0", "sds": 3, "floor": 0.05},
+        ],
+    ))  # fmt: skip
+    eva, fresh, skill_eva, skill_fresh = (
+        [0.6, 0.7, 0.65],
+        [0.5, 0.52, 0.51],
+        [0.4] * 3,
+        [0.38, 0.42, 0.39],
+    )
+    records = []
+    for s in range(3):
+        records += [_record(s, "base", None, 0.3), _record(s, "base", 0, 0.4 + 0.01 * s),
+                    _record(s, "eva", 1, eva[s], skill=skill_eva[s]),
+                    _record(s, "fresh", 1, fresh[s], skill=skill_fresh[s])]  # fmt: skip
+    md = write_report(study, records, str(tmp_path))
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in md.splitlines()}
+    # eva - fresh: 0.10, 0.18, 0.14; mean 0.14, sd 0.04; margin 0.14 - 2 x 0.04 = +0.060.
+    assert lines["sd"].endswith("| +0.140 ± 0.040 (3 of 3 > 0) | **held** | +0.060 |")
+    # t = 0.14 / (0.04 / sqrt 3) = 6.06 > 2.776.
+    assert lines["t"].endswith("| **held** | t +6.06 |")
+    # fresh - eva on skill: -0.02, +0.02, -0.01 (mean -0.00333); eva's sd over seeds is 0:
+    # margin -0.00333 + 0 < 0, not held.
+    assert "| not held | -0.003 |" in lines["no-worse"]
+    # theta_1 - theta_0: 0.10, 0.11, 0.12: mean 0.11, sd 0.01; min(0.11 - 0.03, 0.11 - 0.05).
+    assert lines["learns"].endswith("| **held** | +0.060 |")
+    # The table's Δ from the arm's start: eva - base@0 per seed 0.2, 0.29, 0.23.
+    assert "| eva@1 | 3 | 0.650 ± 0.050 | - | +0.240 ± 0.046 (3 of 3 > 0) | x1 |" in md
+    assert (tmp_path / "t.md").read_text() == md
+
+
+def test_the_results_file_keeps_one_record_per_checkpoint_in_order(tmp_path: Path) -> None:
+    path = str(tmp_path / "r.jsonl")
+    results = Results(path)
+    results.put([_record(0, "eva", 1, 0.5), _record(0, "eva", 2, 0.6)])
+    results.put([_record(0, "fresh", 1, 0.4), _record(0, "eva", 1, 0.5, skill=0.3)])
+    again = Results(path)
+    assert [(r["arm"], r["iteration"]) for r in again.records] == [
+        ("eva", 1),
+        ("eva", 2),
+        ("fresh", 1),
+    ]
+    assert again.get(0, "eva", 1) == _record(0, "eva", 1, 0.5, skill=0.3)
+    again.drop(0, "eva")  # an arm regrown: its records go, the file is rewritten with the next
+    again.put([_record(0, "eva", 1, 0.55)])
+    lines = (tmp_path / "r.jsonl").read_text().splitlines()
+    assert [json.loads(x)["arm"] for x in lines] == ["fresh", "eva"]
+    assert yaml.safe_load(lines[1])["score"] == 0.55
