@@ -20,7 +20,7 @@ import pyarrow as pa
 from eva_core.informativeness import informativeness, reward_matrix
 from eva_core.mixing import mix_prompt_sets
 from eva_core.sampling import select_subset, subset_size
-from eva_core.schema import PROMPT_SCHEMA
+from eva_core.schema import INSTRUCTION_COLUMNS, PROMPT_SCHEMA
 
 
 def _records(prefix: str, n: int) -> pa.Table:
@@ -30,7 +30,9 @@ def _records(prefix: str, n: int) -> pa.Table:
         {"prompt_id": ids, "prompt": ids, "source": pa.array(["seed"] * n),
          "parent_id": pa.nulls(n, pa.string()), "root_id": ids, "depth": zeros,
          "iteration": zeros, "evolve_method": pa.nulls(n, pa.string()),
-         "category": pa.nulls(n, pa.string())},
+         "category": pa.nulls(n, pa.string()),
+         # Every column of the schema, the instructions a prompt may carry included (none).
+         **{name: pa.nulls(n, PROMPT_SCHEMA.field(name).type) for name in INSTRUCTION_COLUMNS}},
         schema=PROMPT_SCHEMA,
     )  # fmt: skip
 

@@ -12,6 +12,11 @@ bad input, ``RuntimeError`` for a failure at run time), so ``except ValueError``
 
 from __future__ import annotations
 
+import re
+
+# A value echoed in an error line (a path, a run name) is cut to this many characters.
+ECHOED = 240
+
 
 class EvaError(Exception):
     """A failure a user can act on, said in one line."""
@@ -31,7 +36,7 @@ class EvaError(Exception):
         first = lines[0]
         if self.hint and len(lines) > 1 and not first.endswith(f"({self.hint})"):
             first += f" ({self.hint})"
-        return first
+        return shorten_words(first)
 
 
 class ConfigError(EvaError, ValueError):
@@ -52,3 +57,17 @@ def first_line(exc: BaseException, with_type: bool = True) -> str:
     if not lines:
         return type(exc).__name__
     return f"{type(exc).__name__}: {lines[0]}" if with_type else lines[0]
+
+
+def shorten(text: str, keep: int = ECHOED) -> str:
+    """``text``, or where it is longer than ``keep`` characters its start and end around how
+    many were left out: a 100,000-character path in an error line stays one readable line."""
+    if len(text) <= keep:
+        return text
+    head, tail = keep * 2 // 3, keep // 6
+    return f"{text[:head]}...[{len(text) - head - tail} characters]...{text[-tail:]}"
+
+
+def shorten_words(line: str, keep: int = ECHOED) -> str:
+    """Every run of non-blank characters longer than ``keep`` in ``line``, shortened."""
+    return re.sub(rf"\S{{{keep + 1},}}", lambda m: shorten(m.group(), keep), line)

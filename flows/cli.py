@@ -100,7 +100,9 @@ class _Parser(argparse.ArgumentParser):
     """argparse with eva's error contract: one line, ``eva: error: ...``, exit 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"eva: error: {message} (see `{self.prog} --help`)\n")
+        from eva_runtime.errors import shorten_words
+
+        self.exit(2, f"eva: error: {shorten_words(message)} (see `{self.prog} --help`)\n")
 
 
 def _parser() -> argparse.ArgumentParser:

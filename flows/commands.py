@@ -19,7 +19,7 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, TypeVar
 
-from eva_runtime.errors import ConfigError, first_line
+from eva_runtime.errors import ConfigError, shorten
 
 if TYPE_CHECKING:
     from flows.config import OnlineRunConfig, RunConfig
@@ -40,7 +40,7 @@ SEGMENT_ARTIFACTS = ("online", "evaluate", "judge")
 JUDGE_ARTIFACTS = ("reference", "judge")  # called only where the run has evaluate.judge
 # flows.config.RUN_NAME, repeated because importing flows.config costs seconds; a test keeps the
 # two equal. A run name is checked before it becomes part of a path (`--run ../x`).
-RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 def load(args: argparse.Namespace, model: type[T]) -> T:
@@ -59,16 +59,6 @@ def load(args: argparse.Namespace, model: type[T]) -> T:
     check_inputs(config)  # before any artifact is written
     _refuse_if_held(config)
     return config
-
-
-def first_error(exc: Exception) -> str:
-    """A validation error's first message, on one line."""
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        first = errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        return f"{where}: {first['msg']}" if where else str(first["msg"])
-    return first_line(exc, with_type=False)
 
 
 def _say(line: str) -> None:
@@ -198,9 +188,10 @@ def stage(args: argparse.Namespace) -> int:
 def evaluate(args: argparse.Namespace) -> int:
     """Score a run's checkpoints on another held-out set (flows.evaluate_run)."""
     check_run_name(args.run)
-    from flows.config import OnlineRunConfig
+    from flows.config import OnlineRunConfig, validate_config
     from flows.config_layers import apply_overrides
     from flows.evaluate_run import HeldoutEvaluation, checkpoints, eva_evaluate, ifeval_table
+    from flows.inputs import check_inputs
     from flows.runs import check_iteration, stored_config
     from tasks.package_files import IFEVAL
     from tasks.store import RunStore
@@ -211,10 +202,10 @@ def evaluate(args: argparse.Namespace) -> int:
         "heldout": {"path": args.heldout},
         "evaluate": config.evaluation.without_judge().model_dump(mode="json"),
     }
-    try:
-        job = HeldoutEvaluation.model_validate(apply_overrides(data, list(args.set)))
-    except ValueError as exc:  # pydantic's ValidationError, an override of an unknown key
-        raise ConfigError(first_error(exc), field="eva evaluate") from None
+    job = validate_config(apply_overrides(data, list(args.set)), HeldoutEvaluation)
+    # The run's own checks, on the run as it would be with this held-out set and evaluation: the
+    # file is read, its instructions tried, its prompts fitted to the policy, before any stage.
+    check_inputs(config.model_copy(update={"heldout": job.heldout, "evaluate": job.evaluate}))
     store = RunStore(config.root, config.run, config.storage_options)
     made = checkpoints(store, isinstance(config, OnlineRunConfig))
     if args.iteration:
@@ -278,7 +269,10 @@ def check_run_name(run: str) -> None:
     """Refuse a ``--run`` that is not a run name (``../x``) before it becomes part of a path;
     ``flows.runs.stored_config`` says the same, seconds later."""
     if not RUN_NAME.fullmatch(run):
-        raise ConfigError(f"--run {run!r}: a run name (letters, digits, '_', '.', '-'), not a path")
+        raise ConfigError(
+            f"--run {shorten(repr(run))}: a run name (letters, digits, '_', '.', '-'; at most 128 "
+            "characters), not a path"
+        )
 
 
 def _stored_kind(root: str, run: str) -> tuple[bool, bool] | None:

@@ -60,12 +60,15 @@ def _inline_extends(data: Any) -> Any:
     return data
 
 
-# A run names a folder under the root: never a path.
-RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+# A run names a folder under the root: never a path, and at most 128 characters, which any
+# filesystem holds with the suffixes eva adds (a folder name is at most 255 bytes on most).
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 def _run_name(name: str) -> str:
     if not RUN_NAME.fullmatch(name):
+        if len(name) > 128 and RUN_NAME.fullmatch(name[:128]):
+            raise ValueError(f"{len(name)} characters: at most 128 (it names a folder)")
         raise ValueError("use letters, digits, '_', '.' and '-' (it names a folder)")
     return name
 
@@ -247,7 +250,25 @@ def validate_config(data: dict[str, Any], model: type[BaseModel] = RunConfig) ->
             )
         raise ConfigError(f"{head}{msg}{got}{more}", field=field, hint=hint) from None
     check_finite(config)
+    check_numbers(data, config)
     return config
+
+
+def check_numbers(data: Any, config: BaseModel) -> None:
+    """A ``ConfigError`` naming the first number field that was given a boolean: pydantic reads
+    ``true`` as 1 and YAML reads ``yes`` as ``true``, so ``--set train.solver.learning_rate=true``
+    would train at 1.0. One rule for every field of every section (a component's options
+    included): a value that became a number while the user wrote a boolean."""
+    for node in walk(config):
+        value = node.value
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            given = get_path(data, list(node.keys))
+            if isinstance(given, bool):
+                raise ConfigError(
+                    f"{str(given).lower()} is a boolean, not a number",
+                    field=node.path or "config",
+                    hint="give a number",
+                )
 
 
 def check_finite(config: BaseModel) -> None:

@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any
 
-from eva_runtime.errors import ConfigError, first_line
+from eva_runtime.errors import ConfigError, first_line, shorten
 from flows.config import RUN_NAME, OnlineRunConfig, RunConfig, validate_config
 from flows.explain import close_match
 from tasks.store import RunStore
@@ -27,7 +27,10 @@ def stored_config(
     launched (another folder, for a copy) and are replaced by these. ``storage_options`` open
     the root (an S3 endpoint, credentials) and take precedence over the stored ones."""
     if not RUN_NAME.fullmatch(run):
-        raise ConfigError(f"--run {run!r}: a run name (letters, digits, '_', '.', '-'), not a path")
+        raise ConfigError(
+            f"--run {shorten(repr(run))}: a run name (letters, digits, '_', '.', '-'; at most "
+            "128 characters), not a path"
+        )
     root = os.path.abspath(root) if "://" not in root else root
     given = dict(storage_options or {})
     store = RunStore(root, run, given)

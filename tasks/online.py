@@ -139,6 +139,39 @@ def _log_table(rows: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_pylist(rows)
 
 
+def read_state(path: str, segment: int, run: str) -> dict[str, Any]:
+    """The buffer state the previous segment's checkpoint carries, checked as it is read: a
+    missing, cut or edited file is one line naming it and its field, and how to make it again
+    (the creator's part is checked again, field by field, as the creator loads it)."""
+    if not os.path.exists(path):
+        raise _state_error(path, segment, run, "there is no such file")
+    try:
+        with open(path) as f:
+            state = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise _state_error(
+            path, segment, run, f"not JSON: {exc.msg} (character {exc.pos})"
+        ) from None
+    if not isinstance(state, dict) or not isinstance(state.get("creator"), dict):
+        raise _state_error(path, segment, run, "no creator state in it")
+    for field in ("trained_steps", "drawn"):
+        value = state.get(field, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise _state_error(path, segment, run, f"{field} {json.dumps(value)} is not a count")
+    if not isinstance(state.get("pending", []), list):
+        raise _state_error(path, segment, run, "pending is not a list of draws")
+    return state
+
+
+def _state_error(path: str, segment: int, run: str, why: str) -> StageError:
+    return StageError(
+        f"segment {segment}: the buffer state {path}: {why}",
+        field=f"online of iter_{segment}",
+        hint=f"make it again from the segment before: eva stage online --run {run} "
+        f"--iteration {segment - 1} --force",
+    )
+
+
 @stage(
     "online",
     # 2: records whether each completion finished; cut ones train nothing by default.
@@ -168,12 +201,7 @@ def online(
     )
     state: dict[str, Any] = {}
     if ctx.iteration > 1:  # segment 1 starts a creator, whatever checkpoint theta_0 is
-        if not os.path.exists(state_path):
-            raise StageError(
-                f"segment {ctx.iteration}: the previous checkpoint has no buffer state"
-            )
-        with open(state_path) as f:
-            state = json.load(f)
+        state = read_state(state_path, ctx.iteration, ctx.run.run)
         rewriter = rewriter_of(evolver) if evolver is not None else None
         creator = Creator.from_state(records, state["creator"], rewriter=rewriter, **options)
     else:
@@ -187,7 +215,10 @@ def online(
             field="online.budget",
             hint="raise online.budget to train further",
         )
-    loop = OnlineLoop(creator, config.reward.load(), state=state)
+    try:
+        loop = OnlineLoop(creator, config.reward.load(), state=state)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise _state_error(state_path, ctx.iteration, ctx.run.run, f"{exc}") from None
     out_dir = os.path.join(ctx.scratch, "model")
     started = time.perf_counter()
     # The trainer (TRL) is imported here: reading an online config needs none of it.

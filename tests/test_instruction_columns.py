@@ -129,6 +129,11 @@ def test_a_run_whose_reward_reads_instructions_refuses_prompts_without_them(
          "refuses the arguments .*not supported between instances of 'str' and 'int'"),
         (["keywords:frequency"], [{"keyword": "rain", "frequency": 2}],
          "leave out relation, which its checker then draws at random"),
+        # Values a checker does not take and replaces by a random draw (issue 49).
+        (["detectable_format:number_highlighted_sections"], [{"num_highlights": -3}],
+         "does not take num_highlights -3 .* draws a value at random"),
+        (["detectable_content:number_placeholders"], [{"num_placeholders": -1}],
+         "does not take num_placeholders -1"),
         (["change_case:english_lowercase", "change_case:english_capital"], [{}, {}],
          "english_capital contradict each other"),
     ],

@@ -47,7 +47,10 @@ def test_the_reward_is_the_share_of_instructions_followed() -> None:
     ]
     rewards, stats = _score(responses)
     assert rewards == [1.0, 0.5, 0.5, 0.0, 0.0]
-    assert stats == {"responses": 5, "instructions": 10, "followed": 4, "all_followed": 1}
+    # Strict and loose agree on these answers (no first or last line, no asterisks to drop).
+    assert stats == {"responses": 5, "instructions": 10, "followed": 4, "all_followed": 1,
+                     "instructions_given": 10, "followed_strict": 4, "all_followed_strict": 1,
+                     "followed_loose": 4, "all_followed_loose": 1}  # fmt: skip
     assert _score(responses, score="all")[0] == [1.0, 0.0, 0.0, 0.0, 0.0]
 
 
@@ -129,6 +132,22 @@ def test_the_checkers_that_read_nltk_data_score_from_the_wheels_punkt_model(
         kwargs=[fewer, more, capitals, capitals],
     )  # fmt: skip
     assert got == [[1.0], [0.0], [1.0], [0.0]]
+
+
+def test_a_row_the_edge_would_refuse_still_scores_the_same_every_time() -> None:
+    # num_highlights -3 makes the checker draw a count at random whenever it is built; the
+    # reward seeds that draw, so the same answers score the same at every call (issue 49: 2, 5
+    # and 7 of 10 copies of one answer were rewarded in three scorings).
+    reward = InstructionFollowingReward().load()
+    answer = "*one* and *two* and *three*"
+    ids, kwargs = ["detectable_format:number_highlighted_sections"], [{"num_highlights": -3}]
+    scores = [
+        reward.score(
+            ["p"] * 10, [[answer]] * 10, instruction_id_list=[ids] * 10, kwargs=[kwargs] * 10
+        )
+        for _ in range(3)
+    ]
+    assert scores[0] == scores[1] == scores[2] and len({s[0] for s in scores[0]}) == 1
 
 
 def test_importing_the_checkers_asks_the_network_for_nothing() -> None:

@@ -92,6 +92,31 @@ def test_the_gguf_converts_once_into_a_folder_whose_logits_match_it(
     assert sum(p.numel() for p in ours.parameters()) == 134_515_008
 
 
+def test_a_conversion_killed_midway_leaves_no_staging_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signal
+    import time
+
+    from eva_runtime.folder_cache import intact
+    from tasks.checkpoints import converted
+
+    cache = tmp_path / "cache"
+    code = f"from tasks.checkpoints import converted; converted({REF!r})"
+    env = {**os.environ, "EVA_CACHE_DIR": str(cache)}
+    converting = subprocess.Popen([sys.executable, "-c", code], cwd=PROJECT, env=env)
+    gguf = cache / "gguf"
+    deadline = time.monotonic() + 300
+    while not (gguf.is_dir() and any(".tmp-" in n for n in os.listdir(gguf))):
+        assert converting.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    os.kill(converting.pid, signal.SIGKILL)  # mid-conversion: its staging folder is written
+    converting.wait()
+    monkeypatch.setenv("EVA_CACHE_DIR", str(cache))
+    folder = converted(REF)
+    assert intact(folder) and not [n for n in os.listdir(gguf) if ".tmp-" in n]
+
+
 def test_answers_cut_at_the_cap_are_counted_on_the_real_model(model_dir: str) -> None:
     from tasks.backends.generate.transformers import TransformersGeneration
 
@@ -104,6 +129,25 @@ def test_answers_cut_at_the_cap_are_counted_on_the_real_model(model_dir: str) ->
     short = TransformersGeneration(max_new_tokens=64, temperature=0.7).load(model_dir)
     sampled = short.generate([q for q, _ in SHORT], 4, seed=0)
     assert 0 < sampled.truncated() < 32  # some answers end, some run on
+
+
+def test_ctranslate2_answers_as_transformers_in_float32_and_counts_its_cut_answers(
+    model_dir: str,
+) -> None:
+    from tasks.backends.generate.ctranslate2 import CTranslate2Generation
+    from tasks.backends.generate.transformers import TransformersGeneration
+
+    prompts = [q for q, _ in SHORT] + ["Write a long story about a dragon who learns to bake."]
+    ours = CTranslate2Generation(max_new_tokens=24, temperature=0.0, compute_type="float32")
+    theirs = TransformersGeneration(max_new_tokens=24, temperature=0.0)
+    got = ours.load(model_dir).generate(prompts, 1, seed=0)
+    assert got == theirs.load(model_dir).generate(prompts, 1, seed=0)
+    assert got.finished[-1] == [False] and got.truncated() < len(prompts)  # the story is cut
+    # int8 answers the same prompts with weights of 8 bits: docs/benchmarks.md measures how
+    # many answers that changes; here each is flagged by its own end token.
+    cut = CTranslate2Generation(max_new_tokens=8, temperature=0.0).load(model_dir)
+    flagged = cut.generate(["Write a long story about a dragon.", "What is 2 + 3?"], 1, seed=0)
+    assert flagged.finished == [[False], [True]] and "5" in flagged.texts[1][0]
 
 
 def _eva(args: list[str], cache: str) -> subprocess.CompletedProcess:
@@ -161,6 +205,29 @@ def test_the_recipe_runs_the_real_model_end_to_end(
     evaluated = store.read_manifest(1, "evaluate")["stats"]
     assert evaluated["per_category"] == {}  # no categories in the file: none named "None"
     assert "truncated_share" in evaluated
+    # The recipe samples on CTranslate2, each policy converted once: theta_0 by the setup's
+    # evaluation (or earlier), found in the cache by both of iteration 1's samplers; theta_1 by
+    # its evaluation.
+    assert store.read_manifest(1, "creator_generate")["stats"]["backend"] == {"conversions": 0}
+    assert generated["stats"]["backend"] == {"conversions": 0}
+    assert evaluated["backend"] == {"conversions": 1}
+
+    # IFEval's own prompts (8 of the 541), scored on theta_0 and theta_1 after the run, as
+    # stages of it; a second call reuses them.
+    ifeval = ["evaluate", "--run", "real", "--root", str(tmp_path / "runs"), "--heldout",
+              "ifeval", "--set", "heldout.limit=8",
+              "--set", "evaluate.generation.max_new_tokens=32"]  # fmt: skip
+    scored = _eva(ifeval, cache)
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    table = [line for line in scored.stdout.splitlines() if line.startswith("| ")]
+    assert table[0].startswith("| checkpoint | score | prompt_strict | instruction_strict |")
+    assert [row.split(" | ")[0] for row in table[1:]] == ["| theta_0", "| 1"]
+    answered = store.read_manifest(1, "evaluate_ifeval")
+    assert answered["rows"] == 8 and answered["stats"]["unscored"] == 0
+    counts = answered["stats"]["reward"]
+    assert counts["responses"] == 8 and counts["instructions_given"] >= 8
+    again = _eva(ifeval, cache)
+    assert again.returncode == 0 and store.read_manifest(1, "evaluate_ifeval") == answered
 
 
 def _prompt_files(folder: Path) -> tuple[Path, Path]:

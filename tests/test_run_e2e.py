@@ -445,7 +445,15 @@ def _bad_files(tmp_path, policy_dir: str) -> dict[str, str]:
     no_weights.mkdir()
     (no_weights / "config.json").write_text("{}")
     own = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "own-model.yaml")
+    highlights = {
+        "prompt": "Describe rain.",
+        "kwargs": [{"num_highlights": -3}],
+        "instruction_id_list": ["detectable_format:number_highlighted_sections"],
+    }
+    (tmp_path / "neg.jsonl").write_text(json.dumps(highlights) + "\n")
     out = {
+        "SMOLLM2": os.path.join(os.path.dirname(own), "smollm2-if.yaml"),
+        "NEGATIVEHIGHLIGHTS": str(tmp_path / "neg.jsonl"),
         "DIRECTORY": str(tmp_path),
         "POLICY": policy_dir,
         "NOWEIGHTS": str(no_weights),
@@ -529,6 +537,23 @@ def _bad_files(tmp_path, policy_dir: str) -> dict[str, str]:
         (["--seed", "abc"], "argument --seed: invalid int value: 'abc'"),
         # The key a user would type back, not pydantic's path through the union's tag.
         (["--set", "generate.backend.batch_size=0"], "generate.backend.batch_size: Input should"),
+        # Found by trying bad inputs on issue 49's surfaces: a boolean is not a number, in any
+        # section, a component's fields included.
+        (
+            ["--set", "train.solver.learning_rate=true"],
+            "train.solver.learning_rate: true is a boolean, not a number",
+        ),
+        (["--set", "sample.temperature=yes"], "sample.temperature: true is a boolean, not a"),
+        (
+            ["--set", "generate.backend.temperature=false"],
+            "generate.backend.temperature: false is a boolean",
+        ),
+        (["--run", "r" * 300], "run: 300 characters: at most 128"),
+        (["--set", "prompts.path=/" + "p" * 100_000 + ".jsonl"], "...[99"),
+        (
+            ["--set", "prompts.path=NEGATIVEHIGHLIGHTS", "--config", "SMOLLM2"],
+            "its checker does not take num_highlights -3",
+        ),
     ],
 )
 def test_more_bad_input_is_one_line_and_writes_nothing(
@@ -540,7 +565,45 @@ def test_more_bad_input_is_one_line_and_writes_nothing(
     assert main(["run", "--root", str(root), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("eva: error: ") and message in err and "\n" not in err, err
+    assert len(err) < 1000  # an echoed value is shortened, once
     assert not root.exists()
+
+
+def test_eva_evaluate_scores_a_runs_checkpoints_on_another_heldout_set(
+    finished_run, tmp_path, capsys
+) -> None:
+    import shutil
+
+    config, _ = finished_run
+    shutil.copytree(os.path.join(config.root, config.run), tmp_path / "copy")
+    heldout = tmp_path / "more.jsonl"
+    heldout.write_text("".join(json.dumps({"prompt": p}) + "\n"
+                               for p in ("3+4=", "12+5=", "r:abc=", "7+7=")))  # fmt: skip
+    args = ["evaluate", "--run", "copy", "--root", str(tmp_path), "--heldout", str(heldout)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if line.startswith("| ")]
+    assert [line.split(" | ")[0] for line in table[1:]] == ["| theta_0", "| 0", "| 1"]
+    store = RunStore(str(tmp_path), "copy")
+    made = {t: store.read_manifest(t, "evaluate_heldout2") for t in (None, 0, 1)}
+    assert all(m["rows"] == 4 and m["stats"]["unscored"] == 0 for m in made.values())
+    assert store.read_manifest(None, "heldout_heldout2")["rows"] == 4
+    # The world's reward scored them; the table's score is the stage's own.
+    assert f"| 1 | {made[1]['stats']['score']:.3f} |" in out
+    # Again, one checkpoint: reused, nothing made anew.
+    assert main([*args, "--iteration", "1"]) == 0
+    assert store.read_manifest(1, "evaluate_heldout2") == made[1]
+    capsys.readouterr()
+    for bad, says in (
+        (["--iteration", "7"], "--iteration 7: run copy has iterations 0 to 1"),
+        (["--set", "evaluate.nope=1"], "evaluate.nope: not a field of this section"),
+        (["--set", "heldout.limit=0"], "heldout.limit: Input should be greater than or equal to 1"),
+    ):
+        assert main([*args, *bad]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("eva: error: ") and says in err and "\n" not in err, err
+    assert main([*args[:-1], str(tmp_path / "none.jsonl")]) == 2
+    assert "no file at" in capsys.readouterr().err
 
 
 def test_prompt_files_as_json_arrays_are_read(tmp_path) -> None:

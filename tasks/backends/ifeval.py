@@ -106,7 +106,7 @@ def check(instructions: Sequence[Instruction]) -> None:
     for iid, args in instructions:
         given = {k: v for k, v in args.items() if v is not None}
         try:
-            drawn = [_built(iid, given, seed) for seed in range(4)]
+            built = [_built(iid, given, seed) for seed in range(4)]
             # The reward's own call, on a plain answer: a value of the wrong type fails here.
             with seeded(0):
                 evaluate_instructions(PROBE, [iid], [given], PROBE, registry())
@@ -115,12 +115,21 @@ def check(instructions: Sequence[Instruction]) -> None:
                 f"instruction {iid!r}: its checker refuses the arguments {json.dumps(args)} "
                 f"({type(exc).__name__}: {exc})"
             ) from None
-        left_out = sorted(k for k in drawn[0] if any(d[k] != drawn[0][k] for d in drawn))
-        if left_out:
+        # What the checker holds once built, under four seeds: an argument that differs between
+        # them was drawn at random, because it was left out or because the checker replaces a
+        # value outside its range (a negative count) by a draw.
+        drawn = sorted(k for k in built[0] if any(b.get(k) != built[0][k] for b in built))
+        if left_out := [k for k in drawn if k not in given]:
             raise ValueError(
                 f"instruction {iid!r}: kwargs {json.dumps(args)} leave out {', '.join(left_out)}, "
                 "which its checker then draws at random each time it scores (give every "
                 "argument, as IFEval's rows do)"
+            )
+        if replaced := [k for k in drawn if k in given]:
+            values = ", ".join(f"{k} {json.dumps(given[k])}" for k in replaced)
+            raise ValueError(
+                f"instruction {iid!r}: its checker does not take {values} (outside what it "
+                "accepts) and draws a value at random instead each time it scores"
             )
     if not consistent(instructions):
         ids = ", ".join(iid for iid, _ in instructions)
@@ -136,7 +145,7 @@ def _built(instruction_id: str, given: dict[str, Any], seed: int) -> dict[str, A
     checker = registry()[instruction_id](instruction_id)
     with seeded(seed):
         checker.build_description(**given)
-    return {k: v for k, v in (checker.get_instruction_args() or {}).items() if k not in given}
+    return dict(checker.get_instruction_args() or {})
 
 
 def as_columns(instructions: Sequence[Instruction]) -> tuple[list[str], str]:

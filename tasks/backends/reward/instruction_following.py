@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from eva_core.schema import INSTRUCTION_COLUMNS
 from eva_runtime.errors import ConfigError
-from tasks.backends.ifeval import Instruction, parse, registry
+from tasks.backends.ifeval import Instruction, parse, registry, seeded
 from tasks.backends.protocols import Progress, no_progress
 
 
@@ -118,9 +118,12 @@ class InstructionScorer:
         ids = [iid for iid, _ in instructions]
         self._counts["instructions_given"] += len(ids)
         try:
-            results, _ = evaluate_instructions(
-                response, ids, [args for _, args in instructions], prompt, registry()
-            )
+            # Seeded: a checker given an argument it does not take draws one (the edge refuses
+            # such rows, tasks.backends.ifeval.check); the same response then scores the same.
+            with seeded(0):
+                results, _ = evaluate_instructions(
+                    response, ids, [args for _, args in instructions], prompt, registry()
+                )
         except Exception:  # one checker's bad day is this response's NaN, not the stage's end
             self._counts["checker_failures"] += 1
             return math.nan
