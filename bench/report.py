@@ -35,11 +35,13 @@ def value(record: dict[str, Any] | None, measure: str) -> float | None:
 
 
 def mean_std(values: list[float]) -> str:
-    """'mean ± sample sd' over seeds (the mean alone for one seed; '-' for none)."""
+    """'mean ± sample sd' over seeds (the mean alone for one seed; '-' for none); counts
+    without decimals."""
     a = np.asarray(values, dtype=float)
     if not a.size:
         return "-"
-    return f"{a.mean():.3f} ± {a.std(ddof=1):.3f}" if a.size > 1 else f"{a.mean():.3f}"
+    f = ",.0f" if np.all(a == np.round(a)) and np.abs(a).max() >= 2 else ".3f"
+    return f"{a.mean():{f}} ± {a.std(ddof=1):{f}}" if a.size > 1 else f"{a.mean():{f}}"
 
 
 def column(idx: Index, key: Point, measure: str) -> dict[int, float]:

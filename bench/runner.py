@@ -75,10 +75,12 @@ class Clock:
 
     def __init__(self, total: int, done: int, deadline: float | None, say: Callable[[str], None]):
         self.total, self.done, self.deadline, self.say = total, done, deadline, say
-        self.started, self.times = time.monotonic(), []  # type: ignore[var-annotated]
+        self.started, self.times = time.monotonic(), list[float]()
 
     @contextmanager
     def run(self, what: str) -> Iterator[None]:
+        """Time one piece; refuse it (``Stopped``) where the mean piece so far would not end
+        before the deadline."""
         mean = sum(self.times) / len(self.times) if self.times else 0.0
         if self.deadline is not None and self.times:
             left = self.deadline - (time.monotonic() - self.started)
@@ -215,10 +217,9 @@ class StudyRun:
             grow = [f for f in factors if f > factor and (arm.growth() != "split" or f <= 2.0)]
             k = eq.pairs if budget is None and arm.growth() != "none" else None
             if k is not None and grow and available_pairs(store, t) < k:
-                self.say(
-                    f"{arm.name}, iteration {t}: fewer than {eq.pairs} pairs; grown x{grow[0]:g}"
-                )
-                factor, i = grow[0], 0
+                clock.say(f"seed {seed}, {arm.name}, iteration {t}: fewer than {k} pairs; its "
+                          f"source grown x{grow[0]:g}")  # fmt: skip
+                factor, clock.total, i = grow[0], clock.total + i + 1, 0  # its pieces again
                 self.results.drop(seed, arm.name)
                 continue
             self.record(seed, arm, config, store, ts, factor)
