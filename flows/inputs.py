@@ -66,7 +66,7 @@ def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
         except ValueError as exc:
             raise ConfigError(f"{field}.{named}: {exc}") from None
         texts = table.column("prompt").to_pylist()
-        _check_instructions(config, f"{field}.{named}: {shown}", table)
+        _check_instructions(config, field, f"{field}.{named}: {shown}", table)
         for where, (factory, component) in components.items():
             check = getattr(component, "check_prompts", None)
             try:
@@ -164,9 +164,13 @@ def _role(node: Node) -> Builds | None:
     return next((m for m in metadata if isinstance(m, Builds)), None)
 
 
-def _check_instructions(config: RunConfig | OnlineRunConfig, where: str, table: Any) -> None:
+def _check_instructions(
+    config: RunConfig | OnlineRunConfig, field: str, where: str, table: Any
+) -> None:
     """Where a component reads each prompt's instructions (the instruction-following reward or
-    evolver), the prompts carry them, and the checkers here can run every one."""
+    evolver), the prompts carry them, and the checkers here can run every one. A training
+    prompt no answer can follow as written (``Unfollowable``) is refused; a held-out one is
+    scored as it is, and counted in one warning line."""
     readers = [
         node.path
         for node in walk(config)
@@ -174,7 +178,7 @@ def _check_instructions(config: RunConfig | OnlineRunConfig, where: str, table: 
     ]
     if not readers:
         return
-    from tasks.backends.ifeval import check, parse
+    from tasks.backends.ifeval import Unfollowable, check, parse
 
     ids = table.column("instruction_id_list").to_pylist()
     if all(i is None for i in ids):
@@ -185,14 +189,26 @@ def _check_instructions(config: RunConfig | OnlineRunConfig, where: str, table: 
             "bench.if_prompts writes them",
         )
     kwargs_cells = table.column("kwargs").to_pylist()
+    scored_as_is: list[str] = []
     for row, (given, kwargs) in enumerate(zip(ids, kwargs_cells, strict=True)):
         try:
             if given is not None:
                 check(parse(given, kwargs))
+        except Unfollowable as exc:
+            if field == "prompts":
+                raise ConfigError(
+                    f"{where}: prompt {row}: {exc}", hint=f"{readers[0]} checks every one"
+                ) from None
+            scored_as_is.append(f"prompt {row}: {exc}")
         except (ValueError, ImportError) as exc:
             raise ConfigError(
                 f"{where}: prompt {row}: {exc}", hint=f"{readers[0]} checks every one"
             ) from None
+    if scored_as_is:
+        _warn(
+            f"{where}: {len(scored_as_is)} held-out prompts cannot be followed as written, and "
+            f"are scored as they are (the first, {scored_as_is[0]})"
+        )
 
 
 def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: list[str]) -> None:

@@ -159,6 +159,35 @@ def test_instructions_the_reward_could_not_score_are_refused_before_the_run(
     assert refused.value.hint == "annotate.reward checks every one"
 
 
+def test_a_heldout_prompt_that_cannot_be_followed_as_written_is_scored_as_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # IFEval's own prompts hold such rows (30 of 541): a benchmark is scored as it was written.
+    pytest.importorskip("if_verifiable")
+    from eva_runtime.errors import ConfigError
+    from flows.config import load_config
+    from flows.inputs import check_inputs
+
+    twice = {"prompt": "Describe rain.", "kwargs": [{"num_words": 5, "relation": "at least"},
+             {"num_words": 50, "relation": "less than"}],
+             "instruction_id_list": ["length_constraints:number_words"] * 2}  # fmt: skip
+    letter = {
+        "prompt": "Describe snow.",
+        "instruction_id_list": ["keywords:letter_frequency"],
+        "kwargs": [{"letter": "#", "let_frequency": 2, "let_relation": "at least"}],
+    }
+    path = _jsonl(tmp_path / "h.jsonl", [twice, letter])
+    recipe = "configs/smollm2-if.yaml"
+    check_inputs(load_config(recipe, [f"heldout.path={path}", f"root={tmp_path}"]))
+    warned = capsys.readouterr().err
+    assert "2 held-out prompts cannot be followed as written, and are scored as they are" in warned
+    with pytest.raises(ConfigError, match="prompt 0: instructions length_constraints:number_w"):
+        check_inputs(load_config(recipe, [f"prompts.path={path}", f"root={tmp_path}"]))
+    wrong = _jsonl(tmp_path / "w.jsonl", [{**letter, "kwargs": [{"letterz": "a"}]}])
+    with pytest.raises(ConfigError, match="prompt 0: instruction 'keywords:letter_frequency': its"):
+        check_inputs(load_config(recipe, [f"heldout.path={wrong}", f"root={tmp_path}"]))
+
+
 def test_the_creator_keeps_a_seeds_instructions() -> None:
     from eva_core.creator_records import as_records
 

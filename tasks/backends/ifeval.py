@@ -95,12 +95,21 @@ def parse(ids: Any, kwargs: Any) -> list[Instruction]:
     return list(zip(ids, json.loads(args_json), strict=True))
 
 
+class Unfollowable(ValueError):
+    """A prompt whose instructions can be scored but not followed as written: an argument its
+    checker draws at random instead (scored the same at every call, the reward seeds it, but
+    not what the text says), or instructions that contradict each other. A training prompt
+    like it is refused; a held-out one is scored as it is, as IFEval's own 541 prompts hold 30
+    such rows (a letter "#" to count, a word count asked twice, two responses and a word
+    count)."""
+
+
 def check(instructions: Sequence[Instruction]) -> None:
     """What the reward would meet only when scoring, said before a run starts: a ``ValueError``
     naming an instruction whose checker refuses its arguments (an unknown name, a relation it
-    does not know, a count that is not a number), one whose checker would draw a missing
-    argument at random on every call (the reward would change from one scoring to the next),
-    or two instructions that contradict each other (no answer can follow both)."""
+    does not know, a count that is not a number); ``Unfollowable`` for one whose checker would
+    draw an argument at random on every call (left out, or a value it does not take), or two
+    instructions that contradict each other (no answer can follow both)."""
     from if_verifiable.common import evaluate_instructions
 
     for iid, args in instructions:
@@ -120,20 +129,20 @@ def check(instructions: Sequence[Instruction]) -> None:
         # value outside its range (a negative count) by a draw.
         drawn = sorted(k for k in built[0] if any(b.get(k) != built[0][k] for b in built))
         if left_out := [k for k in drawn if k not in given]:
-            raise ValueError(
+            raise Unfollowable(
                 f"instruction {iid!r}: kwargs {json.dumps(args)} leave out {', '.join(left_out)}, "
                 "which its checker then draws at random each time it scores (give every "
                 "argument, as IFEval's rows do)"
             )
         if replaced := [k for k in drawn if k in given]:
             values = ", ".join(f"{k} {json.dumps(given[k])}" for k in replaced)
-            raise ValueError(
+            raise Unfollowable(
                 f"instruction {iid!r}: its checker does not take {values} (outside what it "
                 "accepts) and draws a value at random instead each time it scores"
             )
     if not consistent(instructions):
         ids = ", ".join(iid for iid, _ in instructions)
-        raise ValueError(f"instructions {ids} contradict each other: no answer follows all")
+        raise Unfollowable(f"instructions {ids} contradict each other: no answer follows all")
 
 
 # A plain answer the argument check scores (any text: it is the checkers' call that is tried).
