@@ -160,3 +160,21 @@ def test_the_config_is_a_generation_backend_and_refuses_unknown_values() -> None
         adapter.validate_python({"kind": "ctranslate2", "compute_type": "int4"})
     with pytest.raises(ValidationError, match="device"):
         adapter.validate_python({"kind": "ctranslate2", "device": "mps"})
+
+
+def test_by_default_as_many_engines_as_cores_and_memory_hold(
+    model_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import types
+
+    import psutil
+
+    gen = _load(model_dir)
+    cores = len(os.sched_getaffinity(0))
+    assert gen._layout() == (cores, 1)  # a tiny model: one one-thread engine a core
+    weights = sum(f.stat().st_size for f in os.scandir(gen.path) if f.is_file())
+    # Free memory for one copy of the weights in its quarter: one engine with every core.
+    free = types.SimpleNamespace(available=4 * weights + 1)
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: free)
+    assert gen._layout() == (1, cores)
+    assert _load(model_dir, workers=3, threads=2)._layout() == (3, 2)  # as configured

@@ -91,8 +91,9 @@ class CTranslate2Generation(BaseModel):
         default=0,
         ge=0,
         description="Engines decoding batches side by side, each with `threads` CPU threads; "
-        "0 = one per CPU core this process may use (one on a GPU). On 2 cores two one-thread "
-        "engines sample a 135M model 2x faster than one two-thread engine.",
+        "0 = one per CPU core this process may use, as many as a quarter of the free memory "
+        "holds (a large model: fewer, each with the cores' share of threads), one on a GPU. On "
+        "2 cores two one-thread engines sample a 135M model 2x faster than one two-thread one.",
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description='"auto" = cuda when CTranslate2 sees a GPU, else cpu.'
@@ -270,13 +271,13 @@ class CTranslate2Generator:
         """The workers' engines, each seeded in turn: an engine samples from a generator of its
         own thread, seeded from the process's seed when it first samples (module docstring),
         so each samples one token right after its seed is set."""
-        count = self.config.workers or (1 if self.device == "cuda" else _cores())
+        count, threads = self._layout()
         engines = []
         for k in range(count):
             ctranslate2.set_random_seed(derive_seed(seed, k))
             engine = ctranslate2.Generator(
                 self.path, device=self.device, compute_type=self.compute_type,
-                inter_threads=1, intra_threads=self.config.threads,
+                inter_threads=1, intra_threads=threads,
             )  # fmt: skip
             if not greedy:
                 start = self.codec.tokenizer.convert_ids_to_tokens(self.codec.end_ids[:1])
@@ -284,7 +285,17 @@ class CTranslate2Generator:
             engines.append(engine)
         return engines
 
+    def _layout(self) -> tuple[int, int]:
+        """How many engines, and threads each: ``workers`` and ``threads`` as configured; by
+        default one one-thread engine a core on a CPU, as many as a quarter of the free memory
+        holds copies of the weights (a large model gets fewer engines with more threads each),
+        and one on a GPU."""
+        if self.config.workers or self.device == "cuda":
+            return self.config.workers or 1, self.config.threads
+        import psutil
 
-def _cores() -> int:
-    """The CPU cores this process may use."""
-    return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
+        weights = sum(f.stat().st_size for f in os.scandir(self.path) if f.is_file())
+        fits = int(psutil.virtual_memory().available // 4 // max(weights, 1))
+        count = max(1, min(cores, fits))
+        return count, max(self.config.threads, cores // count)
