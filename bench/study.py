@@ -18,13 +18,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from eva_runtime.errors import ConfigError
 
-Frozen = ConfigDict(frozen=True, extra="forbid")
 Source = Literal["eva", "fresh", "target", "online"]
 Grow = Literal["auto", "evolve", "subset", "split", "prompts", "none"]
 
 
 class Arm(BaseModel):
-    model_config = Frozen
+    """One arm: a run per seed, its config the study's with these changes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="The run's suffix.")
     start: str | None = Field(
         default=None,
@@ -66,7 +67,9 @@ class Arm(BaseModel):
 
 
 class Equalise(BaseModel):
-    model_config = Frozen
+    """What every arm is given alike: pairs trained, or responses generated."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
     pairs: int | None = Field(
         default=None, ge=1, description="K: every offline iteration trains exactly K pairs "
         "(pairs.max_pairs: K; an arm short of K reruns with its source grown)."
@@ -84,7 +87,9 @@ class Equalise(BaseModel):
 
 
 class HeldApart(BaseModel):
-    model_config = Frozen
+    """A set drawn apart from every prompt the seed's arms trained on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
     name: str = Field(description="The measure's name in the results (and <name>_exact).")
     distribution: dict[str, Any] = Field(description="A world distribution's parameters.")
     size: int = Field(default=500, ge=1, description="Prompts drawn.")
@@ -95,7 +100,9 @@ class HeldApart(BaseModel):
 
 
 class Claim(BaseModel):
-    model_config = Frozen
+    """A paired comparison over seeds and the rule it is judged by."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
     name: str = Field(description="What is claimed, in words.")
     a: str = Field(description="'ARM' or 'ARM@T' (T a number or theta_0).")
     b: str = Field(description="The control, as a.")
@@ -107,47 +114,59 @@ class Claim(BaseModel):
         description="sd: mean beyond sds sd and above floor; t: paired t beyond t; no-worse: "
         "mean at least minus one sd of b over seeds.",
     )
-    sds: float = Field(default=2.0, gt=0)
-    floor: float = Field(default=0.0)
+    sds: float = Field(default=2.0, gt=0, description="sd: how many sd the mean must exceed.")
+    floor: float = Field(default=0.0, description="sd: the least mean that holds.")
     t: float = Field(default=2.776, gt=0, description="Two-sided 95% at df 4 by default.")
 
 
 class Table(BaseModel):
-    model_config = Frozen
-    title: str
+    """A report table of chosen rows."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    title: str = Field(description="The table's heading.")
     rows: list[tuple[str, str]] = Field(description="(label, 'ARM' or 'ARM@T') per row.")
 
 
 class Plot(BaseModel):
-    model_config = Frozen
-    measure: str = "score"
-    x: Literal["iteration", "responses"] = "iteration"
-    arms: list[str] = []
+    """A measure drawn for some arms."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    measure: str = Field(default="score", description="The recorded measure drawn.")
+    x: Literal["iteration", "responses"] = Field(
+        default="iteration", description="Against the iteration or the cumulative responses."
+    )
+    arms: list[str] = Field(default=[], description="The arms drawn (default: every arm).")
 
 
 class ReportSpec(BaseModel):
-    model_config = Frozen
+    """What the report shows besides the claims."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
     columns: list[str] = Field(default=["score", "solved"], description="Measures tabulated.")
-    tables: list[Table] = []
-    plots: list[Plot] = []
+    tables: list[Table] = Field(default=[], description="Tables of chosen rows besides.")
+    plots: list[Plot] = Field(default=[], description="Plots drawn beside the tables.")
 
 
 class Study(BaseModel):
-    model_config = Frozen
+    """A study file."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="The results' name.")
     description: str = Field(default="", description="The question and design, in words.")
     folder: str | None = Field(default=None, description="Runs under --root/FOLDER (the name).")
     config: str | None = Field(default=None, description="The config file (the world's).")
     base: dict[str, Any] = Field(default_factory=dict, description="Overrides for every arm.")
-    seeds: list[int] = Field(min_length=1)
+    seeds: list[int] = Field(min_length=1, description="The seeds, run in this order.")
     theta_0: Literal["shared", "own"] = Field(
         default="shared", description="shared: every seed from the first seed's theta_0."
     )
-    equalise: Equalise = Field(default_factory=Equalise)
-    arms: list[Arm] = Field(min_length=1)
+    equalise: Equalise = Field(default_factory=Equalise, description="Equal pairs or responses.")
+    arms: list[Arm] = Field(
+        min_length=1, description="The arms, each after the one it starts from."
+    )
     measures: list[str] = Field(default=["heldout", "trained"], description="Read per checkpoint.")
-    held_apart: list[HeldApart] = []
-    claims: list[Claim] = []
+    held_apart: list[HeldApart] = Field(default=[], description="Sets apart from every arm's.")
+    claims: list[Claim] = Field(default=[], description="Judged by the report.")
     report: ReportSpec = Field(default_factory=ReportSpec)
 
     @field_validator("measures")

@@ -1,6 +1,7 @@
-"""``eva bench run`` / ``report`` on a tiny study of the built-in world: two arms, two seeds, one
-iteration. Killed (SIGKILL) once its first record is written and run again, the study ends with
-the results file an uninterrupted run writes; its report judges the claim from that file."""
+"""``eva bench run`` / ``report`` on tiny studies of the built-in world. Two arms, two seeds, one
+iteration: killed (SIGKILL) once its first record is written and run again, the study ends with
+the results file an uninterrupted run writes, and its report judges the claim from that file.
+At equal generated responses, every arm's every iteration spends exactly the budget."""
 
 from __future__ import annotations
 
@@ -79,3 +80,30 @@ def test_a_killed_study_resumes_to_the_results_of_an_uninterrupted_one(tmp_path:
     row = next(line for line in md.splitlines() if line.startswith("| eva beats fresh"))
     assert f"{sum(gains) / 2:+.3f}" in row
     assert (tmp_path / "report" / "tiny-score-responses.png").stat().st_size > 1000
+
+
+def test_at_equal_responses_every_iteration_generates_the_budget(tmp_path: Path) -> None:
+    """G = 2 x |X_0| x N = 2 x 24 x 4 = 192 an iteration: fresh samples 48 new prompts; eva
+    with the previous creator samples X_0 again at iteration 1 (its run has no solver readings
+    yet: X_1 of 24) and nothing at iteration 2, where X_2 takes the whole budget (48)."""
+    base: dict[str, Any] = tiny_run_config("unused")
+    del base["run"], base["root"]
+    path = tmp_path / "matched.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "matched", "seeds": [0], "base": base, "equalise": {"responses": "auto"},
+        "arms": [
+            {"name": "base", "iterations": 0},
+            {"name": "fresh", "start": "base", "source": "fresh", "iterations": 2},
+            {"name": "eva", "start": "base", "iterations": 2,
+             "overrides": {"creator_rollouts": "previous"}},
+        ],
+        "measures": ["heldout", "yield"],
+    }))  # fmt: skip
+    results = tmp_path / "r.jsonl"
+    assert run_study(load_study(str(path)), str(tmp_path / "runs"), str(results), say=print)
+    got = {(r["arm"], r["iteration"]): r for r in Results(str(results)).records}
+    for arm in ("fresh", "eva"):
+        assert [got[arm, t]["responses"] for t in (1, 2)] == [192, 192]
+    assert [got["fresh", t]["prompts"] for t in (1, 2)] == [48, 48]
+    assert [got["eva", t]["creator_responses"] for t in (1, 2)] == [96, 0]
+    assert [got["eva", t]["prompts"] for t in (1, 2)] == [24, 48]
