@@ -5,9 +5,10 @@
     python -m bench [--quick] [--root runs-bench] [--out docs/bench]
 
 STUDY is a study file (bench/studies/NAME.yaml, or NAME alone). ``run`` runs every (seed, arm)
-the results file (default docs/bench/NAME.jsonl) does not hold yet, then reports; ``report``
-writes NAME.md and its plots beside the results file from whatever it holds. With no verb: the
-method and compute-matched studies (``--quick``: their quick files), then the pipeline's costs.
+the results file (default docs/bench/NAME.jsonl) does not hold yet, then reports (it exits 3
+when the deadline stopped it first: run it again to go on); ``report`` writes NAME.md and its
+plots beside the results file from whatever it holds. With no verb: the method and
+compute-matched studies (``--quick``: their quick files), then the pipeline's costs.
 """
 
 from __future__ import annotations
