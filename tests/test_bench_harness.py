@@ -1,7 +1,8 @@
 """``eva bench run`` / ``report`` on tiny studies of the built-in world. Two arms, two seeds, one
 iteration: killed (SIGKILL) once its first record is written and run again, the study ends with
 the results file an uninterrupted run writes, and its report judges the claim from that file.
-At equal generated responses, every arm's every iteration spends exactly the budget."""
+At equal generated responses, every arm's every iteration spends exactly the budget. And every
+measure the ported studies read works on a tiny run of its source."""
 
 from __future__ import annotations
 
@@ -107,3 +108,55 @@ def test_at_equal_responses_every_iteration_generates_the_budget(tmp_path: Path)
     assert [got["fresh", t]["prompts"] for t in (1, 2)] == [48, 48]
     assert [got["eva", t]["creator_responses"] for t in (1, 2)] == [96, 0]
     assert [got["eva", t]["prompts"] for t in (1, 2)] == [24, 48]
+
+
+def test_every_measure_reads_a_tiny_run_of_each_source(tmp_path: Path) -> None:
+    """The measures the ported studies read (answer-blind's labels, selection's rho, the
+    online segments, a held-apart set), each on a tiny run of its kind."""
+    base: dict[str, Any] = tiny_run_config("unused")
+    del base["run"], base["root"]
+    verifier = {"kind": "python", "factory": "eva_world.components:WorldVerifier"}
+    blind = {
+        "annotate": {"max_unscored_share": 1.0, "reward": {
+            "kind": "verifiable", "function": "eva_world.components:match",
+            "answers": "${answers:base}", "agreement": 0.5}},
+        "evaluate": {"reward": verifier},
+    }  # fmt: skip
+    online = {
+        "prompts": {"path": "${prompts:base}", "limit": 12},
+        "heldout": {"path": "${heldout:base}"},
+        "online": {"budget": 1.0, "steps_per_segment": 6, "buffer": {"size": 8},
+                   "solver": {"num_generations": 3, "prompts_per_step": 2, "learning_rate": 1e-3,
+                              "max_completion_length": 8}},
+    }  # fmt: skip
+    path = tmp_path / "measures.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "measures", "seeds": [0], "base": base,
+        "arms": [
+            {"name": "base", "iterations": 0},
+            {"name": "eva", "start": "base"},
+            {"name": "blind", "start": "base", "overrides": blind},
+            {"name": "online", "start": "base@theta_0", "source": "online", "overrides": online},
+        ],
+        "measures": ["heldout", "trained", "curriculum", "yield", "online", "rho", "labels"],
+        "held_apart": [{"name": "skill", "distribution": {"categories": {"add": 1}},
+                        "size": 20, "draw": 5, "pass_at": 3}],
+    }))  # fmt: skip
+    results = tmp_path / "r.jsonl"
+    assert run_study(load_study(str(path)), str(tmp_path / "runs"), str(results), say=print)
+    got = {(r["arm"], r["iteration"]): r for r in Results(str(results)).records}
+    assert set(got) == {("base", None), ("base", 0), ("eva", 1), ("blind", 1), ("online", 1)}
+    eva, blinded, seg = got["eva", 1], got["blind", 1], got["online", 1]
+    assert eva["responses"] == 2 * 24 * 4 and eva["children"] > 0 and -1 <= eva["rho"] <= 1
+    assert eva["categories"] and eva["difficulty"] > 0 and eva["creator_responses"] == 96
+    # The blind arm's labels, recomputed from its rollouts, are the rewards it stored: X_1's
+    # kept originals by their known answers, every child by its majority or dropped.
+    labels = blinded["annotate"]
+    assert labels["reproduced"] and labels["known"] == 5  # 20% of 24 kept
+    assert labels["known"] + labels["majority"] + labels["dropped"] == 24
+    assert [r["threshold"] for r in blinded["sweep"]] == ["1/4", "2/4", "3/4", "4/4"]
+    assert seg["steps"] == 6 and seg["responses"] == seg["trained_prompts"] * 3 == 36
+    offline = [r for r in got.values() if r["arm"] != "online"]
+    assert all(0 <= r["skill"] <= 1 for r in offline) and "skill" not in seg
+    assert 0 <= got["base", 0]["pass@3"] <= 1
+    assert got["base", None]["skill_set"]["size"] == 20
