@@ -24,9 +24,9 @@ STUDIES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "studies")
 
 
 def study_path(name: str) -> str:
-    if os.path.exists(name) or name.endswith((".yaml", ".yml")):
-        return name
-    return os.path.join(STUDIES, f"{name}.yaml")
+    """A study file as given, else bench/studies' of that name (with or without .yaml)."""
+    ours = os.path.join(STUDIES, name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
+    return name if os.path.exists(name) or not os.path.exists(ours) else ours
 
 
 def run(path: str, root: str, results: str | None, deadline: float | None) -> int:
