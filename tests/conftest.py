@@ -41,6 +41,7 @@ E2E: dict[str, tuple[str, ...] | None] = {
     "test_work_pool.py": None,
     "test_bench.py": ("test_costs_quick_measures_a_run_its_cached_rerun_and_rollouts",),
     "test_bench_harness.py": None,  # a tiny study run, killed and resumed
+    "test_bench_commands.py": ("test_engines_side_by_side_on_the_real_model",),
     "test_bench_arms.py": (
         "test_fresh_arm_trains_on_a_new_disjoint_seed_split",
         "test_no_arm_ever_trains_on_a_held_out_prompt",

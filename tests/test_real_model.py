@@ -212,6 +212,17 @@ def test_the_recipe_runs_the_real_model_end_to_end(
     assert generated["stats"]["backend"] == {"conversions": 0}
     assert evaluated["backend"] == {"conversions": 1}
 
+    # bench.run_report (docs/benchmarks.md, section 6) reads the run: a row per checkpoint.
+    report = tmp_path / "report.json"
+    reported = subprocess.run(
+        [sys.executable, "-m", "bench.run_report", "--run", "real", "--root",
+         str(tmp_path / "runs"), "--json", str(report)],
+        cwd=PROJECT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert reported.returncode == 0, reported.stderr[-3000:]
+    rows = json.loads(report.read_text())["checkpoints"]
+    assert [r["checkpoint"] for r in rows] == ["theta_0", 1]
+    assert rows[1]["prompt_level"] == evaluated["solved"] and rows[1]["mean_tokens"] > 0
     # IFEval's own prompts (8 of the 541), scored on theta_0 and theta_1 after the run, as
     # stages of it; a second call reuses them.
     ifeval = ["evaluate", "--run", "real", "--root", str(tmp_path / "runs"), "--heldout",
