@@ -207,5 +207,6 @@ def test_a_path_for_a_run_name_is_refused_at_once(tmp_path, command) -> None:
     done = _eva(*command.split(), "--run", "../r", "--root", str(tmp_path))
     assert done.returncode == 2 and json.loads(done.stdout) == []
     assert done.stderr == (
-        "eva: error: --run '../r': a run name (letters, digits, '_', '.', '-'), not a path\n"
+        "eva: error: --run '../r': a run name (letters, digits, '_', '.', '-'; at most 128 "
+        "characters), not a path\n"
     )
