@@ -216,7 +216,8 @@ def test_backend_union_picks_the_config_by_kind():
     legacy = adapter.validate_python({"max_new_tokens": 10})
     assert isinstance(legacy, TransformersGeneration) and legacy.max_new_tokens == 10
     assert adapter.validate_python(openai) is openai
-    with pytest.raises(ValidationError, match="expected one of 'transformers', 'ctranslate2', 'vllm', 'openai'"):
+    kinds = "expected one of 'transformers', 'ctranslate2', 'vllm', 'openai'"
+    with pytest.raises(ValidationError, match=kinds):
         adapter.validate_python({"kind": "tgi"})
     with pytest.raises(ValidationError, match="max_new_tokens"):
         adapter.validate_python({"kind": "openai", "max_new_tokens": 5})  # a transformers field
