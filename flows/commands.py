@@ -202,7 +202,9 @@ def evaluate(args: argparse.Namespace) -> int:
         "heldout": {"path": args.heldout},
         "evaluate": config.evaluation.without_judge().model_dump(mode="json"),
     }
-    job = validate_config(apply_overrides(data, list(args.set)), HeldoutEvaluation)
+    job = validate_config(
+        apply_overrides(data, list(args.set), HeldoutEvaluation), HeldoutEvaluation
+    )
     # The run's own checks, on the run as it would be with this held-out set and evaluation: the
     # file is read, its instructions tried, its prompts fitted to the policy, before any stage.
     check_inputs(config.model_copy(update={"heldout": job.heldout, "evaluate": job.evaluate}))

@@ -367,5 +367,6 @@ def load_config(
         path = WORLD_ONLINE_CONFIG if model is OnlineRunConfig else WORLD_CONFIG
     data: dict[str, Any] = located(path, read_config_file(path))
     if overrides:
-        data = apply_overrides(validate_config(data, model).model_dump(mode="json"), overrides)
+        validated = validate_config(data, model).model_dump(mode="json")
+        data = apply_overrides(validated, overrides, model)
     return validate_config(data, model)

@@ -10,9 +10,11 @@ naming the file, line or override it came from.
 from __future__ import annotations
 
 import os
-from typing import Any
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
 import yaml
+from pydantic import BaseModel
 
 from eva_runtime.errors import ConfigError
 from tasks.config_tree import NotASection, open_section
@@ -80,11 +82,16 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+def apply_overrides(
+    data: dict[str, Any], overrides: list[str], model: type[BaseModel] | None = None
+) -> dict[str, Any]:
     """``data`` with each ``a.b.c=value`` override set in place (values parsed as YAML).
 
     Setting a backend's ``kind`` to a new value starts that section from the new kind's own
-    defaults: the old kind's fields would not validate against it.
+    defaults, but for the fields the new kind has too, which keep their values where ``model``
+    (the config's model) says which they are: ``--set evaluate.generation.kind=transformers``
+    on a CTranslate2 evaluation keeps its greedy temperature and its length cap, where
+    starting afresh would sample at 0.7 with another cap, without a word.
     """
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -103,6 +110,38 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             problem = getattr(exc, "problem", None) or "not a YAML value"
             raise ConfigError(f"--set {item!r}: {problem}") from None
         if parts[-1] == "kind" and node.get("kind") != value:
+            shared = kind_fields(model, parts[:-1], value) if model is not None else set()
+            kept = {k: v for k, v in node.items() if k in shared and k != "kind"}
             node.clear()
+            node.update(kept)
         node[parts[-1]] = value
     return data
+
+
+def kind_fields(model: type[BaseModel], path: list[str], kind: Any) -> set[str]:
+    """The fields of the component of ``kind`` that the section at ``path`` of ``model`` may
+    hold (a union of configs told apart by ``kind``); none where ``path`` is not such a
+    section."""
+    members: list[type[BaseModel]] = [model]
+    for part in path:
+        fields = members[0].model_fields if len(members) == 1 else {}
+        if part not in fields:
+            return set()
+        members = _models(fields[part].annotation)
+    for member in members:
+        tag = member.model_fields.get("kind")
+        if tag is not None and tag.default == kind:
+            return set(member.model_fields)
+    return set()
+
+
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    """The config models an annotation admits (through ``Annotated``, unions, ``Optional``)."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _models(get_args(annotation)[0])
+    if origin in (Union, UnionType):
+        return [m for arg in get_args(annotation) for m in _models(arg)]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return []

@@ -138,6 +138,14 @@ def test_set_changes_one_field_of_the_config_that_would_run(tmp_path: Path) -> N
     # A new backend kind starts from that kind's own defaults.
     cfg = load_config(None, ["generate.backend.kind=openai", "generate.backend.llm.model=m"])
     assert cfg.generate.backend.kind == "openai" and cfg.generate.backend.llm.model == "m"
+    assert cfg.generate.backend.max_tokens == 1024  # openai's own cap: world's 10 was another key
+    # ... but the fields the new kind has too keep their values: the recipe's greedy evaluation
+    # and its cap stay when its engine changes (they were reset to 0.7 and 256, without a word).
+    switched = ["evaluate.generation.kind=transformers", "generate.backend.kind=transformers"]
+    cfg = load_config("configs/smollm2-if.yaml", switched)
+    assert (cfg.evaluate.generation.temperature, cfg.evaluate.generation.max_new_tokens) == (0, 192)
+    assert cfg.generate.backend.max_new_tokens == 192 and cfg.generate.backend.temperature == 0.7
+    assert cfg.generate.backend.batch_size == 64  # transformers' own: CTranslate2 has no such key
     # An optional section that is off (ray: null) opens with its own defaults.
     cfg = load_config(None, ["generate.ray.address=http://127.0.0.1:8265"])
     assert cfg.generate.ray is not None and cfg.generate.ray.address == "http://127.0.0.1:8265"
