@@ -2,9 +2,9 @@
 # The real-model benchmark (issue 44, bench/real_model.py) on a lent GPU with no registry, in as
 # few device calls as possible; logs and the results file go to $OUT (default /tmp/gpu-out).
 #
-# Here, once (a machine with the registry): `python -m bench.gpu_pack --out .gpu` (eva's closure
+# Here, once (a machine with the registry): `python infra/gpu/pack.py --out .gpu` (eva's closure
 # with the gguf and ifeval extras: .gpu/c1 = E; vLLM in .gpu/c2... only for --backend vllm) and
-# `python -m bench.gpu_pack --out .gpu --model` (the wheel's GGUF file in two parts, .gpu/m1 and
+# `python infra/gpu/pack.py --out .gpu --model` (the wheel's GGUF file in two parts, .gpu/m1 and
 # .gpu/m2). Name .gpu in .git/info/exclude. Then one device call per folder, the machine warm:
 #
 #   bash bench/real_model_device.sh unpack .gpu/c1 E     (carry .gpu/c1): eva's closure
@@ -66,7 +66,7 @@ for p in ['torch', 'transformers', 'trl', 'prefect', 'if-verifiable', 'gguf', 'v
 }
 
 case "${1:-}" in
-    unpack) bash "$HERE/bench/gpu_check.sh" unpack "$2" "$3" ;;
+    unpack) bash "$HERE/infra/gpu/check.sh" unpack "$2" "$3" ;;
     model) model "$2" ;;
     run) shift; run "$@" ;;
     *) echo "usage: bash bench/real_model_device.sh unpack DIR NAME | model DIR | run SECONDS [RESULTS] [ARGS...]"

@@ -33,14 +33,15 @@ MODULES: dict[str, tuple[list[str] | None, str]] = {
     "bench.ui_check": (None, "needs Debian's chromium, which CI does not install"),
     "bench.profile_rerun": (None, "profiles a finished bench.costs run"),
     "bench.cached_rerun": (None, "relaunches bench.costs' demo run six times"),
-    "bench.gpu_pack": (None, "downloads a GPU machine's wheels, gigabytes"),
     "bench.gpu": (None, "needs CUDA and vLLM"),
     "bench.ray_scaling": (None, "starts a Ray cluster: tests/test_ray_cluster.py runs the stage"),
     "bench.run_report": (None, "run on the recipe's run by tests/test_real_model.py"),
     "bench.engines": (None, "run on the real model by test_engines_side_by_side_on_the_real_model"),
     "bench.real_model": (None, "run at a tiny size by tests/test_bench_real_model.py"),
 }
-SHELL = {"bench/real_model_device.sh", "bench/gpu_check.sh"}  # run on a lent GPU
+SHELL = {"bench/real_model_device.sh", "infra/gpu/check.sh"}  # run on a lent GPU
+# Scripts outside bench/ (``python PATH``): --help only, and why.
+SCRIPTS = {"infra/gpu/pack.py": "downloads a GPU machine's wheels, gigabytes"}
 
 
 def documented() -> list[str]:
@@ -66,6 +67,8 @@ def test_every_documented_command_has_a_smoke_test_here() -> None:
             known = (PROJECT / "bench" / "studies" / f"{name}.yaml").is_file()
         elif (m := re.match(r"bash (\S+)", command)) is not None:
             known = m.group(1) in SHELL
+        elif (m := re.match(r"python (\S+\.py)", command)) is not None:
+            known = m.group(1) in SCRIPTS
         else:  # `eva bench`, `eva run --config ...`: the README's and the harness's own
             known = command.startswith(("eva bench", "eva run --config configs/"))
         if not known:
@@ -84,6 +87,14 @@ def test_a_documented_module_parses_its_arguments(
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     assert exited.value.code == 0
     assert capsys.readouterr().out.startswith("usage:")
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_a_documented_script_parses_its_arguments(script: str) -> None:
+    done = subprocess.run(
+        [sys.executable, script, "--help"], cwd=PROJECT, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout.startswith("usage:"), done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("module", sorted(m for m, (args, _) in MODULES.items() if args))

@@ -78,7 +78,7 @@ def test_the_device_script_runs_here_at_a_tiny_size_and_resumes(tmp_path: Path) 
     heldout.write_text("".join(json.dumps(r) + "\n" for r in rows[6:]))
     # What travels to the device: the model in parts, joined and checked there.
     packed = tmp_path / "gpu"
-    subprocess.run([sys.executable, "-m", "bench.gpu_pack", "--model", "--out", str(packed)],
+    subprocess.run([sys.executable, "infra/gpu/pack.py", "--model", "--out", str(packed)],
                    cwd=PROJECT, check=True)  # fmt: skip
     out, work = tmp_path / "out", tmp_path / "work.json"
     env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "OUT": str(out),

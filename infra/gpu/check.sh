@@ -2,13 +2,13 @@
 # GPU checks for eva on a machine with CUDA and PyTorch but no network (a lent device machine),
 # run from the repo root; logs and figures go to $OUT (default /tmp/gpu-out). Usage:
 #
-#   bash bench/gpu_check.sh unpack DIR NAME   add DIR's files to the parts of NAME (install its
+#   bash infra/gpu/check.sh unpack DIR NAME   add DIR's files to the parts of NAME (install its
 #                                             wheels); once NAME.last came, unpack into /tmp/site
-#   bash bench/gpu_check.sh base              env, the gpu tests that need no vLLM (bf16 DPO,
+#   bash infra/gpu/check.sh base              env, the gpu tests that need no vLLM (bf16 DPO,
 #                                             one ZeRO-3 step through accelerate)
-#   bash bench/gpu_check.sh vllm [SECONDS]    the vLLM tests, bench.gpu, and (time left) the
+#   bash infra/gpu/check.sh vllm [SECONDS]    the vLLM tests, bench.gpu, and (time left) the
 #                                             demo with rollouts from `vllm serve`
-#   bash bench/gpu_check.sh pytest ARGS       any tests, in the same environment
+#   bash infra/gpu/check.sh pytest ARGS       any tests, in the same environment
 #
 # What travels (docs/benchmarks.md, section 3, says how it is made): eva's packages that the
 # machine lacks, unpacked for Python 3.12 manylinux x86_64 into one folder (transformers 5.24,
@@ -101,6 +101,6 @@ case "${1:-}" in
     base) base ;;
     vllm) vllm_checks "${2:-480}" ;;
     pytest) shift; python3 -m pytest -p no:cacheprovider "$@" ;;  # any tests, with this env
-    *) echo "usage: bash bench/gpu_check.sh unpack DIR NAME | base | vllm [SECONDS] | pytest ARGS"
+    *) echo "usage: bash infra/gpu/check.sh unpack DIR NAME | base | vllm [SECONDS] | pytest ARGS"
        exit 2 ;;
 esac

@@ -1,6 +1,6 @@
-"""Pack what a lent GPU machine lacks, for ``bench/gpu_check.sh``, on a machine with a registry.
+"""Pack what a lent GPU machine lacks, for ``infra/gpu/check.sh``, on a machine with a registry.
 
-    python -m bench.gpu_pack [--out .gpu] [--vllm 0.22.1] [--part-mb 60]
+    python infra/gpu/pack.py [--out .gpu] [--vllm 0.22.1] [--part-mb 60]
 
 The device machine (docs/benchmarks.md, section 3) has CUDA, PyTorch 2.11 + CUDA 13 and a long
 list of packages, reaches no registry, and takes at most 64 MiB per call. This resolves eva's
@@ -15,9 +15,9 @@ and cuts two zstd tarballs into parts:
 
 ``OUT/c1`` holds E; ``OUT/c2``, ``OUT/c3``, ... one part of V each, the last with ``V.last``.
 Each folder is one device call (``carry: [".gpu/cK"]``), made while the machine stays warm:
-``bash bench/gpu_check.sh unpack .gpu/c1 E && bash bench/gpu_check.sh base``, then
-``bash bench/gpu_check.sh unpack .gpu/cK V`` for each part, the last followed by
-``bash bench/gpu_check.sh vllm SECONDS``. Name OUT in ``.git/info/exclude``.
+``bash infra/gpu/check.sh unpack .gpu/c1 E && bash infra/gpu/check.sh base``, then
+``bash infra/gpu/check.sh unpack .gpu/cK V`` for each part, the last followed by
+``bash infra/gpu/check.sh vllm SECONDS``. Name OUT in ``.git/info/exclude``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ _ON_DEVICE_NAMES = """
 ON_DEVICE = set(_ON_DEVICE_NAMES.split())
 # vLLM's optional kernels for other chips, models or samplers: imported only when used.
 # (FlashInfer's sampler is imported at engine start unless VLLM_USE_FLASHINFER_SAMPLER=0, which
-# gpu_check.sh sets; xgrammar needs apache-tvm-ffi, named below, so that one travels.)
+# check.sh sets; xgrammar needs apache-tvm-ffi, named below, so that one travels.)
 OPTIONAL = ("nvidia-", "cuda-", "torch", "triton", "flashinfer", "tilelang", "quack-kernels",
             "tokenspeed", "humming", "fastsafetensors", "z3-solver")  # fmt: skip
 # Files inside the unpacked folder that a dense model on an H100 never loads.
@@ -98,7 +98,7 @@ def eva_requirements() -> list[str]:
     (the ``gguf`` and ``ifeval`` extras; the model itself travels as parts: ``pack_model``)."""
     import tomllib
 
-    with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
+    with open(Path(__file__).resolve().parents[2] / "pyproject.toml", "rb") as f:
         project = tomllib.load(f)["project"]
     extras = project["optional-dependencies"]
     deps = [*project["dependencies"], *extras["gguf"], *extras["ifeval"]]
@@ -162,7 +162,7 @@ def pack(site: Path, files: list[str], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.gpu_pack", description=__doc__)
+    p = argparse.ArgumentParser(prog="python infra/gpu/pack.py", description=__doc__)
     p.add_argument("--out", default=".gpu", help="folder for the call folders c1, c2, ...")
     p.add_argument("--vllm", default="0.22.1", help="the last vLLM built on torch 2.11")
     p.add_argument("--part-mb", type=int, default=60, help="MB per part (64 MiB per call)")
