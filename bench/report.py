@@ -93,18 +93,18 @@ def verdict(claim: Claim, idx: Index, t: int | None) -> tuple[str, np.ndarray, s
 
 
 def rows_of(
-    study: Study, idx: Index, keys: list[tuple[str, tuple[str, int | None]]]
+    study: Study, idx: Index, keys: list[tuple[str, tuple[str, int | None]]], columns: list[str]
 ) -> list[list[str]]:
     """A table row per (label, (arm, t)): seeds, each column, Δ of the first column from the
     arm's start (paired), and how far its source grew."""
-    first = study.report.columns[0]
+    first = columns[0]
     out = []
     for label, key in keys:
         if key not in idx:
             continue
         arm = study.arm(key[0])
         cells = [label, str(len(idx[key]))]
-        cells += [mean_std(list(column(idx, key, c).values())) for c in study.report.columns]
+        cells += [mean_std(list(column(idx, key, c).values())) for c in columns]
         start = where(idx, arm.start) if arm.start and key[1] is not None else None
         cells.append(cell(diff(idx, key, start, first)) if start else "-")
         grown = sorted({f"x{r.get('grown', 1.0):g}" for r in idx[key].values()})
@@ -115,7 +115,8 @@ def rows_of(
 def write_report(study: Study, records: list[dict[str, Any]], out_dir: str) -> str:
     """``<out_dir>/<name>.md`` and its plots; returns the markdown."""
     idx = index(records)
-    head = ["arm", "seeds", *study.report.columns, f"Δ {study.report.columns[0]} vs start", "grown"]
+    columns = study.report.columns
+    head = ["arm", "seeds", *columns, f"Δ {columns[0]} vs start", "grown"]
     seeds = sorted({r["seed"] for r in records})
     parts = [
         f"## {study.name}",
@@ -129,10 +130,18 @@ def write_report(study: Study, records: list[dict[str, Any]], out_dir: str) -> s
     for arm in study.arms:
         its = sorted({t for a, t in idx if a == arm.name}, key=lambda t: -1 if t is None else t)
         keys += [(f"{arm.name}@{'theta_0' if t is None else t}", (arm.name, t)) for t in its]
-    parts += ["### Every arm, every checkpoint", "", *md_table(head, rows_of(study, idx, keys)), ""]
+    parts += [
+        "### Every arm, every checkpoint",
+        "",
+        *md_table(head, rows_of(study, idx, keys, columns)),
+        "",
+    ]
     for table in study.report.tables:
         chosen = [(label, where(idx, ref)) for label, ref in table.rows]
-        parts += [f"### {table.title}", "", *md_table(head, rows_of(study, idx, chosen)), ""]
+        cols = table.columns or columns
+        head_t = ["arm", "seeds", *cols, f"Δ {cols[0]} vs start", "grown"]
+        rows = rows_of(study, idx, chosen, cols)
+        parts += [f"### {table.title}", "", *md_table(head_t, rows), ""]
     if study.claims:
         rows = []
         for claim in study.claims:

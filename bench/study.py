@@ -125,6 +125,7 @@ class Table(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     title: str = Field(description="The table's heading.")
     rows: list[tuple[str, str]] = Field(description="(label, 'ARM' or 'ARM@T') per row.")
+    columns: list[str] | None = Field(default=None, description="Its measures (the report's).")
 
 
 class Plot(BaseModel):
@@ -164,7 +165,11 @@ class Study(BaseModel):
     arms: list[Arm] = Field(
         min_length=1, description="The arms, each after the one it starts from."
     )
-    measures: list[str] = Field(default=["heldout", "trained"], description="Read per checkpoint.")
+    measures: list[str] = Field(
+        default=["heldout", "trained"],
+        description="Read per checkpoint; NAME@last: at each arm's last iteration only (arms "
+        "that run iterations), NAME@theta_0: at theta_0 only.",
+    )
     held_apart: list[HeldApart] = Field(default=[], description="Sets apart from every arm's.")
     claims: list[Claim] = Field(default=[], description="Judged by the report.")
     report: ReportSpec = Field(default_factory=ReportSpec)
@@ -174,9 +179,12 @@ class Study(BaseModel):
     def _known(cls, names: list[str]) -> list[str]:
         from bench.measures import MEASURES
 
-        for name in names:
+        for spec in names:
+            name, sep, at = spec.partition("@")
             if name not in MEASURES:
                 raise ValueError(f"{name!r}: one of {', '.join(MEASURES)}")
+            if sep and at not in ("last", "theta_0"):
+                raise ValueError(f"{spec!r}: NAME, NAME@last or NAME@theta_0")
         return names
 
     @field_validator("arms")

@@ -60,7 +60,7 @@ __all__ = ["code_of"]  # the syntax-tree form a fingerprint reads (tests compare
 LOCK = Path(__file__).with_name("versions.lock.json")
 # Where stages and components live: the method's stages and backends, the world, the bench arms.
 PACKAGES = ("tasks", "eva_world")
-MODULES = ("bench.arms", "bench.real_model_fresh")
+MODULES = ("bench.arms", "bench.arm_runs")
 # What a fingerprint may include besides the module itself, and what it never includes.
 STAGE_CLOSURE = ("eva_core", "tasks")
 COMPONENT_CLOSURE = ("eva_core", "tasks.backends", "eva_world")
