@@ -13,7 +13,7 @@ subprocess on a SQLite database). eva starts the same app itself, for two reason
   the client retries after 2 s, then 4 s (PrefectHQ/prefect#18934 is the upstream report). Here
   every write transaction begins ``IMMEDIATE``: it takes the write lock before its first read,
   so a second writer waits on the busy timeout instead of failing (what that saves a cached
-  rerun: ``python -m bench.cached_rerun``, docs/benchmarks.md, section 2).
+  rerun: ``python -m bench.costs --cached-rerun``, docs/benchmarks.md, section 2).
 * **No orphan.** The server is a ``ManagedProcess`` (``eva_runtime.process``): it runs under
   eva's guard and stops with the command, also when the command is killed with SIGKILL.
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 import bench.costs as costs
-import bench.costs_timing as costs_timing
-from bench.costs_report import _floor_lines, write_costs_report
+from bench.costs import _floor_lines, write_costs_report
 from tests.conftest import tiny_run_config
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
@@ -64,7 +63,7 @@ def test_costs_report_splits_the_overhead_at_prefects_floor() -> None:
         {"t": 1, "wall": 5.0, "backend": 4.7, "overhead_share": 0.06},
         {"t": 2, "wall": 4.0, "backend": 3.7, "overhead_share": 0.075},
     ]}  # fmt: skip
-    costs_timing.above_floor(run, 0.25)
+    costs.above_floor(run, 0.25)
     assert [(it["floor_share"], it["eva_share"]) for it in run["iterations"]] == [
         (0.05, 0.01),
         (0.0625, 0.0125),

@@ -31,8 +31,6 @@ MODULES: dict[str, tuple[list[str] | None, str]] = {
     "bench.costs": (None, "its --quick run is tests/test_bench.py's"),
     "bench.world": (None, "each candidate trains the world's theta_0: minutes, not a smoke"),
     "bench.ui_check": (None, "needs Debian's chromium, which CI does not install"),
-    "bench.profile_rerun": (None, "profiles a finished bench.costs run"),
-    "bench.cached_rerun": (None, "relaunches bench.costs' demo run six times"),
     "bench.gpu": (None, "needs CUDA and vLLM"),
     "bench.ray_scaling": (None, "starts a Ray cluster: tests/test_ray_cluster.py runs the stage"),
     "bench.run_report": (None, "run on the recipe's run by tests/test_real_model.py"),
