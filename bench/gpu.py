@@ -74,19 +74,20 @@ def build(work: Path, n_prompts: int) -> None:
     (work / "prompts.json").write_text(json.dumps(prompts))
 
 
-def _tokens(model: str, responses: list[list[str]]) -> int:
-    from transformers import AutoTokenizer
+def _timed(generate: Callable[[list[str]], list[list[str]]], work: Path) -> dict[str, Any]:
+    """``generate`` warmed up on 32 prompts, then timed on every prompt."""
+    prompts = json.loads((work / "prompts.json").read_text())
+    generate(prompts[:32])
+    t0 = time.perf_counter()
+    responses = generate(prompts)
+    return {"generate_s": time.perf_counter() - t0, "responses": responses}
 
-    tok = AutoTokenizer.from_pretrained(model)
-    return sum(len(tok.encode(r, add_special_tokens=False)) for rs in responses for r in rs)
 
-
-def arm_plain(work: Path, n: int, max_tokens: int) -> dict[str, Any]:
+def arm_plain(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
 
     from tasks.backends.generate.openai import derive_seed
 
-    prompts = json.loads((work / "prompts.json").read_text())
     t0 = time.perf_counter()
     llm = LLM(
         model=str(work / "policy"), dtype="bfloat16", gpu_memory_utilization=GPU_MEMORY,
@@ -96,70 +97,63 @@ def arm_plain(work: Path, n: int, max_tokens: int) -> dict[str, Any]:
 
     def generate(batch: list[str]) -> list[list[str]]:
         params = [
-            SamplingParams(n=n, max_tokens=max_tokens, seed=derive_seed(0, i), **SAMPLING)
+            SamplingParams(n=args.n, max_tokens=args.max_tokens, seed=derive_seed(0, i), **SAMPLING)
             for i in range(len(batch))
         ]
         outs = llm.generate(batch, params, use_tqdm=False)
         return [[c.text for c in sorted(o.outputs, key=lambda c: c.index)] for o in outs]
 
-    generate(prompts[:32])  # warm-up
+    return {"start_s": start_s, **_timed(generate, work)}
+
+
+def _eva_arm(backend: Any, work: Path, args: argparse.Namespace, **load: Any) -> dict[str, Any]:
+    """An eva generation backend loaded on the policy (the start timed) and timed generating;
+    the served backend's engine starts too (its second load reuses the first's server)."""
+    from tasks.backends.protocols import close_after
+
     t0 = time.perf_counter()
-    responses = generate(prompts)
-    return {"start_s": start_s, "generate_s": time.perf_counter() - t0, "responses": responses}
+    with close_after(backend.load(str(work / "policy"), **load)) as gen:
+        start_s = time.perf_counter() - t0
+        timed = _timed(lambda batch: gen.generate(batch, args.n, seed=0).texts, work)
+    starts = {"engine_starts": gen.engine_starts} if hasattr(gen, "engine_starts") else {}
+    return {"start_s": start_s, **starts, **timed}
 
 
-def arm_vllm(work: Path, n: int, max_tokens: int) -> dict[str, Any]:
+def arm_vllm(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     from tasks.backends.generate.vllm import VLLMGeneration
 
-    prompts = json.loads((work / "prompts.json").read_text())
     cfg = VLLMGeneration.model_validate(
-        {"max_tokens": max_tokens, "dtype": "bfloat16", "gpu_memory_utilization": GPU_MEMORY,
+        {"max_tokens": args.max_tokens, "dtype": "bfloat16", "gpu_memory_utilization": GPU_MEMORY,
          "max_model_len": MAX_LEN, **SAMPLING}
     )  # fmt: skip
-    t0 = time.perf_counter()
-    gen = cfg.load(str(work / "policy"))
-    start_s = time.perf_counter() - t0
-    gen.generate(prompts[:32], n, seed=0)  # warm-up
-    t0 = time.perf_counter()
-    responses = gen.generate(prompts, n, seed=0)
-    return {"start_s": start_s, "generate_s": time.perf_counter() - t0, "responses": responses}
+    return _eva_arm(cfg, work, args)
 
 
-def arm_served(work: Path, n: int, max_tokens: int, vllm_bin: str) -> dict[str, Any]:
+def arm_served(work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """``vllm serve`` through eva's served backend at 16 and at 256 requests in flight."""
     from eva_runtime.engines import EnginePool
     from tasks.backends.generate.served import ServedGeneration
 
-    prompts = json.loads((work / "prompts.json").read_text())
     pool = EnginePool()
     out: dict[str, Any] = {}
     for concurrency in (16, 256):
         backend = ServedGeneration.model_validate(
             {
-                "command": [vllm_bin, "serve", "{model}", "--port", "{port}", "--seed", "0",
+                "command": [args.vllm_bin, "serve", "{model}", "--port", "{port}", "--seed", "0",
                             "--served-model-name", "{name}"],
                 "extra_args": ["--dtype", "bfloat16", "--gpu-memory-utilization",
                                str(GPU_MEMORY), "--max-model-len", str(MAX_LEN)],
                 "startup_timeout_s": 600.0,
-                "client": {"endpoint": "completions", "max_tokens": max_tokens, **SAMPLING,
+                "client": {"endpoint": "completions", "max_tokens": args.max_tokens, **SAMPLING,
                            "llm": {"concurrency": concurrency}},
             }
         )  # fmt: skip
-        t0 = time.perf_counter()
-        gen = backend.load(str(work / "policy"), pool=pool)  # the second load reuses the server
-        start_s = time.perf_counter() - t0
-        gen.generate(prompts[:32], n, seed=0)  # warm-up
-        t0 = time.perf_counter()
-        responses = gen.generate(prompts, n, seed=0)
-        out[f"c{concurrency}"] = {
-            "start_s": start_s, "engine_starts": gen.engine_starts,
-            "generate_s": time.perf_counter() - t0, "responses": responses,
-        }  # fmt: skip
-        gen.close()
+        out[f"c{concurrency}"] = _eva_arm(backend, work, args, pool=pool)
     pool.stop_all()
     return out
 
 
-def arm_rewards(work: Path, n: int, max_tokens: int) -> dict[str, Any]:
+def arm_rewards(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Both reward backends on the plain arm's first 1,000 prompts' responses."""
     import gc
 
@@ -172,29 +166,28 @@ def arm_rewards(work: Path, n: int, max_tokens: int) -> dict[str, Any]:
     responses = json.loads((work / "plain.json").read_text())["responses"][: len(prompts)]
     model = str(work / "reward")
     out: dict[str, Any] = {"conversations": sum(len(r) for r in responses)}
-    t0 = time.perf_counter()
-    hf = SequenceClassifierReward(model=model, dtype="float32", batch_size=256).load()
-    t1 = time.perf_counter()
-    expected = hf.score(prompts, responses)
-    out["sequence_classifier"] = {"load_s": t1 - t0, "score_s": time.perf_counter() - t1}
-    del hf
-    gc.collect()
-    torch.cuda.empty_cache()
-    t0 = time.perf_counter()
-    rm = VLLMPoolingReward(model=model, dtype="float32", max_length=256, gpu_memory_utilization=0.1)
-    scorer = rm.load()
-    t1 = time.perf_counter()
-    got = scorer.score(prompts, responses)
-    out["vllm_pooling"] = {"load_s": t1 - t0, "score_s": time.perf_counter() - t1}
-    pairs = [
-        (a, b) for ra, rb in zip(expected, got, strict=True) for a, b in zip(ra, rb, strict=True)
-    ]
+    scores = []
+    for name, reward in (
+        ("sequence_classifier", SequenceClassifierReward(model=model, dtype="float32",
+                                                         batch_size=256)),
+        ("vllm_pooling", VLLMPoolingReward(model=model, dtype="float32", max_length=256,
+                                           gpu_memory_utilization=0.1)),
+    ):  # fmt: skip
+        t0 = time.perf_counter()
+        scorer = reward.load()
+        t1 = time.perf_counter()
+        scores.append(scorer.score(prompts, responses))
+        out[name] = {"load_s": t1 - t0, "score_s": time.perf_counter() - t1}
+        del scorer  # the classifier's GPU memory back before vLLM takes its share
+        gc.collect()
+        torch.cuda.empty_cache()
+    pairs = [(a, b) for ra, rb in zip(*scores, strict=True) for a, b in zip(ra, rb, strict=True)]
     out["max_abs_diff"] = max(abs(a - b) for a, b in pairs)
     out["reward_range"] = [min(a for a, _ in pairs), max(a for a, _ in pairs)]
     return out
 
 
-ARMS: dict[str, Callable[..., dict[str, Any]]] = {
+ARMS: dict[str, Callable[[Path, argparse.Namespace], dict[str, Any]]] = {
     "plain": arm_plain, "vllm": arm_vllm, "served": arm_served, "rewards": arm_rewards,
 }  # fmt: skip
 
@@ -219,28 +212,31 @@ def run_arm(name: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def summarize(results: dict[str, Any], work: Path) -> dict[str, Any]:
     """Tokens per second per rollout arm, against the plain arm's, and agreement with it."""
-    policy = str(work / "policy")
-    plain = results.get("plain", {})
-    runs: dict[str, dict[str, Any]] = {}
-    if "responses" in plain:
-        runs["plain"] = plain
-    if "responses" in results.get("vllm", {}):
-        runs["eva vllm"] = results["vllm"]
-    for key, value in results.get("served", {}).items():
-        if isinstance(value, dict) and "responses" in value:
-            runs[f"eva served ({key[1:]} in flight)"] = value
-    rows = {}
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(work / "policy"))
+    runs = {
+        "plain": results.get("plain", {}),
+        "eva vllm": results.get("vllm", {}),
+        **{f"eva served ({k[1:]} in flight)": v for k, v in results.get("served", {}).items()},
+    }
+    rows: dict[str, dict[str, Any]] = {}
+    ref = [x for rs in runs["plain"].get("responses", []) for x in rs]
     for name, r in runs.items():
-        tokens = _tokens(policy, r["responses"])
-        row = {"start_s": round(r["start_s"], 1), "generate_s": round(r["generate_s"], 2),
-               "tokens": tokens, "tokens_per_s": round(tokens / r["generate_s"])}  # fmt: skip
-        if "plain" in runs:
-            flat = [x for rs in r["responses"] for x in rs]
-            ref = [x for rs in runs["plain"]["responses"] for x in rs]
+        if not isinstance(r, dict) or "responses" not in r:
+            continue  # the arm failed or was not run
+        flat = [x for rs in r["responses"] for x in rs]
+        tokens = sum(len(tok.encode(x, add_special_tokens=False)) for x in flat)
+        row = rows[name] = {
+            "start_s": round(r["start_s"], 1),
+            "generate_s": round(r["generate_s"], 2),
+            "tokens": tokens,
+            "tokens_per_s": round(tokens / r["generate_s"]),
+        }
+        if ref:
             row["same_as_plain"] = round(
                 sum(a == b for a, b in zip(flat, ref, strict=True)) / len(ref), 4
             )
-        rows[name] = row
     if "plain" in rows:
         for row in rows.values():
             row["vs_plain"] = round(row["tokens_per_s"] / rows["plain"]["tokens_per_s"], 3)
@@ -262,10 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.arm:  # inside one arm's process
         work = Path(args.work)
         try:
-            if args.arm == "served":
-                result = arm_served(work, args.n, args.max_tokens, args.vllm_bin)
-            else:
-                result = ARMS[args.arm](work, args.n, args.max_tokens)
+            result = ARMS[args.arm](work, args)
         except Exception:
             traceback.print_exc()
             return 1
