@@ -75,6 +75,13 @@ DEMO = validate_config(
     )
 )
 SCALE = 10
+# Generation per training pair: each arm's label and the config it changes (eva: the demo run).
+PER_PAIR = {
+    "dpo": ("iterative DPO (fresh seed prompts)", {}),
+    "eva": ("eva (fresh creator rollouts)", None),
+    "eva-previous": ("eva, creator_rollouts=previous", {"creator_rollouts": "previous"}),
+    "eva-predicted": ("eva, creator_rollouts=predicted", {"creator_rollouts": "predicted"}),
+}
 # eva's overhead above Prefect's floor, as a share of a demo iteration (issue 23).
 EVA_TARGET = 0.01
 
@@ -93,16 +100,16 @@ def _flow_runs(name: str, since: datetime, launch: bool = False) -> list[Any]:
     """Flow runs called ``name`` that started after ``since`` (oldest first); ``launch``: the
     top-level runs of eva run ``name``, whose names add the start time (``demo @11-22 ...``)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (
-        FlowRunFilter,
-        FlowRunFilterName,
-        FlowRunFilterStartTime,
-    )
+    from prefect.client.schemas import filters
 
-    named = FlowRunFilterName(like_=f"{name} @") if launch else FlowRunFilterName(any_=[name])
-    started = FlowRunFilterStartTime(after_=since)  # type: ignore[arg-type]
+    if launch:
+        named = filters.FlowRunFilterName(like_=f"{name} @")
+    else:
+        named = filters.FlowRunFilterName(any_=[name])
+    started = filters.FlowRunFilterStartTime(after_=since)  # type: ignore[arg-type]
+    flow_run = filters.FlowRunFilter(name=named, start_time=started)
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=named, start_time=started))
+        runs = client.read_flow_runs(flow_run_filter=flow_run)
     return sorted(runs, key=lambda r: r.start_time)
 
 
@@ -389,11 +396,9 @@ def run_costs(root: str, quick: bool, base: dict[str, Any] | None = None) -> dic
         results["rollout_10x"] = rollout_efficiency(big, 1, gen["task"])
 
     per_pair = {"eva": generation_per_pair(demo_store, demo.iterations)}
-    for name, extra in (
-        ("dpo", {}),
-        ("eva-previous", {"creator_rollouts": "previous"}),
-        ("eva-predicted", {"creator_rollouts": "predicted"}),
-    ):
+    for name, (_, extra) in PER_PAIR.items():
+        if extra is None:
+            continue  # the demo run
         cfg = validate_config(deep_merge(shared, {"run": name, **extra}))
         if name == "dpo":  # iterative DPO on fresh seed prompts
             baseline_run(cfg, "fresh")
@@ -410,15 +415,13 @@ def run_costs(root: str, quick: bool, base: dict[str, Any] | None = None) -> dic
 def _overhead_cells(label: str, where: str, wall: float, row: dict[str, Any]) -> list[str]:
     """One overhead row; the subflow, stage I/O, orchestration and the overhead's split exist
     per iteration only."""
-    seconds = ("subflow", "backend", "stage_io", "orchestration")
-    shares = ("overhead_share", "floor_share", "eva_share")
-    return [
-        label,
-        where,
-        f"{wall:.2f}",
-        *(f"{row[k]:.2f}" if k in row else "-" for k in seconds),
-        *(f"{100 * row[k]:.1f}%" if k in row else "-" for k in shares),
-    ]
+    seconds = [f"{row[k]:.2f}" if k in row else "-" for k in SECONDS]
+    shares = [f"{100 * row[k]:.1f}%" if k in row else "-" for k in SHARES]
+    return [label, where, f"{wall:.2f}", *seconds, *shares]
+
+
+SECONDS = ("subflow", "backend", "stage_io", "orchestration")
+SHARES = ("overhead_share", "floor_share", "eva_share")
 
 
 def _floor_lines(results: dict[str, Any]) -> list[str]:
@@ -479,19 +482,13 @@ def write_costs_report(results: dict[str, Any], out_dir: str, name: str, command
         for label, key in (("demo", "rollout_demo"), ("10x", "rollout_10x"))
         if (r := results.get(key)) is not None
     ]  # fmt: skip
-    per_pair: list[list[str]] = []
-    dpo = results["generation_per_pair"]["dpo"]["responses_per_pair"]
-    for arm, label in (
-        ("dpo", "iterative DPO (fresh seed prompts)"),
-        ("eva", "eva (fresh creator rollouts)"),
-        ("eva-previous", "eva, creator_rollouts=previous"),
-        ("eva-predicted", "eva, creator_rollouts=predicted"),
-    ):
-        g = results["generation_per_pair"][arm]
-        vs_dpo = f"{g['responses_per_pair'] / dpo:.2f}x" if dpo else "-"
-        per_pair.append(
-            [label, str(g["responses"]), str(g["pairs"]), str(g["responses_per_pair"]), vs_dpo]
-        )
+    gens = results["generation_per_pair"]
+    dpo = gens["dpo"]["responses_per_pair"]
+    per_pair = [
+        [label, *(str(gens[arm][k]) for k in ("responses", "pairs", "responses_per_pair")),
+         f"{gens[arm]['responses_per_pair'] / dpo:.2f}x" if dpo else "-"]
+        for arm, (label, _) in PER_PAIR.items()
+    ]  # fmt: skip
     over_head = ["run", "iteration", "wall s", "subflow s", "backends s", "stage I/O s",
                  "orchestration s", "overhead", "Prefect's floor", "eva above floor"]  # fmt: skip
     roll_head = ["run", "prompts", "tokens", "direct tok/s", "stage tok/s", "stage / direct",

@@ -152,15 +152,13 @@ def run_candidate(c: Candidate, seed: int, root: str) -> dict[str, Any]:
     where = os.path.join(root, f"{c.name}-s{seed}")
     row: dict[str, Any] = {"theta_0": score(base, heldout)}
     seeds = stream(c.seed, 2000 + seed, held)
-    row["theta_1_step"] = step(base, seeds, seed, os.path.join(where, "theta1"))
-    row["theta_1"] = score(os.path.join(where, "theta1"), heldout)
     theta1 = os.path.join(where, "theta1")
+    row["theta_1_step"] = step(base, seeds, seed, theta1)
+    row["theta_1"] = score(theta1, heldout)
     # fresh continues the seed stream past X_0; target draws its own stream of target prompts.
-    row["fresh_step"] = step(theta1, seeds, seed + 1, os.path.join(where, "fresh"))
-    row["fresh"] = score(os.path.join(where, "fresh"), heldout)
-    targets = stream(c.target, 3000 + seed, held)
-    row["target_step"] = step(theta1, targets, seed + 1, os.path.join(where, "target"))
-    row["target"] = score(os.path.join(where, "target"), heldout)
+    for arm, chunks in (("fresh", seeds), ("target", stream(c.target, 3000 + seed, held))):
+        row[f"{arm}_step"] = step(theta1, chunks, seed + 1, os.path.join(where, arm))
+        row[arm] = score(os.path.join(where, arm), heldout)
     return row
 
 
