@@ -1,6 +1,7 @@
 """The benchmarks (what ``eva bench`` starts):
 
     python -m bench run STUDY [--root runs-bench] [--results FILE] [--deadline SECONDS]
+        [--set KEY=VALUE ...]
     python -m bench report STUDY [--results FILE]
     python -m bench [--quick] [--root runs-bench] [--out docs/bench]
 
@@ -29,13 +30,15 @@ def study_path(name: str) -> str:
     return name if os.path.exists(name) or not os.path.exists(ours) else ours
 
 
-def run(path: str, root: str, results: str | None, deadline: float | None) -> int:
+def run(
+    path: str, root: str, results: str | None, deadline: float | None, overrides: list[str]
+) -> int:
     from bench.report import write_report
     from bench.runner import Results, run_study
     from bench.study import load_study
     from eva_runtime.prefect_api import prefect_api
 
-    study = load_study(study_path(path))
+    study = load_study(study_path(path), overrides)
     results = results or os.path.join("docs", "bench", f"{study.name}.jsonl")
     if study.report.plots:  # checked first: finding out after the last arm would waste it all
         try:
@@ -48,12 +51,12 @@ def run(path: str, root: str, results: str | None, deadline: float | None) -> in
     return 0 if finished else 3
 
 
-def report(path: str, results: str | None) -> int:
+def report(path: str, results: str | None, overrides: list[str]) -> int:
     from bench.report import write_report
     from bench.runner import Results
     from bench.study import load_study
 
-    study = load_study(study_path(path))
+    study = load_study(study_path(path), overrides)
     results = results or os.path.join("docs", "bench", f"{study.name}.jsonl")
     print(write_report(study, Results(results).records, os.path.dirname(os.path.abspath(results))))
     return 0
@@ -69,11 +72,13 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--root", default="runs-bench", help="where the runs live")
         p.add_argument("--results", help="the results file (default docs/bench/NAME.jsonl)")
         p.add_argument("--deadline", type=float, help="seconds: start nothing that ends later")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="a study field, e.g. base.bootstrap.init_checkpoint=F")  # fmt: skip
         args = p.parse_args(argv)
         try:
             if args.verb == "report":
-                return report(args.study, args.results)
-            return run(args.study, args.root, args.results, args.deadline)
+                return report(args.study, args.results, args.set)
+            return run(args.study, args.root, args.results, args.deadline, args.set)
         except EvaError as exc:
             print(f"eva: error: {exc.line()}", file=sys.stderr)
             return 2
@@ -84,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     suffix = "-quick" if args.quick else ""
     for name in ("method", "matched"):
         results = os.path.join(args.out, f"{name}{suffix}.jsonl")
-        if run(f"{name}{suffix}", args.root, results, None):
+        if run(f"{name}{suffix}", args.root, results, None, []):
             return 1
     from bench import costs
 

@@ -11,23 +11,8 @@ at df 4) and ``no-worse`` (the mean no lower than one sd of the control over see
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
 
 import numpy as np
-
-Results = dict[str, dict[str, Any]]  # seed -> arm -> result
-Score = Callable[[dict[str, Any]], float | None]  # one seed's result -> a score (None: absent)
-
-
-def paired(results: Results, a: Score, b: Score) -> np.ndarray:
-    """a - b per seed, over the seeds where both exist."""
-    out = []
-    for per_seed in results.values():
-        x, y = a(per_seed), b(per_seed)
-        if x is not None and y is not None:
-            out.append(x - y)
-    return np.asarray(out, dtype=float)
 
 
 def judge(d: np.ndarray, sign: int = 1, sds: float = 2.0, floor: float = 0.0) -> tuple[str, str]:

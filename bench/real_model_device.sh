@@ -1,6 +1,7 @@
 #!/bin/bash
-# The real-model benchmark (issue 44, bench/real_model.py) on a lent GPU with no registry, in as
-# few device calls as possible; logs and the results file go to $OUT (default /tmp/gpu-out).
+# The real-model benchmark (issue 44, bench/studies/real-model-gpu.yaml) on a lent GPU with no
+# registry, in as few device calls as possible; logs and the results file go to $OUT (default
+# /tmp/gpu-out).
 #
 # Here, once (a machine with the registry): `python infra/gpu/pack.py --out .gpu` (eva's closure
 # with the gguf and ifeval extras: .gpu/c1 = E; vLLM in .gpu/c2... only for --backend vllm) and
@@ -13,14 +14,15 @@
 #                                                        (carry .gpu/m2): part 2, joined and
 #                                                        checked; then the benchmark for 420 s
 #
-# `run SECONDS [RESULTS]` runs bench.real_model until SECONDS are nearly spent (it starts no
-# run the last one's time says would not finish) and copies the results file (by default the
-# repository's docs/bench/real-model-gpu.json: finished runs of an earlier loan, committed, travel
-# with the tree and are skipped), its report, the log and the machine's versions to $OUT.
-# Copy real-model.json back into docs/bench/real-model-gpu.json and commit it before the next loan.
+# `run SECONDS [RESULTS] [STUDY]` runs the study (`python -m bench run`, the model file named by
+# --set) until SECONDS are nearly spent (it starts no iteration the ones so far say would not
+# finish) and copies the results file (by default the repository's
+# docs/bench/real-model-gpu.jsonl: the records of an earlier loan, committed, travel with the
+# tree and are skipped), its report, the log and the machine's versions to $OUT. Copy
+# real-model.jsonl back into docs/bench/real-model-gpu.jsonl and commit it before the next loan.
 #
-# Here, the same commands run on the CPU (tests/test_bench_real_model.py runs bench.real_model
-# at a tiny size; `run` needs only a model file: MODEL=path/to/file.gguf).
+# Here, the same commands run on the CPU (tests/test_bench_real_model.py runs a tiny study file
+# through them; `run` needs only a model file: MODEL=path/to/file.gguf).
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,10 +42,11 @@ model() {  # DIR: its parts model.NN; with the last (model.last: the sha256), jo
     rm -f /tmp/parts/model.*
 }
 
-run() {  # SECONDS [RESULTS]
-    local seconds=${1:-420} results=${2:-$HERE/docs/bench/real-model-gpu.json}
-    local work=${WORK:-/tmp/real-model.json}
-    [ -e "$results" ] && cp "$results" "$work"
+run() {  # SECONDS [RESULTS] [STUDY]
+    local seconds=${1:-420} results=${2:-$HERE/docs/bench/real-model-gpu.jsonl}
+    local study=${3:-real-model-gpu} work=${WORK:-/tmp/real-model}
+    mkdir -p "$work" && rm -f "$work"/*.md
+    [ -e "$results" ] && cp "$results" "$work/results.jsonl"
     {
         nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
         "$PYTHON" -c "
@@ -52,16 +55,14 @@ for p in ['torch', 'transformers', 'trl', 'prefect', 'if-verifiable', 'gguf', 'v
     try: print(p, m.version(p))
     except m.PackageNotFoundError: print(p, 'absent')"
     } > "$OUT/env.txt" 2>&1
-    # The last minute is kept for the copies: the deadline is the benchmark's, timeout a guard.
-    # The GPU's run samples with transformers in bfloat16, its results kept apart from the CPU's
-    # (CTranslate2 int8, docs/bench/real-model-cpu.json); IFEval's prompts are not in the pack.
-    timeout "$seconds" "$PYTHON" -m bench.real_model --checkpoint "$MODEL" --results "$work" \
-        --root "$RUNS" --deadline $(( seconds - 60 )) --backend transformers --batch-size 256 --no-ifeval \
-        "${@:3}" > "$OUT/real_model.log" 2>&1
+    # The last minute is kept for the copies: the deadline is the study's, timeout a guard.
+    (cd "$HERE" && timeout "$seconds" "$PYTHON" -m bench run "$study" \
+        --set "base.bootstrap.init_checkpoint=$MODEL" --root "$RUNS" \
+        --results "$work/results.jsonl" --deadline $(( seconds - 60 ))) > "$OUT/real_model.log" 2>&1
     local rc=$?
     grep -v "^\s*$" "$OUT/real_model.log" | tail -40
-    cp "$work" "$OUT/real-model.json" 2>/dev/null
-    cp "${work%.json}.md" "$OUT/real-model.md" 2>/dev/null
+    cp "$work/results.jsonl" "$OUT/real-model.jsonl" 2>/dev/null
+    cp "$work"/*.md "$OUT/real-model.md" 2>/dev/null
     return $rc
 }
 
@@ -69,6 +70,6 @@ case "${1:-}" in
     unpack) bash "$HERE/infra/gpu/check.sh" unpack "$2" "$3" ;;
     model) model "$2" ;;
     run) shift; run "$@" ;;
-    *) echo "usage: bash bench/real_model_device.sh unpack DIR NAME | model DIR | run SECONDS [RESULTS] [ARGS...]"
+    *) echo "usage: bash bench/real_model_device.sh unpack DIR NAME | model DIR | run SECONDS [RESULTS] [STUDY]"
        exit 2 ;;
 esac

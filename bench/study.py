@@ -11,6 +11,7 @@ checkpoint; ``base@theta_0``: its theta_0). A bad field is one line naming its k
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import yaml
@@ -221,10 +222,12 @@ def split_at(ref: str) -> tuple[str, int | Literal["last"] | None]:
     return name, None if at == "theta_0" else int(at)
 
 
-def load_study(path: str) -> Study:
-    """The study in ``path``, validated; every arm's config is built and validated too, so a
-    bad override is refused before anything runs (``arms.<name>.overrides.<key>``)."""
+def load_study(path: str, overrides: Sequence[str] = ()) -> Study:
+    """The study in ``path`` with ``KEY=VALUE`` overrides (``base.bootstrap.init_checkpoint=F``:
+    where a machine keeps the model), validated; every arm's config is built and validated
+    too, so a bad override is refused before anything runs (``arms.<name>.overrides.<key>``)."""
     from flows.config import validate_config
+    from flows.config_layers import apply_overrides
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -233,7 +236,7 @@ def load_study(path: str) -> Study:
         raise ConfigError(f"{path}: {exc}", field="study") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level", field="study")
-    study = validate_config(data, Study)
+    study = validate_config(apply_overrides(data, list(overrides)), Study)
     from bench.configs import arm_config
 
     for arm in study.arms:

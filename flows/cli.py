@@ -8,7 +8,7 @@ eva evaluate --run R --heldout FILE [--name N]       a run's checkpoints on anot
 eva serve [--file infra/prefect.yaml]                serve the deployment to a Prefect API
 eva train-node --run R [--root ROOT] [--machine-rank K]   machine K of multi-node training
 eva config [--config FILE] [--set key=value ...]    print the config that would run, as YAML
-eva bench run|report STUDY [--results F] [--deadline S]   a study file (bench/studies)
+eva bench run|report STUDY [--results F] [--deadline S] [--set K=V]   a study file
 eva bench [--quick]                                  the method and cost benchmarks (docs/bench)
 eva prefect-server [PREFECT ARGS]                    a lasting Prefect server for eva (UI)
 """
@@ -267,6 +267,10 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--deadline", type=float, help="seconds: start no piece the runs so far say ends later"
     )
+    bench.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a study field, e.g. base.bootstrap.init_checkpoint=model.gguf (repeatable)",
+    )  # fmt: skip
     return p
 
 

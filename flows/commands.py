@@ -326,6 +326,7 @@ def bench(args: argparse.Namespace) -> int:
         argv = [args.verb, args.study, "--root", args.root]
         argv += [*(["--results", args.results] if args.results else [])]
         argv += [*(["--deadline", str(args.deadline)] if args.deadline is not None else [])]
+        argv += [f"--set={item}" for item in args.set]
     else:
         argv = [*(["--quick"] if args.quick else []), "--root", args.root, "--out", args.out]
     return subprocess.call([sys.executable, "-m", "bench", *argv])

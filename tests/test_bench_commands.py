@@ -35,7 +35,6 @@ MODULES: dict[str, tuple[list[str] | None, str]] = {
     "bench.ray_scaling": (None, "starts a Ray cluster: tests/test_ray_cluster.py runs the stage"),
     "bench.run_report": (None, "run on the recipe's run by tests/test_real_model.py"),
     "bench.engines": (None, "run on the real model by test_engines_side_by_side_on_the_real_model"),
-    "bench.real_model": (None, "run at a tiny size by tests/test_bench_real_model.py"),
 }
 SHELL = {"bench/real_model_device.sh", "infra/gpu/check.sh"}  # run on a lent GPU
 # Scripts outside bench/ (``python PATH``): --help only, and why.

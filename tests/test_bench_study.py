@@ -45,6 +45,7 @@ def test_a_study_file_names_the_key_it_cannot_use(tmp_path: Path) -> None:
         ({"claims": [{"name": "x", "a": "eva", "b": "fresh", "rule": "3sd"}]}, "claims.0.rule"),
         ({"claims": [{"name": "x", "a": "eva", "b": "target"}]}, "claims"),
         ({"measures": ["heldout", "speed"]}, "measures"),
+        ({"measures": ["heldout@first"]}, "measures"),
         ({"equalise": {"pairs": 0}}, "equalise.pairs"),
         ({"folders": "x"}, "folders"),
     ):  # fmt: skip
@@ -53,6 +54,18 @@ def test_a_study_file_names_the_key_it_cannot_use(tmp_path: Path) -> None:
         with pytest.raises(ConfigError) as caught:
             load_study(str(path))
         assert caught.value.field == key, caught.value
+
+
+def test_a_study_field_set_from_the_command_line_reaches_every_arm(tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(_tiny()))
+    study = load_study(str(path), ["base.generate.n=3", "seeds=[4]"])
+    assert study.seeds == [4] and study.base["generate"]["n"] == 3
+    config = arm_config(study, study.arms[0], str(tmp_path), 4, {})
+    assert config.generate.n == 3 and config.run == "s4-eva"
+    with pytest.raises(ConfigError) as caught:  # an arm's config refuses it, naming the key
+        load_study(str(path), ["base.generate.m=3"])
+    assert caught.value.field == "arms.eva.overrides.generate.m"
 
 
 def test_an_arms_config_merges_its_start_equalisation_overrides_and_growth() -> None:

