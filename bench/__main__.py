@@ -31,35 +31,29 @@ def study_path(name: str) -> str:
 
 
 def run(
-    path: str, root: str, results: str | None, deadline: float | None, overrides: list[str]
+    verb: str, path: str, root: str, results: str | None, deadline: float | None, sets: list[str]
 ) -> int:
+    """``run`` (then the report) or ``report`` alone; 3 when the deadline stopped the run."""
     from bench.report import write_report
     from bench.runner import Results, run_study
     from bench.study import load_study
     from eva_runtime.prefect_api import prefect_api
 
-    study = load_study(study_path(path), overrides)
+    study = load_study(study_path(path), sets)
     results = results or os.path.join("docs", "bench", f"{study.name}.jsonl")
-    if study.report.plots:  # checked first: finding out after the last arm would waste it all
+    if verb == "run" and study.report.plots:  # checked first, not after the last arm has run
         try:
             import matplotlib  # noqa: F401
         except ImportError:
             raise EvaError("the plots need matplotlib", hint="pip install -e '.[bench]'") from None
-    with prefect_api(print):
-        finished = run_study(study, root, results, deadline)
-    write_report(study, Results(results).records, os.path.dirname(os.path.abspath(results)))
+    finished = True
+    if verb == "run":
+        with prefect_api(print):
+            finished = run_study(study, root, results, deadline)
+    md = write_report(study, Results(results).records, os.path.dirname(os.path.abspath(results)))
+    if verb == "report":
+        print(md)
     return 0 if finished else 3
-
-
-def report(path: str, results: str | None, overrides: list[str]) -> int:
-    from bench.report import write_report
-    from bench.runner import Results
-    from bench.study import load_study
-
-    study = load_study(study_path(path), overrides)
-    results = results or os.path.join("docs", "bench", f"{study.name}.jsonl")
-    print(write_report(study, Results(results).records, os.path.dirname(os.path.abspath(results))))
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,9 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="a study field, e.g. base.bootstrap.init_checkpoint=F")  # fmt: skip
         args = p.parse_args(argv)
         try:
-            if args.verb == "report":
-                return report(args.study, args.results, args.set)
-            return run(args.study, args.root, args.results, args.deadline, args.set)
+            return run(args.verb, args.study, args.root, args.results, args.deadline, args.set)
         except EvaError as exc:
             print(f"eva: error: {exc.line()}", file=sys.stderr)
             return 2
@@ -89,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     suffix = "-quick" if args.quick else ""
     for name in ("method", "matched"):
         results = os.path.join(args.out, f"{name}{suffix}.jsonl")
-        if run(f"{name}{suffix}", args.root, results, None, []):
+        if run("run", f"{name}{suffix}", args.root, results, None, []):
             return 1
     from bench import costs
 

@@ -11,8 +11,8 @@ import pyarrow as pa
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field
 
-from bench.configs import x0_size
-from bench.study import Arm
+from bench.measures import responses
+from bench.study import Arm, x0_size
 from eva_core.schema import PROMPT_COLUMNS
 from eva_runtime.errors import EvaError
 from flows.config import RunConfig
@@ -23,22 +23,19 @@ from tasks.content_hashes import hash_file
 from tasks.context import StageContext, StageOutput
 from tasks.prompt_files import read_prompt_file
 from tasks.stage import StageError, stage
-from tasks.store import Ref
+from tasks.store import Ref, RunStore
 
 
 def run_arm(arm: Arm, config: Any, factor: float, budget: int | None) -> Any:
     """Run ``config`` (the arm up to its current iteration; its finished stages are reused)
     and return its store. ``factor``: how far a split grows; ``budget``: G responses an
     iteration (None: the arm is not equalised by generation)."""
-    from tasks.store import RunStore
-
-    data = config.model_dump(mode="json")
     if arm.source == "online":
         from flows.online import eva_online
 
         eva_online(config)
     elif arm.source in ("fresh", "target"):
-        size, n = x0_size(data), config.generate.n
+        size, n = x0_size(config.model_dump(mode="json")), config.generate.n
         grow = factor if budget is None else budget / (n * size)
         if config.prompts.path is not None:  # rows of the file after X_0, each used once
             if arm.source == "target":
@@ -55,11 +52,6 @@ def run_arm(arm: Arm, config: Any, factor: float, budget: int | None) -> Any:
 
         eva_run(config)
     return RunStore(config.root, config.run, config.storage_options)
-
-
-def creator_spent(store: Any, t: int) -> int:
-    manifest = store.read_manifest(t, "creator_generate")
-    return int(manifest["stats"]["responses"]) if manifest is not None else 0
 
 
 @flow(name="eva-matched", flow_run_name=run_name)
@@ -91,7 +83,7 @@ def matched_run(config: RunConfig, budget: int) -> list[int]:
                         "sample": config.sample.model_copy(update={"fraction": fraction}),
                     })  # fmt: skip
                 step = eva_iteration(run, t, cfg, prompts, policy, heldout, last, older, answers)
-                spent = creator_spent(run.store(), t)
+                spent = responses(run.store(), t, "creator_generate")
                 if spent == creator:
                     break
                 creator = spent

@@ -20,10 +20,9 @@ def judge(d: np.ndarray, sign: int = 1, sds: float = 2.0, floor: float = 0.0) ->
     if d.size == 0:
         return "not run", "-"
     mean = float(d.mean()) * sign
-    sd = float(d.std(ddof=1)) if d.size > 1 else float("nan")
     if d.size < 2:
         return "one seed: not judged", f"{mean:+.3f}"
-    margin = min(mean - sds * sd, mean - floor)
+    margin = min(mean - sds * float(d.std(ddof=1)), mean - floor)
     return ("**held**" if margin > 0 else "not held"), f"{margin:+.3f}"
 
 

@@ -10,13 +10,32 @@ from typing import Any
 
 import numpy as np
 
+from bench.labels import chosen_correct, inherited_accuracy, label_check, share, threshold_sweep
 from eva_core.informativeness import informativeness, reward_matrix
+from eva_core.schema import prompt_id
+from eva_world import world
 
 Measure = Callable[[Any, int | None, Any], dict[str, Any]]
 
 
 def _online(config: Any) -> bool:
     return hasattr(config, "online")
+
+
+def table(store: Any, t: int | None, artifact: str) -> Any:
+    """A stage's table, None where the stage did not run."""
+    manifest = store.read_manifest(t, artifact)
+    return None if manifest is None else store.read_table(manifest["uri"])
+
+
+def columns(found: Any, *names: str) -> list[list[Any]]:
+    return [found.column(c).to_pylist() for c in names]
+
+
+def stage_prompts(store: Any, t: int | None, artifact: str = "generate") -> list[str]:
+    """The prompts of a stage's table, none where the stage did not run."""
+    found = table(store, t, artifact)
+    return [] if found is None else found.column("prompt").to_pylist()
 
 
 def heldout(store: Any, t: int | None, config: Any) -> dict[str, Any]:
@@ -34,9 +53,8 @@ def trained(store: Any, t: int | None, config: Any) -> dict[str, Any]:
     responses the iteration generated and the pairs it could have trained on."""
     if t is None or _online(config):
         return {}
-    pairs = store.read_table(store.read_manifest(t, "pairs")["uri"])
-    chosen = pairs.column("chosen_reward").to_numpy()
-    rewards = store.read_table(store.read_manifest(t, "annotate")["uri"]).column("rewards")
+    chosen = table(store, t, "pairs").column("chosen_reward").to_numpy()
+    rewards = table(store, t, "annotate").column("rewards")
     manifest = store.read_manifest(t, "train")
     train, log = manifest["stats"], store.read_table(manifest["uri"])
     logp = log.column("logps/chosen").to_pylist() if "logps/chosen" in log.column_names else []
@@ -57,24 +75,23 @@ def curriculum(store: Any, t: int | None, config: Any) -> dict[str, Any]:
     """The world's difficulty and category mix of X_t (Table 7, Figure 6)."""
     if t is None or _online(config):
         return {}
-    from eva_world import world
-
-    gen = store.read_manifest(t, "generate")
-    prompts = store.read_table(gen["uri"]).column("prompt").to_pylist()
+    prompts = stage_prompts(store, t)
     return {
         "difficulty": round(sum(map(world.difficulty, prompts)) / len(prompts), 3),
         "categories": dict(Counter(map(world.category_of, prompts))),
     }
 
 
+def responses(store: Any, t: int, *artifacts: str) -> int:
+    """The responses the stages generated in iteration ``t`` (0 for a stage that did not run)."""
+    manifests = [store.read_manifest(t, artifact) for artifact in artifacts]
+    return sum(int(m["stats"]["responses"]) for m in manifests if m is not None)
+
+
 def generated(store: Any, t: int) -> int:
     """Responses iteration ``t`` generated for training: the solver's, and the creator's own
     rollouts where it sampled X_{t-1} afresh (held-out evaluation left out: every arm pays it)."""
-    return sum(
-        int(m["stats"]["responses"])
-        for artifact in ("generate", "creator_generate")
-        if (m := store.read_manifest(t, artifact)) is not None
-    )
+    return responses(store, t, "generate", "creator_generate")
 
 
 def available_pairs(store: Any, t: int) -> int:
@@ -93,8 +110,7 @@ def pair_yield(store: Any, t: int | None, config: Any) -> dict[str, Any]:
     keys = ("prompts", "pairs", "skipped_low_chosen", "skipped_tied", "skipped_unscored",
             "dropped_over_budget")  # fmt: skip
     out = {k: int(stats.get(k, 0)) for k in keys}
-    creator = store.read_manifest(t, "creator_generate")
-    out["creator_responses"] = int(creator["stats"]["responses"]) if creator else 0
+    out["creator_responses"] = responses(store, t, "creator_generate")
     out["responses"] = generated(store, t)
     out["in_pairs"] = 2 * out["pairs"]
     out["paper_pairs"] = out["pairs"] + out["dropped_over_budget"] + out["skipped_low_chosen"]
@@ -129,35 +145,27 @@ def rho(store: Any, t: int | None, config: Any) -> dict[str, Any]:
     samples: Spearman over the first ``RHO_PROMPTS`` prompts of X_0 by id."""
     if t != 1 or _online(config):
         return {}
+    from scipy.stats import spearmanr
+
     from eva_runtime.seeds import content_seed
-    from eva_world import world
 
     metric = "a_min" if config.score.metric == "uniform" else config.score.metric
     n = config.generate.n
-    table = store.read_table(store.read_manifest(1, "creator_annotate")["uri"])
-    table = table.sort_by("prompt_id").slice(0, RHO_PROMPTS)
-    prompts = table.column("prompt").to_pylist()
-    before = informativeness(reward_matrix(table.column("rewards")), metric)
+    read = table(store, 1, "creator_annotate").sort_by("prompt_id").slice(0, RHO_PROMPTS)
+    prompts = read.column("prompt").to_pylist()
+    before = informativeness(reward_matrix(read.column("rewards")), metric)
     generator = config.generate.backend.load(model_path(store, 1))
     texts = generator.generate(prompts, n=n, seed=content_seed(config.seed, "selection-rho")).texts
     rewards = np.array(
         [[world.reward(p, r) for r in rs] for p, rs in zip(prompts, texts, strict=True)]
     )
     after = informativeness(rewards, metric)
+    constant = np.ptp(before) == 0 or np.ptp(after) == 0  # no ranks to correlate
     return {
-        "rho": spearman(before, after),
+        "rho": None if constant else float(spearmanr(before, after).statistic),
         "reading_before": round(float(before.mean()), 4),
         "reading_after": round(float(after.mean()), 4),
     }
-
-
-def spearman(x: np.ndarray, y: np.ndarray) -> float | None:
-    """Spearman's rho (ties ranked by their mean); None when a reading is constant."""
-    from scipy.stats import spearmanr
-
-    if np.ptp(x) == 0 or np.ptp(y) == 0:
-        return None
-    return float(spearmanr(x, y).statistic)
 
 
 def checkpoint(store: Any, t: int | None, config: Any) -> dict[str, Any]:
@@ -199,27 +207,53 @@ def model_path(store: Any, t: int | None) -> str:
     raise FileNotFoundError(f"{store.base}: no model of iteration {t}")
 
 
-def world_rewards(model_dir: str, prompts: list[str], n: int = 1) -> np.ndarray:
-    """The world's reward of a checkpoint's answers, a row per prompt: greedy for ``n`` = 1,
-    else ``n`` samples at the world's temperature."""
-    from eva_world import world
-    from tasks.backends.generate.transformers import TransformersGeneration
+def solver_stats(store: Any, t: int) -> dict[str, Any]:
+    """What iteration ``t`` trained on and evolved: pair correctness, and how often an evolved
+    child kept its parent's answer."""
+    chosen = chosen_correct(*columns(table(store, t, "pairs"), "prompt", "chosen"))
+    previous = table(store, None, "prompts") if t == 1 else table(store, t - 1, "mix")
+    text = dict(zip(*columns(previous, "prompt_id", "prompt"), strict=True))
+    children, parents = columns(table(store, t, "evolve"), "prompt", "parent_id")
+    kids = [(c, text[p]) for c, p in zip(children, parents, strict=True) if p in text]
+    return {
+        "chosen_correct": chosen,
+        "children": len(kids),
+        "inherited_accuracy": inherited_accuracy([c for c, _ in kids], [p for _, p in kids]),
+    }
 
-    backend = TransformersGeneration(
-        temperature=0.0 if n == 1 else 0.7, max_new_tokens=10, batch_size=512
-    )
-    answers = backend.load(model_dir).generate(prompts, n=n, seed=0).texts
-    pairs = zip(prompts, answers, strict=True)
-    return np.array([[world.reward(p, a) for a in rs] for p, rs in pairs])
 
+def labels(store: Any, t: int | None, config: Any) -> dict[str, Any]:
+    """What an answer-blind arm's majority-vote labels were worth on the world (issue 22;
+    ``bench.labels``). For every arm: how many pairs' chosen answers are truly correct and how
+    often an evolved child kept its parent's answer. For an arm rewarded by ``verifiable``
+    (answers known for X_0 only, the majority vote of N samples for every child): each annotate
+    stage's labels recomputed from the stored rollouts with the reward's own function (the
+    stored rewards must be reproduced), their accuracy against ``world.solve``, the share of
+    unknown prompts dropped, the share of wrong labels that are the careless demonstrators'
+    answer, the pairs trained on a majority label; at iteration 1 every threshold k/N's
+    coverage and accuracy, offline."""
+    if t is None or t == 0 or _online(config):
+        return {}
+    out = solver_stats(store, t)
+    reward = config.annotate.reward
+    if reward is None or reward.kind != "verifiable":
+        return out
+    from tasks.backends.reward.verifiable import read_answers
 
-def _labels(store: Any, t: int | None, config: Any) -> dict[str, Any]:
-    from bench.labels import labels
-
-    return labels(store, t, config)
+    known = read_answers(reward.answers)
+    for artifact in ("creator_annotate", "annotate"):
+        if (found := table(store, t, artifact)) is not None:
+            prompts, responses, rewards = columns(found, "prompt", "responses", "rewards")
+            out[artifact] = label_check(prompts, responses, rewards, known, reward.agreement)
+    pairs = stage_prompts(store, t, "pairs")
+    out["pairs_voted"] = share(sum(prompt_id(p) not in known for p in pairs), len(pairs))
+    if t == 1:  # the threshold's trade-off on the first children, offline
+        prompts, responses = columns(table(store, 1, "annotate"), "prompt", "responses")
+        out["sweep"] = threshold_sweep(prompts, responses, known, len(responses[0]))
+    return out
 
 
 MEASURES: dict[str, Measure] = {
     "heldout": heldout, "trained": trained, "curriculum": curriculum, "yield": pair_yield,
-    "online": online, "rho": rho, "checkpoint": checkpoint, "labels": _labels, "ifeval": ifeval,
+    "online": online, "rho": rho, "checkpoint": checkpoint, "labels": labels, "ifeval": ifeval,
 }  # fmt: skip

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from bench.claims import by_t, judge, no_worse
-from bench.study import Claim, Study, split_at
+from bench.study import Claim, Plot, Study, split_at
 from flows.markdown import md_table
 
 Point = tuple[str, int | None]  # (arm, iteration; None: theta_0)
@@ -61,9 +61,11 @@ def where(idx: Index, ref: str, t: int | None = None) -> Point:
     return name, at
 
 
-def diff(
-    idx: Index, a: tuple[str, int | None], b: tuple[str, int | None], measure: str
-) -> np.ndarray:
+def label(point: Point) -> str:
+    return f"{point[0]}@{'theta_0' if point[1] is None else point[1]}"
+
+
+def diff(idx: Index, a: Point, b: Point, measure: str) -> np.ndarray:
     x, y = column(idx, a, measure), column(idx, b, measure)
     return np.asarray([x[s] - y[s] for s in sorted(x) if s in y], dtype=float)
 
@@ -75,8 +77,9 @@ def cell(d: np.ndarray) -> str:
     return f"{d.mean():+.3f}{sd} ({int((d > 0).sum())} of {d.size} > 0)"
 
 
-def verdict(claim: Claim, idx: Index, t: int | None) -> tuple[str, np.ndarray, str, str]:
-    """(the comparison in words, the paired differences, the verdict, the margin)."""
+def verdict(claim: Claim, idx: Index, t: int | None) -> list[str]:
+    """The claim's row: the comparison in words, the paired differences, the verdict, the
+    margin."""
     a, b = where(idx, claim.a, t), where(idx, claim.b, t)
     d = diff(idx, a, b, claim.measure)
     if claim.rule == "t":
@@ -85,38 +88,31 @@ def verdict(claim: Claim, idx: Index, t: int | None) -> tuple[str, np.ndarray, s
         held = no_worse(d, np.asarray(list(column(idx, b, claim.measure).values())), claim.sign)
     else:
         held = judge(d, claim.sign, claim.sds, claim.floor)
-
-    def name(arm: str, it: int | None) -> str:
-        return f"{arm}@{'theta_0' if it is None else it}"
-
-    return f"{name(*a)} - {name(*b)}", d, *held
+    return [claim.name, f"{label(a)} - {label(b)}", claim.measure, cell(d), *held]
 
 
-def rows_of(
-    study: Study, idx: Index, keys: list[tuple[str, tuple[str, int | None]]], columns: list[str]
-) -> list[list[str]]:
-    """A table row per (label, (arm, t)): seeds, each column, Δ of the first column from the
+def table(
+    study: Study, idx: Index, title: str, points: list[tuple[str, Point]], columns: list[str]
+) -> list[str]:
+    """A table, a row per (label, (arm, t)): seeds, each column, Δ of the first column from the
     arm's start (paired), and how far its source grew."""
-    first = columns[0]
-    out = []
-    for label, key in keys:
+    rows = []
+    for name, key in points:
         if key not in idx:
             continue
         arm = study.arm(key[0])
-        cells = [label, str(len(idx[key]))]
-        cells += [mean_std(list(column(idx, key, c).values())) for c in columns]
         start = where(idx, arm.start) if arm.start and key[1] is not None else None
-        cells.append(cell(diff(idx, key, start, first)) if start else "-")
         grown = sorted({f"x{r.get('grown', 1.0):g}" for r in idx[key].values()})
-        out.append([*cells, "/".join(grown)])
-    return out
+        cells = [mean_std(list(column(idx, key, c).values())) for c in columns]
+        delta = cell(diff(idx, key, start, columns[0])) if start else "-"
+        rows.append([name, str(len(idx[key])), *cells, delta, "/".join(grown)])
+    head = ["arm", "seeds", *columns, f"Δ {columns[0]} vs start", "grown"]
+    return [f"### {title}", "", *md_table(head, rows), ""]
 
 
 def write_report(study: Study, records: list[dict[str, Any]], out_dir: str) -> str:
     """``<out_dir>/<name>.md`` and its plots; returns the markdown."""
     idx = index(records)
-    columns = study.report.columns
-    head = ["arm", "seeds", *columns, f"Δ {columns[0]} vs start", "grown"]
     seeds = sorted({r["seed"] for r in records})
     parts = [
         f"## {study.name}",
@@ -126,29 +122,16 @@ def write_report(study: Study, records: list[dict[str, Any]], out_dir: str) -> s
         "over seeds; Δ is paired by seed, from the checkpoint the arm started from.",
         "",
     ]
-    keys = []
+    points = []
     for arm in study.arms:
         its = sorted({t for a, t in idx if a == arm.name}, key=lambda t: -1 if t is None else t)
-        keys += [(f"{arm.name}@{'theta_0' if t is None else t}", (arm.name, t)) for t in its]
-    parts += [
-        "### Every arm, every checkpoint",
-        "",
-        *md_table(head, rows_of(study, idx, keys, columns)),
-        "",
-    ]
-    for table in study.report.tables:
-        chosen = [(label, where(idx, ref)) for label, ref in table.rows]
-        cols = table.columns or columns
-        head_t = ["arm", "seeds", *cols, f"Δ {cols[0]} vs start", "grown"]
-        rows = rows_of(study, idx, chosen, cols)
-        parts += [f"### {table.title}", "", *md_table(head_t, rows), ""]
+        points += [(label((arm.name, t)), (arm.name, t)) for t in its]
+    parts += table(study, idx, "Every arm, every checkpoint", points, study.report.columns)
+    for t in study.report.tables:
+        chosen = [(name, where(idx, ref)) for name, ref in t.rows]
+        parts += table(study, idx, t.title, chosen, t.columns or study.report.columns)
     if study.claims:
-        rows = []
-        for claim in study.claims:
-            judged: list[int | None] = [*claim.at] or [None]
-            for t in judged:
-                said, d, held, margin = verdict(claim, idx, t)
-                rows.append([claim.name, said, claim.measure, cell(d), held, margin])
+        rows = [verdict(c, idx, t) for c in study.claims for t in c.at or (None,)]
         head = ["claim", "paired difference", "measure", "mean ± sd", "verdict", "margin"]
         parts += ["### The claims, judged by the rule written before any arm ran", "",
                   *md_table(head, rows), ""]  # fmt: skip
@@ -161,7 +144,7 @@ def write_report(study: Study, records: list[dict[str, Any]], out_dir: str) -> s
     return md
 
 
-def draw(study: Study, idx: Index, plot: Any, out_dir: str) -> str:
+def draw(study: Study, idx: Index, plot: Plot, out_dir: str) -> str:
     """The measure against the iteration (or the cumulative responses generated), a line per
     arm from its start, ± sd bars."""
     import matplotlib

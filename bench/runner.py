@@ -16,16 +16,22 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
-from bench.arm_runs import run_arm
-from bench.configs import arm_config, x0_size
-from bench.measures import MEASURES, available_pairs, generated, model_path, world_rewards
-from bench.study import Arm, Study, split_at
-from eva_runtime.errors import EvaError
+import numpy as np
 
-Key = tuple[int, str, int | None]
+from bench.arm_runs import run_arm
+from bench.labels import world_answers
+from bench.measures import MEASURES, available_pairs, generated, model_path, stage_prompts
+from bench.study import Arm, Study, arm_config, split_at, x0_size
+from eva_runtime.errors import EvaError
+from eva_world import world
+from eva_world.components import distribution_of
+from tasks.store import RunStore
+
 TOLERANCE = 0.01  # equal generation: each iteration within 1% of G
+Say = Callable[[str], None]
 
 
 class Results:
@@ -37,19 +43,18 @@ class Results:
             with open(path) as f:
                 self.records = [json.loads(line) for line in f if line.strip()]
 
-    @staticmethod
-    def key(record: dict[str, Any]) -> Key:
-        return record["seed"], record["arm"], record["iteration"]
-
-    def get(self, seed: int, arm: str, t: int | None) -> dict[str, Any] | None:
-        return next((r for r in self.records if self.key(r) == (seed, arm, t)), None)
-
     def of(self, seed: int, arm: str) -> list[dict[str, Any]]:
         return [r for r in self.records if r["seed"] == seed and r["arm"] == arm]
 
+    def get(self, seed: int, arm: str, t: int | None) -> dict[str, Any] | None:
+        return next((r for r in self.of(seed, arm) if r["iteration"] == t), None)
+
+    def done(self, seed: int, arm: str, ts: list[int | None]) -> bool:
+        return all(self.get(seed, arm, t) for t in ts)
+
     def put(self, records: list[dict[str, Any]]) -> None:
         for record in records:
-            old = self.get(*self.key(record))
+            old = self.get(record["seed"], record["arm"], record["iteration"])
             if old is None:
                 self.records.append(record)
             else:
@@ -73,7 +78,7 @@ class Stopped(Exception):
 class Clock:
     """Progress by the pieces run so far, and the deadline."""
 
-    def __init__(self, total: int, done: int, deadline: float | None, say: Callable[[str], None]):
+    def __init__(self, total: int, done: int, deadline: float | None, say: Say):
         self.total, self.done, self.deadline, self.say = total, done, deadline, say
         self.started, self.times = time.monotonic(), list[float]()
 
@@ -81,8 +86,8 @@ class Clock:
     def run(self, what: str) -> Iterator[None]:
         """Time one piece; refuse it (``Stopped``) where the mean piece so far would not end
         before the deadline."""
-        mean = sum(self.times) / len(self.times) if self.times else 0.0
         if self.deadline is not None and self.times:
+            mean = sum(self.times) / len(self.times)
             left = self.deadline - (time.monotonic() - self.started)
             if left < 1.2 * mean:
                 raise Stopped(f"{left:.0f} s left, a piece takes {mean:.0f} s")
@@ -91,27 +96,27 @@ class Clock:
         yield
         self.times.append(time.monotonic() - t0)
         self.done += 1
-        mean = sum(self.times) / len(self.times)
-        rest = (self.total - self.done) * mean
+        rest = (self.total - self.done) * sum(self.times) / len(self.times)
         self.say(f"{what}: done in {self.times[-1]:.0f} s; {self.total - self.done} left, about "
                  f"{rest / 60:.1f} min by the runs so far")  # fmt: skip
 
 
 def units(arm: Arm) -> list[tuple[int, list[int | None]]]:
-    """An offline arm's pieces: (iterations run, the checkpoints it records)."""
+    """An arm's pieces: (iterations run, the checkpoints it records). An online arm is one
+    piece, its segments recorded together (the first stands for them)."""
+    if arm.source == "online":
+        return [(arm.iterations, [1])]
     if arm.iterations == 0:
         return [(0, [0] if arm.start else [None, 0])]
     return [(t, [t]) for t in range(1, arm.iterations + 1)]
 
 
 class StudyRun:
-    def __init__(self, study: Study, root: str, results: Results, say: Callable[[str], None]):
+    def __init__(self, study: Study, root: str, results: Results, say: Say):
         self.study, self.results, self.say = study, results, say
         self.root = os.path.abspath(os.path.join(root, study.folder or study.name))
 
     def store(self, seed: int, arm: str) -> Any:
-        from tasks.store import RunStore
-
         return RunStore(self.root, f"s{seed}-{arm}")
 
     def factor(self, seed: int, arm: str) -> float:
@@ -129,29 +134,28 @@ class StudyRun:
 
     def config(self, seed: int, arm: Arm, factor: float, iterations: int | None = None) -> Any:
         x0 = 1.0 if arm.growth() == "prompts" else self.x0_factor(seed, arm)
-        starts, inputs = self.starts(seed, arm), self.inputs(seed)
+        starts, inputs = self.starts(seed, arm), partial(self.input, seed)
         return arm_config(self.study, arm, self.root, seed, starts, factor=factor, x0_factor=x0,
                           iterations=iterations, inputs=inputs)  # fmt: skip
 
     def starts(self, seed: int, arm: Arm) -> dict[str, str]:
-        out = {}
+        study = self.study
         if arm.start is not None:
-            out[arm.start] = self.checkpoint(seed, arm.start)
-        if self.study.theta_0 == "shared" and seed != self.study.seeds[0] and arm.start is None:
-            out["theta_0"] = self.checkpoint(
-                self.study.seeds[0], f"{self.study.arms[0].name}@theta_0"
-            )
-        return out
+            return {arm.start: self.checkpoint(seed, arm.start)}
+        if study.theta_0 == "shared" and seed != study.seeds[0]:
+            return {"theta_0": self.checkpoint(study.seeds[0], f"{study.arms[0].name}@theta_0")}
+        return {}
+
+    def last(self, seed: int, arm: Arm) -> int:
+        """The arm's last recorded iteration, else its last planned."""
+        done = [r["iteration"] for r in self.results.of(seed, arm.name)]
+        return max((t for t in done if t is not None), default=arm.iterations)
 
     def checkpoint(self, seed: int, ref: str) -> str:
         """ARM's checkpoint (its run made again, from its cached stages, if it is not here)."""
         name, at = split_at(ref)
         arm = self.study.arm(name)
-        t = at
-        if at == "last":
-            done = [r["iteration"] for r in self.results.of(seed, name)]
-            t = max((t for t in done if t is not None), default=arm.iterations)
-        assert t != "last"
+        t = self.last(seed, arm) if at == "last" else at
         try:
             return model_path(self.store(seed, name), t)
         except FileNotFoundError:
@@ -160,21 +164,16 @@ class StudyRun:
             run_arm(arm, config, factor, self.budget(arm, config))
             return model_path(self.store(seed, name), t)
 
-    def inputs(self, seed: int) -> Callable[[str, str], str]:
-        def path(kind: str, arm: str) -> str:
-            store = self.store(seed, arm)
-            if kind in ("prompts", "heldout"):
-                return str(store.absolute(store.read_manifest(None, kind)["uri"]))
-            if kind == "answers":  # X_0's answers by the world's solver: a seed set's labels
-                from bench.labels import world_answers
-
-                x0 = store.read_table(store.read_manifest(None, "prompts")["uri"])
-                out = os.path.join(self.root, "answers", f"s{seed}-{arm}-x0.jsonl")
-                world_answers(x0.column("prompt").to_pylist(), out)
-                return out
-            raise EvaError(f"${{{kind}:{arm}}}: not a placeholder the runner fills")
-
-        return path
+    def input(self, seed: int, kind: str, arm: str) -> str:
+        """The file a ``${KIND:ARM}`` placeholder names."""
+        store = self.store(seed, arm)
+        if kind in ("prompts", "heldout"):
+            return str(store.absolute(store.read_manifest(None, kind)["uri"]))
+        if kind == "answers":  # X_0's answers by the world's solver: a seed set's labels
+            out = os.path.join(self.root, "answers", f"s{seed}-{arm}-x0.jsonl")
+            world_answers(stage_prompts(store, None, "prompts"), out)
+            return out
+        raise EvaError(f"${{{kind}:{arm}}}: not a placeholder the runner fills")
 
     def record(
         self, seed: int, arm: Arm, config: Any, store: Any, ts: list[Any], factor: float
@@ -202,12 +201,11 @@ class StudyRun:
             ))  # fmt: skip
             self.record(seed, arm, config, store, segments, 1.0)
             return
-        eq, factors = self.study.equalise, self.study.equalise.grow
         factor = self.factor(seed, arm.name)
         pieces, i = units(arm), 0
         while i < len(pieces):
             t, ts = pieces[i]
-            if all(self.results.get(seed, arm.name, c) for c in ts):
+            if self.results.done(seed, arm.name, ts):
                 i += 1
                 continue
             with clock.run(f"seed {seed}, {arm.name}, iteration {t}"):
@@ -217,8 +215,9 @@ class StudyRun:
             if budget is not None and abs(generated(store, t) - budget) > TOLERANCE * budget:
                 raise EvaError(f"{arm.name}, iteration {t}: {generated(store, t)} responses, "
                                f"not G = {budget}")  # fmt: skip
-            grow = [f for f in factors if f > factor and (arm.growth() != "split" or f <= 2.0)]
-            k = eq.pairs if budget is None and arm.growth() != "none" else None
+            grow = [f for f in self.study.equalise.grow
+                    if f > factor and (arm.growth() != "split" or f <= 2.0)]  # fmt: skip
+            k = self.study.equalise.pairs if budget is None and arm.growth() != "none" else None
             if k is not None and grow and available_pairs(store, t) < k:
                 clock.say(f"seed {seed}, {arm.name}, iteration {t}: fewer than {k} pairs; its "
                           f"source grown x{grow[0]:g}")  # fmt: skip
@@ -240,43 +239,29 @@ class StudyRun:
     def held_apart(self, seed: int) -> None:
         """The study's held-apart sets, drawn once every arm of the seed has run, apart from
         every prompt any of them trained on, and each offline checkpoint's reward there."""
-        from eva_world import world
-        from eva_world.components import distribution_of
-
         offline = [a for a in self.study.arms if a.source != "online"]
         records = [r for a in offline for r in self.results.of(seed, a.name)]
-        for spec in self.study.held_apart:
-            if all(spec.name in r for r in records):
-                continue
-            seen: set[str] = set()
-            for arm in offline:
-                store = self.store(seed, arm.name)
-                for t in range(arm.iterations + 1):
-                    if (m := store.read_manifest(t, "generate")) is not None:
-                        seen |= set(store.read_table(m["uri"]).column("prompt").to_pylist())
+        specs = [s for s in self.study.held_apart if not all(s.name in r for r in records)]
+        if not specs:
+            return
+        seen: set[str] = set()
+        for arm in offline:
+            store = self.store(seed, arm.name)
+            for t in range(arm.iterations + 1):
+                seen |= set(stage_prompts(store, t))
+        first = self.study.arms[0]
+        for spec in specs:
             dist = distribution_of(spec.distribution)
             held = world.sample_prompts(dist, spec.size, spec.draw, exclude=seen)
             for r in records:
-                rewards = world_rewards(
-                    model_path(self.store(seed, r["arm"]), r["iteration"]), held
-                )
-                r[spec.name] = round(float(rewards.mean()), 4)
-                r[f"{spec.name}_exact"] = round(float((rewards == 1.0).mean()), 4)
-            first = self.study.arms[0]
-            last = max(
-                r["iteration"]
-                for r in self.results.of(seed, first.name)
-                if r["iteration"] is not None
-            )
+                rewards = world_rewards(self.store(seed, r["arm"]), r["iteration"], held)
+                r[spec.name], r[f"{spec.name}_exact"] = _mean(rewards), _mean(rewards == 1.0)
             if spec.pass_at:
-                rewards = world_rewards(
-                    model_path(self.store(seed, first.name), last), held, spec.pass_at
-                )
+                last = self.last(seed, first)
+                rewards = world_rewards(self.store(seed, first.name), last, held, spec.pass_at)
                 record = self.results.get(seed, first.name, last)
                 assert record is not None
-                record[f"pass@{spec.pass_at}"] = round(
-                    float((rewards == 1.0).any(axis=1).mean()), 4
-                )
+                record[f"pass@{spec.pass_at}"] = _mean((rewards == 1.0).any(axis=1))
             records[0][f"{spec.name}_set"] = {
                 "size": len(held),
                 "excluded": len(seen),
@@ -285,27 +270,34 @@ class StudyRun:
             self.results.save()
 
 
+def world_rewards(store: Any, t: int | None, prompts: list[str], n: int = 1) -> np.ndarray:
+    """The world's reward of a checkpoint's answers, a row per prompt: greedy for ``n`` = 1,
+    else ``n`` samples at the world's temperature."""
+    from tasks.backends.generate.transformers import TransformersGeneration
+
+    backend = TransformersGeneration(
+        temperature=0.0 if n == 1 else 0.7, max_new_tokens=10, batch_size=512
+    )
+    answers = backend.load(model_path(store, t)).generate(prompts, n=n, seed=0).texts
+    pairs = zip(prompts, answers, strict=True)
+    return np.array([[world.reward(p, a) for a in rs] for p, rs in pairs])
+
+
+def _mean(a: np.ndarray) -> float:
+    return round(float(a.mean()), 4)
+
+
 def run_study(
-    study: Study,
-    root: str,
-    results_path: str,
-    deadline: float | None = None,
-    say: Callable[[str], None] = print,
+    study: Study, root: str, results_path: str, deadline: float | None = None, say: Say = print
 ) -> bool:
     """Every (seed, arm) of ``study`` not in the results file yet; False when the deadline
     stopped it first."""
     results = Results(results_path)
     runner = StudyRun(study, root, results, say)
-    total = done = 0
-    for seed in study.seeds:
-        for arm in study.arms:
-            if arm.source == "online":
-                total, done = total + 1, done + bool(results.of(seed, arm.name))
-                continue
-            pieces = [ts for _, ts in units(arm)]
-            total += len(pieces)
-            done += sum(all(results.get(seed, arm.name, c) for c in ts) for ts in pieces)
-    clock = Clock(total, done, deadline, lambda line: say(f"{study.name}: {line}"))
+    done = [
+        results.done(s, a.name, ts) for s in study.seeds for a in study.arms for _, ts in units(a)
+    ]
+    clock = Clock(len(done), sum(done), deadline, lambda line: say(f"{study.name}: {line}"))
     try:
         for seed in study.seeds:
             for arm in study.arms:

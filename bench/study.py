@@ -6,18 +6,26 @@ Each arm is a run named ``s<seed>-<arm>`` under ``--root/<folder>``: the study's
 the arm's overrides merged field by field (a component of another ``kind`` replaces the old
 one whole), started from another arm's checkpoint where ``start`` says so (``base``: its last
 checkpoint; ``base@theta_0``: its theta_0). A bad field is one line naming its key.
+
+An arm's config for one seed (``arm_config``): the study's config and its base (an online arm:
+the world's online config; an arm with a file of its own: that file), where the arm starts, the
+equalisation's settings, the arm's overrides and its source's growth, merged field by field in
+that order and validated.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from eva_runtime.errors import ConfigError
+from flows.config import WORLD_CONFIG, WORLD_ONLINE_CONFIG, OnlineRunConfig, RunConfig, located
+from flows.config_layers import apply_overrides, deep_merge, read_config_file
 
 Source = Literal["eva", "fresh", "target", "online"]
 Grow = Literal["auto", "evolve", "subset", "split", "prompts", "none"]
@@ -28,32 +36,21 @@ class Arm(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="The run's suffix.")
-    start: str | None = Field(
-        default=None,
-        description="The checkpoint it starts from: 'ARM' (that arm's last), 'ARM@theta_0' or "
-        "'ARM@T'; none: the config's own theta_0 (the study's first seed's when theta_0 is "
-        "shared).",
-    )
-    source: Source = Field(
-        default="eva",
-        description="eva: the method; fresh / target: iterative DPO on new prompts of the seed "
-        "distribution (or the prompt file's next rows) / of the held-out one; online: eva online.",
-    )
-    iterations: int = Field(
-        default=1, ge=0, description="Iterations (segments for online); 0: iteration 0 only."
-    )
-    config: str | None = Field(
-        default=None, description="A config file of its own instead of the study's (overrides "
-        "still apply; the study's base does not). An online arm starts from the world's "
-        "online config unless it names one."
-    )  # fmt: skip
+    start: str | None = Field(default=None, description="The checkpoint it starts from: 'ARM' "
+        "(that arm's last), 'ARM@theta_0' or 'ARM@T'; none: the config's own theta_0 (the study's "
+        "first seed's when theta_0 is shared).")  # fmt: skip
+    source: Source = Field(default="eva", description="eva: the method; fresh / target: iterative "
+        "DPO on new prompts of the seed distribution (or the prompt file's next rows) / of the "
+        "held-out one; online: eva online.")  # fmt: skip
+    iterations: int = Field(default=1, ge=0, description="Iterations (segments for "
+        "online); 0: iteration 0 only.")  # fmt: skip
+    config: str | None = Field(default=None, description="A config file of its own instead of the "
+        "study's (overrides still apply; the study's base does not). An online arm starts from "
+        "the world's online config unless it names one.")  # fmt: skip
     overrides: dict[str, Any] = Field(default_factory=dict, description="Config fields it sets.")
-    grow: Grow = Field(
-        default="auto",
-        description="How its source grows to reach the equalised pairs: evolve (more parents, "
-        "a larger X_t), subset (more of X_{t-1}), split (a longer split), prompts (a larger "
-        "X_0), none; auto picks by source.",
-    )
+    grow: Grow = Field(default="auto", description="How its source grows to reach the "
+        "equalised pairs: evolve (more parents, a larger X_t), subset (more of X_{t-1}), split (a "
+        "longer split), prompts (a larger X_0), none; auto picks by source.")  # fmt: skip
 
     def growth(self) -> str:
         if self.grow != "auto":
@@ -71,19 +68,15 @@ class Equalise(BaseModel):
     """What every arm is given alike: pairs trained, or responses generated."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    pairs: int | None = Field(
-        default=None, ge=1, description="K: every offline iteration trains exactly K pairs "
-        "(pairs.max_pairs: K; an arm short of K reruns with its source grown)."
-    )  # fmt: skip
-    responses: int | Literal["auto"] | None = Field(
-        default=None, description="G: every iteration t >= 1 generates G responses (creator "
-        "and solver) and trains every pair they yield; auto: 2 x |X_0| x N, what paper eva "
-        "generates. With pairs too, pairs rules the iteration-0 (base) runs only."
-    )  # fmt: skip
+    pairs: int | None = Field(default=None, ge=1, description="K: every offline iteration trains "
+        "exactly K pairs (pairs.max_pairs: K; an arm short of K reruns with its source "
+        "grown).")  # fmt: skip
+    responses: int | Literal["auto"] | None = Field(default=None, description="G: every iteration "
+        "t >= 1 generates G responses (creator and solver) and trains every pair they yield; auto: "
+        "2 x |X_0| x N, what paper eva generates. With pairs too, pairs rules the iteration-0 "
+        "(base) runs only.")  # fmt: skip
     grow: list[float] = Field(
-        default=[1.0, 1.5, 2.0, 3.0],
-        min_length=1,
-        description="The growth factors tried, in order.",
+        default=[1.0, 1.5, 2.0, 3.0], min_length=1, description="The growth factors, in order."
     )
 
 
@@ -110,11 +103,9 @@ class Claim(BaseModel):
     at: list[int] = Field(default=[], description="Iterations judged (a and b each at T).")
     measure: str = Field(default="score", description="The recorded measure compared.")
     sign: Literal[1, -1] = Field(default=1, description="The expected sign of a - b.")
-    rule: Literal["sd", "t", "no-worse"] = Field(
-        default="sd",
-        description="sd: mean beyond sds sd and above floor; t: paired t beyond t; no-worse: "
-        "mean at least minus one sd of b over seeds.",
-    )
+    rule: Literal["sd", "t", "no-worse"] = Field(default="sd", description="sd: mean beyond sds "
+        "sd and above floor; t: paired t beyond t; no-worse: mean at least minus one sd of b over "
+        "seeds.")  # fmt: skip
     sds: float = Field(default=2.0, gt=0, description="sd: how many sd the mean must exceed.")
     floor: float = Field(default=0.0, description="sd: the least mean that holds.")
     t: float = Field(default=2.776, gt=0, description="Two-sided 95% at df 4 by default.")
@@ -163,14 +154,10 @@ class Study(BaseModel):
         default="shared", description="shared: every seed from the first seed's theta_0."
     )
     equalise: Equalise = Field(default_factory=Equalise, description="Equal pairs or responses.")
-    arms: list[Arm] = Field(
-        min_length=1, description="The arms, each after the one it starts from."
-    )
-    measures: list[str] = Field(
-        default=["heldout", "trained"],
-        description="Read per checkpoint; NAME@last: at each arm's last iteration only (arms "
-        "that run iterations), NAME@theta_0: at theta_0 only.",
-    )
+    arms: list[Arm] = Field(min_length=1, description="Each after the arm it starts from.")
+    measures: list[str] = Field(default=["heldout", "trained"], description="Read per checkpoint; "
+        "NAME@last: at each arm's last iteration only (arms that run iterations), NAME@theta_0: at "
+        "theta_0 only.")  # fmt: skip
     held_apart: list[HeldApart] = Field(default=[], description="Sets apart from every arm's.")
     claims: list[Claim] = Field(default=[], description="Judged by the report.")
     report: ReportSpec = Field(default_factory=ReportSpec)
@@ -222,12 +209,117 @@ def split_at(ref: str) -> tuple[str, int | Literal["last"] | None]:
     return name, None if at == "theta_0" else int(at)
 
 
+# ${prompts:ARM}, ${heldout:ARM} (the files of ARM's X_0 and held-out set), ${answers:ARM} (X_0's
+# answers, by the world's solver), ${seed}, ${root}: filled in when the arm runs.
+PLACEHOLDER = re.compile(r"\$\{(\w+)(?::([\w.-]+))?\}")
+Inputs = Callable[[str, str], str]  # (kind, arm) -> a path
+
+
+def x0_size(data: dict[str, Any]) -> int:
+    """|X_0| as a config sets it: the world source's size, else the prompt file's limit."""
+    prompts = data.get("prompts") or {}
+    size = ((prompts.get("source") or {}).get("options") or {}).get("size", prompts.get("limit"))
+    if size is None:
+        raise ValueError("growing or equalising needs |X_0|: set prompts.limit")
+    return int(size)
+
+
+def grown(how: str, factor: float, data: dict[str, Any]) -> dict[str, Any]:
+    """Overrides that grow an arm's source ``factor`` times (1: none). A split grows in the
+    flow (``bench.arm_runs``), not in the config."""
+    if factor == 1.0 or how in ("split", "none"):
+        return {}
+    size = round(x0_size(data) * factor)
+    if how == "prompts":
+        if (data.get("prompts") or {}).get("source") is not None:
+            return {"prompts": {"source": {"options": {"size": size}}}}
+        return {"prompts": {"limit": size}}
+    fraction = (data.get("sample") or {}).get("fraction", 0.25)
+    out: dict[str, Any] = {"sample": {"fraction": min(1.0, fraction * factor)}}
+    if how == "evolve":
+        out["mix"] = {"size": size}
+    return out
+
+
+def _filled(value: Any, fill: Callable[[re.Match[str]], str]) -> Any:
+    if isinstance(value, dict):
+        return {k: _filled(v, fill) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_filled(v, fill) for v in value]
+    return PLACEHOLDER.sub(fill, value) if isinstance(value, str) else value
+
+
+def _stand_in(kind: str) -> str:
+    """A file that stands in for a run's input (read where a config is validated)."""
+    import json
+    import tempfile
+
+    path = os.path.join(tempfile.gettempdir(), f"eva-study-stand-in-{kind}.jsonl")
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")
+    return path
+
+
+def arm_config(
+    study: Study,
+    arm: Arm,
+    root: str,
+    seed: int,
+    starts: dict[str, str],
+    *,
+    factor: float = 1.0,
+    x0_factor: float = 1.0,
+    iterations: int | None = None,
+    inputs: Inputs | None = None,
+    check: bool = False,
+) -> RunConfig | OnlineRunConfig:
+    """The validated config of ``arm``'s run for ``seed`` up to ``iterations`` (default all);
+    ``starts`` maps 'ARM@T' (and 'theta_0', the shared theta_0) to checkpoints; ``factor``
+    grows its source, ``x0_factor`` X_0 (as the run it starts from grew it). ``check``: stand-ins
+    for checkpoints and files, to validate before anything runs."""
+    from flows.config import validate_config
+
+    online = arm.source == "online"  # from the world's online config, or its own
+    path = arm.config or (WORLD_ONLINE_CONFIG if online else study.config or WORLD_CONFIG)
+    data = located(path, read_config_file(path))  # ``extends`` resolved
+    if arm.config is None and not online:
+        data = deep_merge(data, study.base)
+    data = deep_merge(data, {"root": root, "seed": seed, "run": f"s{seed}-{arm.name}"})
+    shared = study.theta_0 == "shared" and seed != study.seeds[0]
+    ref = arm.start or ("theta_0" if shared else None)
+    start = starts.get(ref, "stand-in/checkpoint" if check else None) if ref else None
+    if start is not None:
+        data = deep_merge(data, {"bootstrap": {"init_checkpoint": start, "builder": None}})
+    if not online:
+        data["iterations"] = arm.iterations if iterations is None else iterations
+        if arm.start is not None:
+            data["iteration0_dpo"] = arm.iterations == 0
+        by_responses = study.equalise.responses is not None and arm.iterations > 0
+        if study.equalise.pairs is not None or by_responses:
+            cap = None if by_responses else study.equalise.pairs
+            data = deep_merge(data, {"pairs": {"max_pairs": cap}})
+
+    def fill(placeholder: re.Match[str]) -> str:
+        kind, of = placeholder.groups()
+        if kind in ("seed", "root"):
+            return str(seed if kind == "seed" else root)
+        return _stand_in(kind) if check or inputs is None else inputs(kind, of or arm.name)
+
+    data = deep_merge(data, _filled(arm.overrides, fill))
+    if not online:
+        data = deep_merge(data, grown("prompts", x0_factor, data))
+    data = deep_merge(data, grown(arm.growth(), factor, data))
+    if online:
+        return validate_config(data, OnlineRunConfig)
+    return validate_config(data, RunConfig)
+
+
 def load_study(path: str, overrides: Sequence[str] = ()) -> Study:
     """The study in ``path`` with ``KEY=VALUE`` overrides (``base.bootstrap.init_checkpoint=F``:
     where a machine keeps the model), validated; every arm's config is built and validated
     too, so a bad override is refused before anything runs (``arms.<name>.overrides.<key>``)."""
     from flows.config import validate_config
-    from flows.config_layers import apply_overrides
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -237,8 +329,6 @@ def load_study(path: str, overrides: Sequence[str] = ()) -> Study:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level", field="study")
     study = validate_config(apply_overrides(data, list(overrides)), Study)
-    from bench.configs import arm_config
-
     for arm in study.arms:
         try:
             arm_config(study, arm, os.path.abspath("runs-bench"), study.seeds[0], {}, check=True)

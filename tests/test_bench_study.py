@@ -1,4 +1,4 @@
-"""Study files (bench.study, bench.configs) and their report (bench.report), without a run: every
+"""Study files (bench.study) and their report (bench.report), without a run: every
 study in bench/studies builds a valid config for every arm, a bad key is named, an arm's config
 follows the merge and growth rules, and the verdicts are the rule's on hand-computed figures."""
 
@@ -11,10 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.configs import arm_config
 from bench.report import write_report
 from bench.runner import Results
-from bench.study import Study, load_study
+from bench.study import Study, arm_config, load_study
 from eva_runtime.errors import ConfigError
 from tests.conftest import tiny_run_config
 
