@@ -84,6 +84,20 @@ def test_an_answer_cut_at_the_cap_is_flagged_as_the_transformers_backend_flags_i
     assert length_cap(CTranslate2Generation(max_new_tokens=9)) == ("max_new_tokens", 9)
 
 
+def test_sampling_leaves_torchs_thread_count_as_it_found_it(model_dir: str) -> None:
+    # CTranslate2 sets OpenMP's thread count where it builds its engines: torch's training after
+    # sampling in the same process ran on one thread of two.
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _load(model_dir, temperature=1.0, workers=2, threads=1).generate(PROMPTS[:4], 2, seed=0)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_sampling_is_seeded_and_n_per_prompt(model_dir: str) -> None:
     gen = _load(model_dir, temperature=1.5, top_p=1.0)
     first = gen.generate(PROMPTS, 4, seed=3)

@@ -212,6 +212,7 @@ class CTranslate2Generator:
         """``n`` responses per prompt (new tokens only, cut at the first end-of-turn id, special
         tokens removed), each with whether it finished before ``max_new_tokens``."""
         import ctranslate2
+        import torch
 
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
@@ -233,7 +234,14 @@ class CTranslate2Generator:
         order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]))
         per_batch = max(1, cfg.batch_sequences // (1 if greedy else n))
         batches = [order[i : i + per_batch] for i in range(0, len(order), per_batch)]
-        engines = self._engines(ctranslate2, seed, greedy)
+        # CTranslate2 sets OpenMP's thread count of the thread that builds its engines, which is
+        # torch's too: training after sampling in this process ran on one thread, twice as slow
+        # on two cores. The count is put back once the engines are built.
+        torch_threads = torch.get_num_threads()
+        try:
+            engines = self._engines(ctranslate2, seed, greedy)
+        finally:
+            torch.set_num_threads(torch_threads)
         texts: list[list[str]] = [[] for _ in prompts]
         finished: list[list[bool]] = [[] for _ in prompts]
         done = [0]
