@@ -181,11 +181,8 @@ class StudyRun:
         rows = []
         for t in ts:
             row: dict[str, Any] = {"seed": seed, "arm": arm.name, "iteration": t, "grown": factor}
-            for spec in self.study.measures:
-                name, _, at = spec.partition("@")
-                last = arm.iterations > 0 and t == arm.iterations
-                if at == "" or (at == "last" and last) or (at == "theta_0" and t is None):
-                    row.update(MEASURES[name](store, t, config))
+            for name in self.study.measures_at(arm, t):
+                row.update(MEASURES[name](store, t, config))
             rows.append(row)
         self.results.put(rows)
 

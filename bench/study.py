@@ -168,7 +168,7 @@ class Study(BaseModel):
         from bench.measures import MEASURES
 
         for spec in names:
-            name, sep, at = spec.partition("@")
+            name, sep, at = _at(spec)
             if name not in MEASURES:
                 raise ValueError(f"{name!r}: one of {', '.join(MEASURES)}")
             if sep and at not in ("last", "theta_0"):
@@ -199,6 +199,18 @@ class Study(BaseModel):
 
     def arm(self, name: str) -> Arm:
         return next(a for a in self.arms if a.name == name)
+
+    def measures_at(self, arm: Arm, t: int | None) -> list[str]:
+        """The measures read at ``arm``'s checkpoint ``t``: every plain one, NAME@last at the
+        last iteration of an arm that runs iterations, NAME@theta_0 at theta_0."""
+        last = arm.iterations > 0 and t == arm.iterations
+        at = {"": True, "last": last, "theta_0": t is None}
+        return [name for name, _, when in map(_at, self.measures) if at[when]]
+
+
+def _at(spec: str) -> tuple[str, str, str]:
+    """'NAME@WHEN' -> (NAME, '@', WHEN); 'NAME' -> (NAME, '', '')."""
+    return spec.partition("@")
 
 
 def split_at(ref: str) -> tuple[str, int | Literal["last"] | None]:

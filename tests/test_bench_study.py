@@ -164,3 +164,13 @@ def test_the_results_file_keeps_one_record_per_checkpoint_in_order(tmp_path: Pat
     lines = (tmp_path / "r.jsonl").read_text().splitlines()
     assert [json.loads(x)["arm"] for x in lines] == ["fresh", "eva"]
     assert yaml.safe_load(lines[1])["score"] == 0.55
+
+
+def test_a_measure_is_read_where_its_suffix_says() -> None:
+    study = load_study(str(STUDIES[0].parent / "real-model-cpu.yaml"))
+    base, eva = study.arm("base"), study.arm("eva")
+    plain = ["checkpoint", "trained"]
+    assert study.measures_at(base, None) == [*plain, "ifeval"]  # theta_0
+    assert study.measures_at(base, 0) == plain  # a base run's iteration 0 is no arm's last
+    assert study.measures_at(eva, 1) == study.measures_at(eva, 2) == plain
+    assert study.measures_at(eva, 3) == [*plain, "ifeval"]
