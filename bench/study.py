@@ -330,7 +330,8 @@ def arm_config(
 def load_study(path: str, overrides: Sequence[str] = ()) -> Study:
     """The study in ``path`` with ``KEY=VALUE`` overrides (``base.bootstrap.init_checkpoint=F``:
     where a machine keeps the model), validated; every arm's config is built and validated
-    too, so a bad override is refused before anything runs (``arms.<name>.overrides.<key>``)."""
+    too, so a bad override is refused before anything runs, naming where it was written
+    (``arms.<name>.overrides.<key>`` or ``base.<key>``)."""
     from flows.config import validate_config
 
     try:
@@ -345,6 +346,20 @@ def load_study(path: str, overrides: Sequence[str] = ()) -> Study:
         try:
             arm_config(study, arm, os.path.abspath("runs-bench"), study.seeds[0], {}, check=True)
         except ConfigError as exc:
-            where = f"arms.{arm.name}.overrides.{exc.field}" if exc.field else f"arms.{arm.name}"
-            raise ConfigError(exc.message, field=where, hint=exc.hint) from None
+            raise ConfigError(exc.message, field=_written_at(study, arm, exc.field),
+                              hint=exc.hint) from None  # fmt: skip
     return study
+
+
+def _written_at(study: Study, arm: Arm, field: str | None) -> str:
+    """Where the study file (or ``--set``) wrote the config field an arm's config refused: the
+    arm's overrides, else the study's base, else the arm itself."""
+    if not field:
+        return f"arms.{arm.name}"
+    for where, data in ((f"arms.{arm.name}.overrides", arm.overrides), ("base", study.base)):
+        node: Any = data
+        for key in field.split("."):
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is not None:
+            return f"{where}.{field}"
+    return f"arms.{arm.name}.overrides.{field}"

@@ -64,7 +64,7 @@ def test_a_study_field_set_from_the_command_line_reaches_every_arm(tmp_path: Pat
     assert config.generate.n == 3 and config.run == "s4-eva"
     with pytest.raises(ConfigError) as caught:  # an arm's config refuses it, naming the key
         load_study(str(path), ["base.generate.m=3"])
-    assert caught.value.field == "arms.eva.overrides.generate.m"
+    assert caught.value.field == "base.generate.m"  # where it was written, not the first arm
 
 
 def test_an_arms_config_merges_its_start_equalisation_overrides_and_growth() -> None:
