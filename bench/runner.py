@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -76,7 +77,9 @@ class Stopped(Exception):
 
 
 class Clock:
-    """Progress by the pieces run so far, and the deadline."""
+    """Progress by the pieces run so far, and the deadline. A piece's typical time is the
+    median: the first piece after a restart may resume a piece from its cached stages and end
+    in a fraction of the usual time, which a mean would spread over every estimate."""
 
     def __init__(self, total: int, done: int, deadline: float | None, say: Say):
         self.total, self.done, self.deadline, self.say = total, done, deadline, say
@@ -87,16 +90,16 @@ class Clock:
         """Time one piece; refuse it (``Stopped``) where the mean piece so far would not end
         before the deadline."""
         if self.deadline is not None and self.times:
-            mean = sum(self.times) / len(self.times)
+            typical = statistics.median(self.times)
             left = self.deadline - (time.monotonic() - self.started)
-            if left < 1.2 * mean:
-                raise Stopped(f"{left:.0f} s left, a piece takes {mean:.0f} s")
+            if left < 1.2 * typical:
+                raise Stopped(f"{left:.0f} s left, a piece takes {typical:.0f} s")
         self.say(f"{what}: running ({self.done + 1} of {self.total})")
         t0 = time.monotonic()
         yield
         self.times.append(time.monotonic() - t0)
         self.done += 1
-        rest = (self.total - self.done) * sum(self.times) / len(self.times)
+        rest = (self.total - self.done) * statistics.median(self.times)
         self.say(f"{what}: done in {self.times[-1]:.0f} s; {self.total - self.done} left, about "
                  f"{rest / 60:.1f} min by the runs so far")  # fmt: skip
 

@@ -174,3 +174,25 @@ def test_a_measure_is_read_where_its_suffix_says() -> None:
     assert study.measures_at(base, 0) == plain  # a base run's iteration 0 is no arm's last
     assert study.measures_at(eva, 1) == study.measures_at(eva, 2) == plain
     assert study.measures_at(eva, 3) == [*plain, "ifeval"]
+
+
+def test_progress_and_the_deadline_go_by_a_typical_piece_not_a_resumed_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first piece after a restart resumed from cache (60 s); two full pieces took 600 s
+    each. The estimate for the 3 pieces left is 3 x 600 s (the mean would say 3 x 420), and a
+    deadline that leaves 700 s refuses the next piece (1.2 x 600 > 700; by the mean it would
+    start, and run past the deadline)."""
+    import bench.runner as runner
+
+    now = [0.0]
+    monkeypatch.setattr(runner.time, "monotonic", lambda: now[0])
+    said: list[str] = []
+    clock = runner.Clock(total=6, done=0, deadline=60 + 1200 + 700, say=said.append)
+    for seconds in (60, 600, 600):
+        with clock.run("piece"):
+            now[0] += seconds
+    assert said[-1] == "piece: done in 600 s; 3 left, about 30.0 min by the runs so far"
+    with pytest.raises(runner.Stopped, match="700 s left, a piece takes 600 s"):
+        with clock.run("piece"):
+            pass
