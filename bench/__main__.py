@@ -27,7 +27,12 @@ STUDIES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "studies")
 def study_path(name: str) -> str:
     """A study file as given, else bench/studies' of that name (with or without .yaml)."""
     ours = os.path.join(STUDIES, name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
-    return name if os.path.exists(name) or not os.path.exists(ours) else ours
+    for path in (name, ours):
+        if os.path.exists(path):
+            return path
+    names = sorted(f.removesuffix(".yaml") for f in os.listdir(STUDIES) if f.endswith(".yaml"))
+    raise EvaError(f"no study file {name}", field="study",
+                   hint=f"a path, or a study of bench/studies: {', '.join(names)}")  # fmt: skip
 
 
 def run(
@@ -41,6 +46,9 @@ def run(
 
     study = load_study(study_path(path), sets)
     results = results or os.path.join("docs", "bench", f"{study.name}.jsonl")
+    if verb == "report" and not os.path.exists(results):  # not a report of nothing
+        raise EvaError(f"no results file at {results}", field="results",
+                       hint=f"`eva bench run {path}` makes it; or give --results FILE")  # fmt: skip
     if verb == "run" and study.report.plots:  # checked first, not after the last arm has run
         try:
             import matplotlib  # noqa: F401

@@ -26,7 +26,7 @@ from bench.arm_runs import run_arm
 from bench.labels import world_answers
 from bench.measures import MEASURES, available_pairs, generated, model_path, stage_prompts
 from bench.study import Arm, Study, arm_config, split_at, x0_size
-from eva_runtime.errors import EvaError
+from eva_runtime.errors import ConfigError, EvaError
 from eva_world import world
 from eva_world.components import distribution_of
 from tasks.store import RunStore
@@ -42,7 +42,9 @@ class Results:
         self.path, self.records = path, []
         if os.path.exists(path):
             with open(path) as f:
-                self.records = [json.loads(line) for line in f if line.strip()]
+                self.records = [
+                    _record(path, n, line) for n, line in enumerate(f, 1) if line.strip()
+                ]
 
     def of(self, seed: int, arm: str) -> list[dict[str, Any]]:
         return [r for r in self.records if r["seed"] == seed and r["arm"] == arm]
@@ -70,6 +72,23 @@ class Results:
         with open(f"{self.path}.tmp", "w") as f:
             f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in self.records)
         os.replace(f"{self.path}.tmp", self.path)
+
+
+def _record(path: str, n: int, line: str) -> dict[str, Any]:
+    """Line ``n`` of a results file, or one line naming it (a hand edit, a merge's markers)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        record, reason = None, f"not JSON ({exc.msg})"
+    else:
+        keys = record if isinstance(record, dict) else {}
+        missing = [k for k in ("seed", "arm", "iteration") if k not in keys]
+        reason = f"a record without {', '.join(missing)}" if missing else ""
+    if reason:
+        raise ConfigError(f"{path}, line {n}: {reason}", field="results",
+                          hint="each line is one JSON record with seed, arm and iteration; "
+                          "remove the line and `eva bench run` remakes its piece")  # fmt: skip
+    return record
 
 
 class Stopped(Exception):

@@ -195,3 +195,32 @@ def test_progress_and_the_deadline_go_by_a_typical_piece_not_a_resumed_one(
     assert said[-1] == "piece: done in 600 s; 3 left, about 30.0 min by the runs so far"
     with pytest.raises(runner.Stopped, match="700 s left, a piece takes 600 s"), clock.run("p"):
         pass
+
+
+def test_a_results_file_line_that_is_no_record_is_one_line_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    good = json.dumps(_record(0, "eva", 1, 0.5))
+    for line, reason in (('{"seed": 0, "arm"', "line 2: not JSON"),
+                         ('{"seed": 0, "arm": "eva"}', "line 2: a record without iteration"),
+                         ("<<<<<<< HEAD", "line 2: not JSON"),
+                         ("[1, 2]", "line 2: a record without seed, arm, iteration")):  # fmt: skip
+        path.write_text(f"{good}\n{line}\n")
+        with pytest.raises(ConfigError, match=reason) as caught:
+            Results(str(path))
+        assert caught.value.field == "results"
+
+
+def test_bench_names_a_missing_study_or_results_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench.__main__ import main
+
+    assert main(["report", "no-such-study"]) == 2
+    err = capsys.readouterr().err
+    assert "no study file no-such-study" in err and "real-model-cpu" in err  # bench/studies' names
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(_tiny()))
+    missing = tmp_path / "none" / "r.jsonl"
+    assert main(["report", str(path), "--results", str(missing)]) == 2
+    assert f"no results file at {missing}" in capsys.readouterr().err
+    assert not missing.parent.exists()  # no report of nothing written
