@@ -44,6 +44,12 @@ def run(
     from bench.study import load_study
     from eva_runtime.prefect_api import prefect_api
 
+    if deadline is not None and deadline <= 0:
+        raise EvaError(
+            f"--deadline must be more than 0 seconds (got {deadline:g})",
+            field="deadline",
+            hint="the seconds from now in which the run may start pieces",
+        )
     study = load_study(study_path(path), sets)
     results = results or os.path.join("docs", "bench", f"{study.name}.jsonl")
     if verb == "report" and not os.path.exists(results):  # not a report of nothing

@@ -108,10 +108,10 @@ class Clock:
     def run(self, what: str) -> Iterator[None]:
         """Time one piece; refuse it (``Stopped``) where the mean piece so far would not end
         before the deadline."""
-        if self.deadline is not None and self.times:
-            typical = statistics.median(self.times)
+        if self.deadline is not None:
             left = self.deadline - (time.monotonic() - self.started)
-            if left < 1.2 * typical:
+            typical = statistics.median(self.times) if self.times else 0.0
+            if left <= 0 or left < 1.2 * typical:  # the first piece: only a passed deadline
                 raise Stopped(f"{left:.0f} s left, a piece takes {typical:.0f} s")
         self.say(f"{what}: running ({self.done + 1} of {self.total})")
         t0 = time.monotonic()

@@ -195,6 +195,10 @@ def test_progress_and_the_deadline_go_by_a_typical_piece_not_a_resumed_one(
     assert said[-1] == "piece: done in 600 s; 3 left, about 30.0 min by the runs so far"
     with pytest.raises(runner.Stopped, match="700 s left, a piece takes 600 s"), clock.run("p"):
         pass
+    late = runner.Clock(total=1, done=0, deadline=5, say=said.append)  # no piece timed yet
+    now[0] += 6
+    with pytest.raises(runner.Stopped, match="-1 s left"), late.run("p"):
+        pass
 
 
 def test_a_results_file_line_that_is_no_record_is_one_line_naming_it(tmp_path: Path) -> None:
@@ -215,6 +219,8 @@ def test_bench_names_a_missing_study_or_results_file(
 ) -> None:
     from bench.__main__ import main
 
+    assert main(["run", "no-such-study", "--deadline", "-5"]) == 2  # before anything starts
+    assert "--deadline must be more than 0 seconds (got -5)" in capsys.readouterr().err
     assert main(["report", "no-such-study"]) == 2
     err = capsys.readouterr().err
     assert "no study file no-such-study" in err and "real-model-cpu" in err  # bench/studies' names
