@@ -88,7 +88,14 @@ def verdict(claim: Claim, idx: Index, t: int | None) -> list[str]:
         held = no_worse(d, np.asarray(list(column(idx, b, claim.measure).values())), claim.sign)
     else:
         held = judge(d, claim.sign, claim.sds, claim.floor)
-    return [claim.name, f"{label(a)} - {label(b)}", claim.measure, cell(d), *held]
+    if (
+        a in idx
+        and b in idx
+        and not (column(idx, a, claim.measure) or column(idx, b, claim.measure))
+    ):
+        held = (f"no number at {claim.measure}", "-")  # a misspelt measure is not "not run"
+    said = [label(p) if p in idx else ref for p, ref in ((a, claim.a), (b, claim.b))]
+    return [claim.name, " - ".join(said), claim.measure, cell(d), *held]
 
 
 def table(

@@ -175,6 +175,13 @@ class Study(BaseModel):
                 raise ValueError(f"{spec!r}: NAME, NAME@last or NAME@theta_0")
         return names
 
+    @field_validator("seeds")
+    @classmethod
+    def _seeds_once(cls, seeds: list[int]) -> list[int]:
+        if twice := sorted({s for s in seeds if seeds.count(s) > 1}):
+            raise ValueError(f"seed {twice[0]} twice: each seed is one replicate")
+        return seeds
+
     @field_validator("arms")
     @classmethod
     def _arms_in_order(cls, arms: list[Arm]) -> list[Arm]:

@@ -37,6 +37,7 @@ def test_a_study_file_names_the_key_it_cannot_use(tmp_path: Path) -> None:
     fresh = {"name": "fresh", "source": "fresh"}
     for change, key in (
         ({"seeds": []}, "seeds"),
+        ({"seeds": [0, 1, 0]}, "seeds"),
         ({"arms": [{"name": "eva", "start": "base"}, fresh]}, "arms"),
         ({"arms": [{"name": "eva", "overrides": {"sample": {"fractoin": 0.5}}}, fresh]},
          "arms.eva.overrides.sample.fractoin"),
@@ -111,13 +112,16 @@ def test_the_report_judges_each_claim_by_its_rule(tmp_path: Path) -> None:
     study = Study.model_validate(_tiny(
         seeds=[0, 1, 2],
         arms=[{"name": "base", "iterations": 0}, {"name": "eva", "start": "base"},
-              {"name": "fresh", "start": "base", "source": "fresh"}],
+              {"name": "fresh", "start": "base", "source": "fresh"},
+              {"name": "target", "start": "base", "source": "target"}],
         claims=[
             {"name": "sd", "a": "eva", "b": "fresh", "at": [1]},
             {"name": "t", "a": "eva@1", "b": "fresh@1", "rule": "t"},
             {"name": "no-worse", "a": "fresh@1", "b": "eva@1", "rule": "no-worse",
              "measure": "skill"},
             {"name": "learns", "a": "base@0", "b": "base@theta_0", "sds": 3, "floor": 0.05},
+            {"name": "misspelt", "a": "eva@1", "b": "fresh@1", "measure": "skil"},
+            {"name": "unrun", "a": "eva", "b": "target"},
         ],
     ))  # fmt: skip
     eva, fresh, skill_eva, skill_fresh = (
@@ -142,6 +146,10 @@ def test_the_report_judges_each_claim_by_its_rule(tmp_path: Path) -> None:
     assert "| not held | -0.003 |" in lines["no-worse"]
     # theta_1 - theta_0: 0.10, 0.11, 0.12: mean 0.11, sd 0.01; min(0.11 - 0.03, 0.11 - 0.05).
     assert lines["learns"].endswith("| **held** | +0.060 |")
+    # A measure no record has is said so, not "not run"; an arm with no records is named as
+    # the claim names it (not as its theta_0).
+    assert lines["misspelt"].endswith("| skil | - | no number at skil | - |")
+    assert lines["unrun"].endswith("| eva@1 - target | score | - | not run | - |")
     # The table's Δ from the arm's start: eva - base@0 per seed 0.2, 0.29, 0.23.
     assert "| eva@1 | 3 | 0.650 ± 0.050 | - | +0.240 ± 0.046 (3 of 3 > 0) | x1 |" in md
     assert (tmp_path / "t.md").read_text() == md
