@@ -29,8 +29,9 @@ test:
 test-fast:
 	$(PY) -m pytest -m "not slow and not e2e" -q $(PARALLEL)
 
+# The slowest end-to-end tests are listed after the run: the tier's budget is watched from CI's log.
 test-e2e:
-	$(PY) -m pytest -m "e2e and not slow" -q $(PARALLEL)
+	$(PY) -m pytest -m "e2e and not slow" -q $(PARALLEL) --durations=15
 
 test-all:
 	$(PY) -m pytest -q $(PARALLEL)
