@@ -94,7 +94,10 @@ def verdict(claim: Claim, idx: Index, t: int | None) -> list[str]:
         and not (column(idx, a, claim.measure) or column(idx, b, claim.measure))
     ):
         held = (f"no number at {claim.measure}", "-")  # a misspelt measure is not "not run"
-    said = [label(p) if p in idx else ref for p, ref in ((a, claim.a), (b, claim.b))]
+    # An arm read at its last iteration that has none recorded is named as the claim names it.
+    unknown = {ref for p, ref in ((a, claim.a), (b, claim.b))
+               if p not in idx and t is None and split_at(ref)[1] == "last"}  # fmt: skip
+    said = [ref if ref in unknown else label(p) for p, ref in ((a, claim.a), (b, claim.b))]
     return [claim.name, " - ".join(said), claim.measure, cell(d), *held]
 
 
