@@ -16,6 +16,7 @@ trackers, API keys) in ``flows.machine_checks``, and those of the run root in ``
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -32,6 +33,15 @@ from tasks.config_tree import Node, walk
 from tasks.prompts import PromptsConfig, read_prompts
 
 OWN_MODEL = "start from configs/own-model.yaml"
+
+
+def _relative_hint(path: str | None) -> str | None:
+    """A relative path is read from the folder eva runs in, also for a run launched elsewhere
+    (its config keeps the path as it was given): say which folder that was."""
+    if path is None or "://" in path or os.path.isabs(path):
+        return None
+    return (f"a relative path is read from the current folder, {os.getcwd()}: run eva from the "
+            "folder the config (or the run) was written in, or give an absolute path")  # fmt: skip
 
 
 def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
@@ -62,7 +72,8 @@ def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
         try:
             table = read_prompts(prompts)
         except FileNotFoundError:
-            raise ConfigError(f"{field}.path: no file at {prompts.path!r}") from None
+            raise ConfigError(f"{field}.path: no file at {prompts.path!r}",
+                              hint=_relative_hint(prompts.path)) from None  # fmt: skip
         except ValueError as exc:
             raise ConfigError(f"{field}.{named}: {exc}") from None
         texts = table.column("prompt").to_pylist()

@@ -129,6 +129,19 @@ def test_the_edge_counts_a_prompt_file_against_the_budget(tmp_path, capsys):
     assert not root.exists()
 
 
+def test_a_relative_prompt_file_that_is_not_there_names_the_folder_it_was_read_from(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # as `eva evaluate --run R` from another folder than R's launch
+    root = tmp_path / "runs"
+    status, err = eva(capsys, "run", "--root", str(root), "--set", "prompts.path=data/p.jsonl")
+    assert status == 2 and "\n" not in err
+    assert err.startswith("eva: error: prompts.path: no file at 'data/p.jsonl'")
+    assert f"read from the current folder, {tmp_path}" in err and not root.exists()
+    status, err = eva(capsys, "run", "--root", str(root), "--set", f"prompts.path={tmp_path}/p")
+    assert status == 2 and "current folder" not in err  # an absolute path: no such hint
+
+
 # --- 4. an accelerator this machine lacks -----------------------------------------------------
 
 
