@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import platform
 import time
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -15,7 +15,8 @@ from bench.claims import by_t, judge, no_worse
 from bench.study import Claim, Plot, Study, split_at
 from flows.markdown import md_table
 
-Point = tuple[str, int | None]  # (arm, iteration; None: theta_0)
+Point = tuple[str, int | Literal["last"] | None]  # (arm, iteration; None: theta_0; "last":
+# an arm read at its last iteration that has none recorded)
 Index = dict[Point, dict[int, dict[str, Any]]]  # (arm, t) -> seed -> record
 
 
@@ -56,12 +57,15 @@ def where(idx: Index, ref: str, t: int | None = None) -> Point:
     if at == "last":
         if t is not None:
             return name, t
-        done = [it for arm, it in idx if arm == name and it is not None]
-        return name, max(done, default=None)
+        done = [it for arm, it in idx if arm == name and isinstance(it, int)]
+        return name, max(done, default="last")  # none recorded: no point, not its theta_0
     return name, at
 
 
 def label(point: Point) -> str:
+    """'ARM@T', 'ARM@theta_0', or 'ARM' for an arm with no iteration recorded."""
+    if point[1] == "last":
+        return point[0]
     return f"{point[0]}@{'theta_0' if point[1] is None else point[1]}"
 
 
@@ -94,11 +98,7 @@ def verdict(claim: Claim, idx: Index, t: int | None) -> list[str]:
         and not (column(idx, a, claim.measure) or column(idx, b, claim.measure))
     ):
         held = (f"no number at {claim.measure}", "-")  # a misspelt measure is not "not run"
-    # An arm read at its last iteration that has none recorded is named as the claim names it.
-    unknown = {ref for p, ref in ((a, claim.a), (b, claim.b))
-               if p not in idx and t is None and split_at(ref)[1] == "last"}  # fmt: skip
-    said = [ref if ref in unknown else label(p) for p, ref in ((a, claim.a), (b, claim.b))]
-    return [claim.name, " - ".join(said), claim.measure, cell(d), *held]
+    return [claim.name, f"{label(a)} - {label(b)}", claim.measure, cell(d), *held]
 
 
 def table(
@@ -164,7 +164,7 @@ def draw(study: Study, idx: Index, plot: Plot, out_dir: str) -> str:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for arm in [study.arm(a) for a in plot.arms] or study.arms:
-        its = sorted(t for a, t in idx if a == arm.name and t is not None and t > 0)
+        its = sorted(t for a, t in idx if a == arm.name and isinstance(t, int) and t > 0)
         if not its:
             continue
         points = [where(idx, arm.start)] if arm.start else []

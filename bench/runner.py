@@ -106,8 +106,8 @@ class Clock:
 
     @contextmanager
     def run(self, what: str) -> Iterator[None]:
-        """Time one piece; refuse it (``Stopped``) where the mean piece so far would not end
-        before the deadline."""
+        """Time one piece; refuse it (``Stopped``) where the deadline has passed, or the median
+        piece so far would not end before it."""
         if self.deadline is not None:
             left = self.deadline - (time.monotonic() - self.started)
             typical = statistics.median(self.times) if self.times else 0.0

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from eva_runtime.errors import ConfigError
 from flows.config import WORLD_CONFIG, WORLD_ONLINE_CONFIG, OnlineRunConfig, RunConfig, located
 from flows.config_layers import apply_overrides, deep_merge, read_config_file
+from tasks.config_tree import get_path
 
 Source = Literal["eva", "fresh", "target", "online"]
 Grow = Literal["auto", "evolve", "subset", "split", "prompts", "none"]
@@ -364,9 +365,6 @@ def _written_at(study: Study, arm: Arm, field: str | None) -> str:
     if not field:
         return f"arms.{arm.name}"
     for where, data in ((f"arms.{arm.name}.overrides", arm.overrides), ("base", study.base)):
-        node: Any = data
-        for key in field.split("."):
-            node = node.get(key) if isinstance(node, dict) else None
-        if node is not None:
+        if get_path(data, field) is not None:
             return f"{where}.{field}"
     return f"arms.{arm.name}.overrides.{field}"
