@@ -127,7 +127,8 @@ def write_report(study: Study, records: list[dict[str, Any]], out_dir: str) -> s
     parts = [
         f"## {study.name}",
         "",
-        f"Seeds {', '.join(map(str, seeds)) or 'none yet'} of {len(study.seeds)}; "
+        f"Seeds with records: {', '.join(map(str, seeds)) or 'none yet'} "
+        f"(of {', '.join(map(str, study.seeds))}); "
         f"{platform.machine()}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}. ± is the sd "
         "over seeds; Δ is paired by seed, from the checkpoint the arm started from.",
         "",
