@@ -120,7 +120,7 @@ def test_a_documented_module_runs_a_step_at_a_tiny_size(module: str, tmp_path: P
 )
 def test_engines_side_by_side_on_the_real_model(tmp_path: Path) -> None:
     out = tmp_path / "engines.json"
-    env = {**os.environ, "EVA_CACHE_DIR": os.environ.get("EVA_CACHE_DIR", str(tmp_path))}
+    env = {**os.environ, "EVA_CACHE_DIR": os.environ["EVA_TESTS_MODEL_CACHE"]}  # the suite's
     done = subprocess.run(
         [sys.executable, "-m", "bench.engines", "--prompts", "1", "--n", "2", "--heldout", "2",
          "--max-tokens", "4", "--engines", "transformers", "ctranslate2:float32",

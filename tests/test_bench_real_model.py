@@ -86,8 +86,9 @@ def test_the_device_script_runs_here_at_a_tiny_size_and_resumes(tmp_path: Path) 
     subprocess.run([sys.executable, "infra/gpu/pack.py", "--model", "--out", str(packed)],
                    cwd=PROJECT, check=True)  # fmt: skip
     out, work = tmp_path / "out", tmp_path / "work"
+    cache = os.environ["EVA_TESTS_MODEL_CACHE"]  # the suite's converted models
     env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "OUT": str(out),
-           "EVA_CACHE_DIR": str(tmp_path / "cache"), "MODEL": str(tmp_path / "m" / "s.gguf"),
+           "EVA_CACHE_DIR": cache, "MODEL": str(tmp_path / "m" / "s.gguf"),
            "RUNS": str(tmp_path / "runs"), "WORK": str(work), "PYTHON": sys.executable}  # fmt: skip
     script = ["bash", "bench/real_model_device.sh"]
 

@@ -4,7 +4,7 @@ in, sampled with its chat template (answers cut at the cap counted as such), sco
 checkers, evolved, trained one DPO step, and loaded back.
 
 The wheel is in the dev extra: these tests run in CI. The conversion is cached in a folder of
-this module's, so it runs once here, as it runs once on a user's machine.
+the suite's (tests/conftest.py), so it runs once here, as it runs once on a user's machine.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ SHORT = [
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    folder = str(tmp_path_factory.mktemp("eva-cache"))
+def cache() -> Iterator[str]:
+    folder = os.environ["EVA_TESTS_MODEL_CACHE"]  # the suite's (tests/conftest.py)
     before = os.environ.get("EVA_CACHE_DIR")
     os.environ["EVA_CACHE_DIR"] = folder
     yield folder
@@ -92,6 +92,9 @@ def test_the_gguf_converts_once_into_a_folder_whose_logits_match_it(
     assert sum(p.numel() for p in ours.parameters()) == 134_515_008
 
 
+# Slow (make test-all): the mechanism is the cache's, killed midway in tests/test_folder_cache.py
+# in a second; here the real conversion, twice (a minute of the default suite's budget).
+@pytest.mark.slow
 def test_a_conversion_killed_midway_leaves_no_staging_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -34,7 +34,6 @@ from typing import Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from transformers.utils import logging as hf_logging
 
 from eva_runtime.accelerate import Launch, Nodes, run_launch
 from eva_runtime.errors import EvaError
@@ -193,6 +192,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     spec = LaunchSpec.model_validate_json(args[0])
     # Output goes to a log line by line: tqdm bars (checkpoint loading) would only add noise.
+    # Imported here, in the launched process: every eva command imports this module's config.
+    from transformers.utils import logging as hf_logging
+
     hf_logging.disable_progress_bar()
     rank0 = int(os.environ.get("RANK", "0")) == 0
     pairs = pq.read_table(spec.pairs_path)
