@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shutil
 import tempfile
@@ -35,12 +36,30 @@ _WORKER, _WORKERS = (
     os.environ.get("PYTEST_XDIST_WORKER"),
     os.environ.get("PYTEST_XDIST_WORKER_COUNT"),
 )
-if _WORKER and _WORKERS and hasattr(os, "sched_setaffinity"):
-    _cores = sorted(os.sched_getaffinity(0))
+_ALL_CORES = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+if _WORKER and _WORKERS and _ALL_CORES:
+    _cores = sorted(_ALL_CORES)
     _share = len(_cores) // int(_WORKERS)
     if _share:
         _k = int(_WORKER.removeprefix("gw"))
         os.sched_setaffinity(0, _cores[_k * _share : (_k + 1) * _share])
+
+
+@contextlib.contextmanager
+def all_cores() -> Iterator[None]:
+    """Every core for the processes started inside (and the threads that start them): for many
+    processes of one thread each (a Ray cluster's workers, launches side by side), which spin
+    against nobody and would queue on a pinned worker's one core."""
+    if not _ALL_CORES:
+        yield
+        return
+    pinned = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, _ALL_CORES)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, pinned)
+
 
 # One cache of converted models for the whole suite, xdist's workers included (they inherit it
 # from the process that starts them, which removes it at the end): SmolLM2's conversions (its

@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tasks.store import parquet_table
-from tests.conftest import tiny_run_config
+from tests.conftest import all_cores, tiny_run_config
 
 PROJECT = str(Path(__file__).resolve().parents[1])
 LAUNCHES = 20
@@ -74,7 +74,7 @@ def test_twenty_launches_that_read_a_run_on_s3_all_exit_0(
     options = json.dumps(local_s3)
     show = ("show", "--run", "s3", "--root", root, "--storage-options", options)
     stage = ("--iteration", "0", "--stage", "generate", "--rows", "2")
-    with ThreadPoolExecutor(3) as pool:  # 3 at a time on 2 cores, as measured
+    with all_cores(), ThreadPoolExecutor(3) as pool:  # 3 at a time on 2 cores, as measured
         launches = list(pool.map(lambda _: _eva(*show, *stage, cwd=tmp_path), range(LAUNCHES)))
     codes = Counter(done.returncode for done in launches)
     failed = [done for done in launches if done.returncode != 0]

@@ -42,6 +42,7 @@ from tasks.context import RunContext
 from tasks.generate import GenerateConfig, generate
 from tasks.stage import StageError
 from tasks.store import Ref
+from tests.conftest import all_cores
 
 BACKEND = {"max_new_tokens": 10, "batch_size": 16}
 VERIFIER = PythonComponent(factory="eva_world.components:WorldVerifier")
@@ -50,7 +51,7 @@ STAGES = ("generate", "annotate")
 
 @pytest.fixture(scope="module")
 def cluster():
-    with LocalRayCluster(num_cpus=2) as running:
+    with all_cores(), LocalRayCluster(num_cpus=2) as running:  # tests/conftest.py
         yield running
     assert not [p.pid for p in running.processes if _alive(p)], "the cluster left processes"
 
