@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from typing import Any, NoReturn
 
@@ -83,7 +84,22 @@ IFEVAL = "package:eval_framework/tasks/ifeval/data/input_data.jsonl"  # tasks.pa
 
 
 def _heldout(text: str) -> str:
-    return IFEVAL if text == "ifeval" else text
+    if text == "ifeval":
+        return IFEVAL
+    if not os.path.splitext(text)[1] and not os.path.exists(text):  # ifevals, IFEval, ...
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a prompt file (.jsonl, .json, .csv, .parquet) nor ifeval"
+        )
+    return text
+
+
+def _artifact_name(text: str) -> str:
+    """``--name`` becomes part of artifact, log and scratch names: a word, never a path."""
+    if not re.fullmatch(r"[A-Za-z0-9_]{1,64}", text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a name: letters, digits and '_' (at most 64), e.g. ifeval256"
+        )
+    return text
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -176,6 +192,7 @@ def _parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--name",
         default=None,
+        type=_artifact_name,
         help="names the artifacts, heldout_NAME and evaluate_NAME (default: ifeval for "
         "--heldout ifeval, else heldout2)",
     )

@@ -210,3 +210,21 @@ def test_a_path_for_a_run_name_is_refused_at_once(tmp_path, command) -> None:
         "eva: error: --run '../r': a run name (letters, digits, '_', '.', '-'; at most 128 "
         "characters), not a path\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [  # --name becomes part of artifact, log and scratch paths (it failed deep in the flow)
+        (["--heldout", "ifeval", "--name", "x/y"], "--name: 'x/y' is not a name: letters, dig"),
+        (["--heldout", "ifevals"], "--heldout: 'ifevals' is neither a prompt file (.jsonl, "),
+    ],
+)
+def test_evaluate_refuses_a_path_for_a_name_and_a_mistyped_ifeval_at_once(
+    tmp_path, argv, said
+) -> None:
+    store = _stored_run(str(tmp_path))
+    before = _snapshot(store)
+    done = _eva("evaluate", "--run", "r", "--root", str(tmp_path), *argv)
+    assert done.returncode == 2 and json.loads(done.stdout) == []
+    assert done.stderr.startswith(f"eva: error: argument {said}") and done.stderr.count("\n") == 1
+    assert _snapshot(store) == before
