@@ -17,6 +17,7 @@ from typing import Any
 import fsspec
 import pyarrow as pa
 import pyarrow.csv as pacsv
+from fsspec.implementations.local import LocalFileSystem
 
 from eva_runtime.errors import first_line
 from tasks.prompt_rows import PromptRows, RowRules, select_columns
@@ -88,6 +89,10 @@ def read_prompt_file(
         raise ValueError(f"{path}: cannot be reached ({first_line(exc)})") from None
     if is_dir:
         raise ValueError(f"{path} is a directory, not a prompt file")
+    # A missing local file is named as missing whatever its name ends with. Remote stores are
+    # left to the read below: their exists() can swallow the error that says why.
+    if isinstance(fs, LocalFileSystem) and not fs.exists(fs_path):
+        raise FileNotFoundError(path)
     ext = os.path.splitext(path.split("?")[0])[1].lower()
     if ext not in (".parquet", ".jsonl", ".json", ".ndjson", ".csv"):
         raise ValueError(f"unsupported file type {ext!r} (jsonl, json, csv, parquet)")

@@ -140,6 +140,10 @@ def test_a_relative_prompt_file_that_is_not_there_names_the_folder_it_was_read_f
     assert f"read from the current folder, {tmp_path}" in err and not root.exists()
     status, err = eva(capsys, "run", "--root", str(root), "--set", f"prompts.path={tmp_path}/p")
     assert status == 2 and "current folder" not in err  # an absolute path: no such hint
+    # A name without an extension is missing too, not of an unsupported type.
+    assert err.startswith(f"eva: error: prompts.path: no file at '{tmp_path}/p'")
+    status, err = eva(capsys, "run", "--root", str(root), "--set", "heldout.path=held")
+    assert err.startswith("eva: error: heldout.path: no file at 'held'") and not root.exists()
 
 
 # --- 4. an accelerator this machine lacks -----------------------------------------------------
