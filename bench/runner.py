@@ -25,7 +25,7 @@ import numpy as np
 from bench.arm_runs import run_arm
 from bench.labels import world_answers
 from bench.measures import MEASURES, available_pairs, generated, model_path, stage_prompts
-from bench.study import Arm, Study, arm_config, split_at, x0_size
+from bench.study import Arm, Study, arm_config, as_written, split_at, x0_size
 from eva_runtime.errors import ConfigError, EvaError
 from eva_world import world
 from eva_world.components import distribution_of
@@ -320,7 +320,10 @@ def run_study(
     try:
         for seed in study.seeds:
             for arm in study.arms:
-                runner.run_arm(seed, arm, clock)
+                try:
+                    runner.run_arm(seed, arm, clock)
+                except ConfigError as exc:  # a run's check names its field: say where it's set
+                    raise as_written(study, arm, exc) from None
             runner.held_apart(seed)
     except Stopped as exc:
         say(f"{study.name}: stopped before the deadline ({exc}); rerun to continue")

@@ -24,7 +24,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from eva_runtime.errors import ConfigError
-from flows.config import WORLD_CONFIG, WORLD_ONLINE_CONFIG, OnlineRunConfig, RunConfig, located
+from flows.config import (
+    CONFIG_DIR,
+    WORLD_CONFIG,
+    WORLD_ONLINE_CONFIG,
+    OnlineRunConfig,
+    RunConfig,
+    located,
+)
 from flows.config_layers import apply_overrides, deep_merge, read_config_file
 from tasks.config_tree import get_path
 
@@ -350,21 +357,30 @@ def load_study(path: str, overrides: Sequence[str] = ()) -> Study:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level", field="study")
     study = validate_config(apply_overrides(data, list(overrides)), Study)
+    # A config file the study names is read from the current folder, as its prompt paths are:
+    # say so under the study's own key, not as a flag (--config) nobody passed.
+    named = [("config", study.config)] + [(f"arms.{a.name}.config", a.config) for a in study.arms]
+    for key, config in named:
+        if config is not None and not os.path.isfile(config):
+            raise ConfigError(f"no file at {config!r}", field=key,
+                              hint=f"read from the current folder, {os.getcwd()}; eva's own "
+                              f"configs are in {CONFIG_DIR}")  # fmt: skip
     for arm in study.arms:
         try:
             arm_config(study, arm, os.path.abspath("runs-bench"), study.seeds[0], {}, check=True)
         except ConfigError as exc:
-            raise ConfigError(exc.message, field=_written_at(study, arm, exc.field),
-                              hint=exc.hint) from None  # fmt: skip
+            raise as_written(study, arm, exc) from None
     return study
 
 
-def _written_at(study: Study, arm: Arm, field: str | None) -> str:
-    """Where the study file (or ``--set``) wrote the config field an arm's config refused: the
-    arm's overrides, else the study's base, else the arm itself."""
+def as_written(study: Study, arm: Arm, exc: ConfigError) -> ConfigError:
+    """An arm's config (or its run) refused a field: the same error, named where the study
+    file (or ``--set``) wrote it: the arm's overrides, else the study's base, else the arm."""
+    field = exc.field
     if not field:
-        return f"arms.{arm.name}"
+        return ConfigError(exc.message, field=f"arms.{arm.name}", hint=exc.hint)
+    message = exc.message.removeprefix(f"{field}: ")
     for where, data in ((f"arms.{arm.name}.overrides", arm.overrides), ("base", study.base)):
         if get_path(data, field) is not None:
-            return f"{where}.{field}"
-    return f"arms.{arm.name}.overrides.{field}"
+            return ConfigError(message, field=f"{where}.{field}", hint=exc.hint)
+    return ConfigError(message, field=f"arms.{arm.name}.overrides.{field}", hint=exc.hint)

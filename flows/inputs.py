@@ -72,12 +72,12 @@ def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
         try:
             table = read_prompts(prompts)
         except FileNotFoundError:
-            raise ConfigError(f"{field}.path: no file at {prompts.path!r}",
+            raise ConfigError(f"no file at {prompts.path!r}", field=f"{field}.path",
                               hint=_relative_hint(prompts.path)) from None  # fmt: skip
         except ValueError as exc:
-            raise ConfigError(f"{field}.{named}: {exc}") from None
+            raise ConfigError(str(exc), field=f"{field}.{named}") from None
         texts = table.column("prompt").to_pylist()
-        _check_instructions(config, field, f"{field}.{named}: {shown}", table)
+        _check_instructions(config, field, f"{field}.{named}", shown, table)
         for where, (factory, component) in components.items():
             check = getattr(component, "check_prompts", None)
             try:
@@ -85,7 +85,7 @@ def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
                     check(texts)
             except ValueError as exc:
                 raise ConfigError(
-                    f"{field}.{named}: {shown}: {exc}", hint=f"{where} is {factory}"
+                    f"{shown}: {exc}", field=f"{field}.{named}", hint=f"{where} is {factory}"
                 ) from None
         _check_context(config, field, texts)
         read[field] = texts
@@ -152,7 +152,9 @@ def _loaded_components(config: BaseModel) -> Iterator[tuple[str, tuple[str, Any]
         try:
             built = node.value.load()
         except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{node.path}.options: {first_line(exc, with_type=False)}") from None
+            raise ConfigError(
+                first_line(exc, with_type=False), field=f"{node.path}.options"
+            ) from None
         except Exception as exc:  # its own code failed: the user's to fix, named here
             raise ConfigError(
                 f"{factory} raised {first_line(exc)}",
@@ -176,7 +178,7 @@ def _role(node: Node) -> Builds | None:
 
 
 def _check_instructions(
-    config: RunConfig | OnlineRunConfig, field: str, where: str, table: Any
+    config: RunConfig | OnlineRunConfig, field: str, key: str, shown: str, table: Any
 ) -> None:
     """Where a component reads each prompt's instructions (the instruction-following reward or
     evolver), the prompts carry them, and the checkers here can run every one. A training
@@ -194,8 +196,9 @@ def _check_instructions(
     ids = table.column("instruction_id_list").to_pylist()
     if all(i is None for i in ids):
         raise ConfigError(
-            f"{where}: no prompt carries instructions (instruction_id_list), and {readers[0]} "
+            f"{shown}: no prompt carries instructions (instruction_id_list), and {readers[0]} "
             "checks a response against its prompt's",
+            field=key,
             hint="give each row IFEval's instruction_id_list and kwargs, as python -m "
             "bench.if_prompts writes them",
         )
@@ -207,18 +210,16 @@ def _check_instructions(
                 check(parse(given, kwargs))
         except Unfollowable as exc:
             if field == "prompts":
-                raise ConfigError(
-                    f"{where}: prompt {row}: {exc}", hint=f"{readers[0]} checks every one"
-                ) from None
+                raise ConfigError(f"{shown}: prompt {row}: {exc}", field=key,
+                                  hint=f"{readers[0]} checks every one") from None  # fmt: skip
             scored_as_is.append(f"prompt {row}: {exc}")
         except (ValueError, ImportError) as exc:
-            raise ConfigError(
-                f"{where}: prompt {row}: {exc}", hint=f"{readers[0]} checks every one"
-            ) from None
+            raise ConfigError(f"{shown}: prompt {row}: {exc}", field=key,
+                              hint=f"{readers[0]} checks every one") from None  # fmt: skip
     if scored_as_is:
         _warn(
-            f"{where}: {len(scored_as_is)} held-out prompts cannot be followed as written, and "
-            f"are scored as they are (the first, {scored_as_is[0]})"
+            f"{key}: {shown}: {len(scored_as_is)} held-out prompts cannot be followed as "
+            f"written, and are scored as they are (the first, {scored_as_is[0]})"
         )
 
 
@@ -242,8 +243,8 @@ def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: lis
         model_config = AutoConfig.from_pretrained(checkpoint)
     except Exception as exc:  # a Hub id that does not exist, or is not cached offline
         raise ConfigError(
-            f"bootstrap.init_checkpoint: {checkpoint}: cannot be loaded "
-            f"({first_line(exc, with_type=False)})"
+            f"{checkpoint}: cannot be loaded ({first_line(exc, with_type=False)})",
+            field="bootstrap.init_checkpoint",
         ) from None
     lengths = [len(tokenizer(p)["input_ids"]) for p in prompts]
     try:
@@ -251,7 +252,8 @@ def _check_context(config: RunConfig | OnlineRunConfig, field: str, prompts: lis
     except ValueError as exc:
         named, shown = getattr(config, field).origin
         raise ConfigError(
-            f"{field}.{named}: {shown}: {exc}",
+            f"{shown}: {exc}",
+            field=f"{field}.{named}",
             hint=f"or drop the long ones: {field}.max_chars (characters) with "
             f"{field}.drop_invalid: true",
         ) from None

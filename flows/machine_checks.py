@@ -27,13 +27,15 @@ def check_accelerate(config: RunConfig) -> None:
 
     path = resolve_config(config.train.accelerate_config)
     if not os.path.isfile(path):
-        raise ConfigError(f"train.accelerate_config: no file at {config.train.accelerate_config!r}")
+        raise ConfigError(f"no file at {config.train.accelerate_config!r}",
+                          field="train.accelerate_config")  # fmt: skip
     if config.train.nodes.machines > 1 and "://" in config.root:
         # The other machines read the pairs and the policy, and machine 0's launch request, by
         # path (eva_runtime/follow.py).
         raise ConfigError(
             f"train.nodes.machines={config.train.nodes.machines} needs a run root on a "
-            f"filesystem every machine mounts at the same path, not {config.root}"
+            f"filesystem every machine mounts at the same path, not {config.root}",
+            field="train.nodes.machines",
         )
     _check_accelerate_backend(config.train.accelerate_config, path)
 

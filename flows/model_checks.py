@@ -38,6 +38,7 @@ def check_chat_templates(config: RunConfig) -> None:
         how = "raw text" if used == "never" else "the chat template"
         raise ConfigError(
             f"train.solver.chat_template is {solver!r} but {field} samples prompts as {how}",
+            field="train.solver.chat_template",
             hint="the solver must see each prompt as generation fed it: set both to never, or "
             "neither",
         )
@@ -60,7 +61,8 @@ def check_hub_models(config: RunConfig | OnlineRunConfig) -> None:
         checked.add(ref)
         if (why := unreachable(ref)) is not None:
             raise ConfigError(
-                f"{field}: {ref}: {why}",
+                f"{ref}: {why}",
+                field=field,
                 hint="download it where the Hub is reachable (hf download), or name a local "
                 "checkpoint",
             )
@@ -87,10 +89,11 @@ def check_checkpoint(checkpoint: str | None) -> None:
             json.load(f)
     except (OSError, ValueError) as exc:
         raise ConfigError(
-            f"bootstrap.init_checkpoint: {checkpoint}: no readable config.json "
-            f"({type(exc).__name__})"
+            f"{checkpoint}: no readable config.json ({type(exc).__name__})",
+            field="bootstrap.init_checkpoint",
         ) from None
     if not any(os.path.exists(os.path.join(checkpoint, w)) for w in _WEIGHTS):
         raise ConfigError(
-            f"bootstrap.init_checkpoint: {checkpoint}: no weights ({', '.join(_WEIGHTS[:2])})"
+            f"{checkpoint}: no weights ({', '.join(_WEIGHTS[:2])})",
+            field="bootstrap.init_checkpoint",
         )

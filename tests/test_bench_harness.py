@@ -20,6 +20,7 @@ import yaml
 from bench.report import write_report
 from bench.runner import Results, run_study
 from bench.study import load_study
+from eva_runtime.errors import ConfigError
 from tests.conftest import tiny_run_config
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -160,3 +161,31 @@ def test_every_measure_reads_a_tiny_run_of_each_source(tmp_path: Path) -> None:
     assert all(0 <= r["skill"] <= 1 for r in offline) and "skill" not in seg
     assert 0 <= got["base", 0]["pass@3"] <= 1
     assert got["base", None]["skill_set"]["size"] == 20
+
+
+def test_a_refusal_names_where_the_study_file_wrote_the_field(tmp_path: Path) -> None:
+    """A field an arm's config refuses is one line naming the study's key (base.<field>,
+    arms.<arm>.overrides.<field>), not the run config's: when the study is read (a starting
+    checkpoint with no config.json) and when a run checks it (one whose config.json is not
+    JSON), before any record is written."""
+    empty, broken = tmp_path / "empty", tmp_path / "broken"
+    empty.mkdir()
+    broken.mkdir()
+    (broken / "config.json").write_text("{")
+    study = yaml.safe_load(Path(tiny_study(tmp_path)).read_text())
+    results = tmp_path / "r.jsonl"
+    for where in ("base", "arms.fresh.overrides"):
+        for checkpoint, said in (
+            (empty, f"no checkpoint at '{empty}' (expected a directory with config.json)"),
+            (broken, f"{broken}: no readable config.json (JSONDecodeError)"),
+        ):
+            start = {"bootstrap": {"init_checkpoint": str(checkpoint), "builder": None}}
+            fresh = {"name": "fresh", "source": "fresh", "overrides": start}
+            change = {"base": {**study["base"], **start}} if where == "base" else {"arms": [fresh]}
+            path = tmp_path / "bad.yaml"
+            path.write_text(yaml.safe_dump({**study, "claims": [], **change}))
+            with pytest.raises(ConfigError) as caught:
+                run_study(load_study(str(path)), str(tmp_path / "runs"), str(results), say=print)
+            assert caught.value.field == f"{where}.bootstrap.init_checkpoint"
+            assert caught.value.line().startswith(f"{where}.bootstrap.init_checkpoint: {said}")
+    assert not results.exists()

@@ -48,6 +48,8 @@ def test_a_study_file_names_the_key_it_cannot_use(tmp_path: Path) -> None:
         ({"measures": ["heldout@first"]}, "measures"),
         ({"equalise": {"pairs": 0}}, "equalise.pairs"),
         ({"folders": "x"}, "folders"),
+        ({"config": "configs/own-modle.yaml"}, "config"),  # read from the current folder
+        ({"arms": [{"name": "eva", "config": "nope.yaml"}, fresh]}, "arms.eva.config"),
     ):  # fmt: skip
         path = tmp_path / "s.yaml"
         path.write_text(json.dumps(_tiny(**change)))
