@@ -27,6 +27,7 @@ from bench.labels import world_answers
 from bench.measures import MEASURES, available_pairs, generated, model_path, stage_prompts
 from bench.study import Arm, Study, arm_config, as_written, split_at, x0_size
 from eva_runtime.errors import ConfigError, EvaError
+from eva_runtime.progress import duration
 from eva_world import world
 from eva_world.components import distribution_of
 from tasks.store import RunStore
@@ -119,8 +120,8 @@ class Clock:
         self.times.append(time.monotonic() - t0)
         self.done += 1
         rest = (self.total - self.done) * statistics.median(self.times)
-        self.say(f"{what}: done in {self.times[-1]:.0f} s; {self.total - self.done} left, about "
-                 f"{rest / 60:.1f} min by the runs so far")  # fmt: skip
+        self.say(f"{what}: done in {duration(self.times[-1])}; {self.total - self.done} left, "
+                 f"about {duration(rest)} by the runs so far")  # fmt: skip
 
 
 def units(arm: Arm) -> list[tuple[int, list[int | None]]]:

@@ -142,8 +142,8 @@ class TerminalProgress:
         at, done = self.first or (now, fraction)
         eta = ""
         if fraction > done and now > at:
-            eta = f", ETA {_duration((now - at) / (fraction - done) * (1 - fraction))}"
-        parts.append(f"{_duration(now - self.started)}{eta}")
+            eta = f", ETA {duration((now - at) / (fraction - done) * (1 - fraction))}"
+        parts.append(f"{duration(now - self.started)}{eta}")
         return " | ".join(parts)
 
     def close(self) -> None:
@@ -193,7 +193,7 @@ def _number(value: float | int | str) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     s = round(seconds)
     if s < 60:
         return f"{s} s"

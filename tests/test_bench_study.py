@@ -202,13 +202,17 @@ def test_progress_and_the_deadline_go_by_a_typical_piece_not_a_resumed_one(
     for seconds in (60, 600, 600):
         with clock.run("piece"):
             now[0] += seconds
-    assert said[-1] == "piece: done in 600 s; 3 left, about 30.0 min by the runs so far"
+    assert said[-1] == "piece: done in 10m00s; 3 left, about 30m00s by the runs so far"
     with pytest.raises(runner.Stopped, match="700 s left, a piece takes 600 s"), clock.run("p"):
         pass
     late = runner.Clock(total=1, done=0, deadline=5, say=said.append)  # no piece timed yet
     now[0] += 6
     with pytest.raises(runner.Stopped, match="-1 s left"), late.run("p"):
         pass
+    days = runner.Clock(total=300, done=3, deadline=None, say=said.append)
+    with days.run("piece"):  # a study of days: hours and minutes, not 2960.0 min
+        now[0] += 600
+    assert said[-1] == "piece: done in 10m00s; 296 left, about 49h20m by the runs so far"
 
 
 def test_a_results_file_line_that_is_no_record_is_one_line_naming_it(tmp_path: Path) -> None:
