@@ -356,7 +356,11 @@ def load_study(path: str, overrides: Sequence[str] = ()) -> Study:
         raise ConfigError(f"{path}: {exc}", field="study") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level", field="study")
-    study = validate_config(apply_overrides(data, list(overrides)), Study)
+    data = _with_sets(data, overrides)
+    try:
+        study = validate_config(data, Study)
+    except ConfigError as exc:
+        raise _arm_by_name(exc, data) from None
     # A config file the study names is read from the current folder, as its prompt paths are:
     # say so under the study's own key, not as a flag (--config) nobody passed.
     named = [("config", study.config)] + [(f"arms.{a.name}.config", a.config) for a in study.arms]
@@ -371,6 +375,47 @@ def load_study(path: str, overrides: Sequence[str] = ()) -> Study:
         except ConfigError as exc:
             raise as_written(study, arm, exc) from None
     return study
+
+
+def _with_sets(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` set in the study; ``arms.NAME.KEY=VALUE`` in the arm of that name (the arms
+    are a list, and an arm is named as a claim names it: ``arms.eva.iterations=1``)."""
+    arms = [a for a in data.get("arms") or [] if isinstance(a, dict)]
+    plain = []
+    for item in overrides:
+        key = item.partition("=")[0]
+        if not key.startswith("arms."):
+            plain.append(item)
+            continue
+        name, _, rest = key.removeprefix("arms.").partition(".")
+        arm = next((a for a in arms if a.get("name") == name), None)
+        if arm is None or not rest:
+            names = ", ".join(str(a.get("name")) for a in arms)
+            raise ConfigError(f"--set {item!r}: no arm {name!r} (arms: {names})" if arm is None
+                              else f"--set {item!r}: expected arms.NAME.KEY=VALUE")  # fmt: skip
+        apply_overrides(arm, [item.removeprefix(f"arms.{name}.")])
+    return apply_overrides(data, plain)
+
+
+def _arm_by_name(exc: ConfigError, data: dict[str, Any]) -> ConfigError:
+    """A study's error with an arm named as the file names it (``arms.eva.start``), not by its
+    place in the list (``arms.1.start``); where nothing is known of the study's keys, where
+    they are listed."""
+    given = data.get("arms")
+    arms: list[Any] = given if isinstance(given, list) else []
+    found = re.match(r"arms\.(\d+)(?=\.|$)", exc.field or "")
+    arm = arms[int(found[1])] if found and int(found[1]) < len(arms) else None
+    if found and isinstance(arm, dict) and "name" in arm:
+        place = re.compile(rf"\b{re.escape(found[0])}\b")
+        named = f"arms.{arm['name']}"
+        exc = ConfigError(
+            place.sub(named, exc.message),
+            field=place.sub(named, exc.field or ""),
+            hint=place.sub(named, exc.hint) if exc.hint else None,
+        )
+    if exc.hint is None and "not a field" in exc.message:
+        exc.hint = "docs/benchmarks.md, 'Study files', lists a study's keys"
+    return exc
 
 
 def as_written(study: Study, arm: Arm, exc: ConfigError) -> ConfigError:

@@ -235,7 +235,9 @@ def validate_config(data: dict[str, Any], model: type[BaseModel] = RunConfig) ->
 
             near = close_field(model, data, field)
             msg = "not a field of this section"
-            hint = f"did you mean {near}?" if near else "eva config --explain lists the fields"
+            run_config = issubclass(model, RunConfig | OnlineRunConfig)
+            listed = "eva config --explain lists the fields" if run_config else None
+            hint = f"did you mean {near}?" if near else listed
             if other := _other_kind(model, path):
                 msg, got = f"a section of {other} run's config, not of this one", ""
                 hint = (

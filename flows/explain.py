@@ -63,6 +63,9 @@ def fields_at(model: type[BaseModel], data: Any, path: list[str]) -> list[str]:
     current: type[BaseModel] | None = model
     node = data
     for part in path:
+        if isinstance(node, list) and part.isdigit():  # an item of a list of sections
+            node = get_path(node, [int(part)])
+            continue
         if current is None or part not in current.model_fields:
             return []
         node = get_path(node, [part])

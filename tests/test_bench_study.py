@@ -41,7 +41,7 @@ def test_a_study_file_names_the_key_it_cannot_use(tmp_path: Path) -> None:
         ({"arms": [{"name": "eva", "start": "base"}, fresh]}, "arms"),
         ({"arms": [{"name": "eva", "overrides": {"sample": {"fractoin": 0.5}}}, fresh]},
          "arms.eva.overrides.sample.fractoin"),
-        ({"arms": [{"name": "eva"}, {**fresh, "iterations": -1}]}, "arms.1.iterations"),
+        ({"arms": [{"name": "eva"}, {**fresh, "iterations": -1}]}, "arms.fresh.iterations"),
         ({"claims": [{"name": "x", "a": "eva", "b": "fresh", "rule": "3sd"}]}, "claims.0.rule"),
         ({"claims": [{"name": "x", "a": "eva", "b": "target"}]}, "claims"),
         ({"measures": ["heldout", "speed"]}, "measures"),
@@ -68,6 +68,16 @@ def test_a_study_field_set_from_the_command_line_reaches_every_arm(tmp_path: Pat
     with pytest.raises(ConfigError) as caught:  # an arm's config refuses it, naming the key
         load_study(str(path), ["base.generate.m=3"])
     assert caught.value.field == "base.generate.m"  # where it was written, not the first arm
+    # An arm by its name: the arms are a list.
+    with pytest.raises(ConfigError) as caught:  # the arm by its name, the field it meant
+        load_study(str(path), ["arms.fresh.strat=eva"])
+    assert caught.value.line().startswith("arms.fresh.strat: not a field of this section")
+    assert caught.value.hint == "did you mean arms.fresh.start?"
+    study = load_study(str(path), ["arms.fresh.overrides.generate.n=5", "arms.eva.iterations=2"])
+    assert study.arm("fresh").overrides == {"generate": {"n": 5}}
+    assert study.arm("eva").iterations == 2 and study.arm("fresh").iterations == 1
+    with pytest.raises(ConfigError, match=r"no arm 'evo' \(arms: eva, fresh\)"):
+        load_study(str(path), ["arms.evo.iterations=2"])
 
 
 def test_an_arms_config_merges_its_start_equalisation_overrides_and_growth() -> None:
