@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--results", help="the results file (default docs/bench/NAME.jsonl)")
         p.add_argument("--deadline", type=float, help="seconds: start nothing that ends later")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="a study field, e.g. base.bootstrap.init_checkpoint=F")  # fmt: skip
+                       help="a study field (base.bootstrap.init_checkpoint=F) or an "
+                       "arm's (arms.eva.iterations=1)")  # fmt: skip
         args = p.parse_args(argv)
         try:
             return run(args.verb, args.study, args.root, args.results, args.deadline, args.set)

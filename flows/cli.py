@@ -286,7 +286,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE",
-        help="a study field, e.g. base.bootstrap.init_checkpoint=model.gguf (repeatable)",
+        help="a study field, e.g. base.bootstrap.init_checkpoint=model.gguf, or an arm's, "
+        "arms.eva.iterations=1 (repeatable)",
     )  # fmt: skip
     return p
 
