@@ -50,6 +50,12 @@ def run(
             field="deadline",
             hint="the seconds from now in which the run may start pieces",
         )
+    if verb == "run" and sets and results is None:
+        raise EvaError(
+            "a changed study, whose records would join the study's own",
+            field="--set",
+            hint="give it --results (and --root) of its own",
+        )
     study = load_study(study_path(path), sets)
     results = results or os.path.join("docs", "bench", f"{study.name}.jsonl")
     if verb == "report" and not os.path.exists(results):  # not a report of nothing

@@ -254,3 +254,8 @@ def test_bench_names_a_missing_study_or_results_file(
     assert main(["report", str(path), "--results", str(missing)]) == 2
     assert f"no results file at {missing}" in capsys.readouterr().err
     assert not missing.parent.exists()  # no report of nothing written
+    # A study changed by --set is another study: its records never join the file's own.
+    assert main(["run", str(path), "--set", "seeds=[0]", "--root", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("eva: error: --set: a changed study, whose records would join")
+    assert not (tmp_path / "r").exists()
