@@ -60,6 +60,13 @@ class Arm(BaseModel):
         "equalised pairs: evolve (more parents, a larger X_t), subset (more of X_{t-1}), split (a "
         "longer split), prompts (a larger X_0), none; auto picks by source.")  # fmt: skip
 
+    @field_validator("start")
+    @classmethod
+    def _a_checkpoint(cls, start: str | None) -> str | None:
+        if start is not None:
+            split_at(start)  # 'ARM', 'ARM@T' or 'ARM@theta_0', or a ValueError saying so
+        return start
+
     def growth(self) -> str:
         if self.grow != "auto":
             return self.grow
@@ -233,12 +240,17 @@ def split_at(ref: str) -> tuple[str, int | Literal["last"] | None]:
     name, sep, at = ref.partition("@")
     if not sep:
         return name, "last"
-    return name, None if at == "theta_0" else int(at)
+    if at == "theta_0":
+        return name, None
+    if not at.isdigit():
+        raise ValueError(f"{ref!r}: ARM, ARM@T (T an iteration) or ARM@theta_0")
+    return name, int(at)
 
 
 # ${prompts:ARM}, ${heldout:ARM} (the files of ARM's X_0 and held-out set), ${answers:ARM} (X_0's
 # answers, by the world's solver), ${seed}, ${root}: filled in when the arm runs.
 PLACEHOLDER = re.compile(r"\$\{(\w+)(?::([\w.-]+))?\}")
+PLACEHOLDERS = ("prompts", "heldout", "answers", "seed", "root")
 Inputs = Callable[[str, str], str]  # (kind, arm) -> a path
 
 
@@ -361,6 +373,7 @@ def load_study(path: str, overrides: Sequence[str] = ()) -> Study:
         study = validate_config(data, Study)
     except ConfigError as exc:
         raise _arm_by_name(exc, data) from None
+    _check_references(study)
     # A config file the study names is read from the current folder, as its prompt paths are:
     # say so under the study's own key, not as a flag (--config) nobody passed.
     named = [("config", study.config)] + [(f"arms.{a.name}.config", a.config) for a in study.arms]
@@ -375,6 +388,44 @@ def load_study(path: str, overrides: Sequence[str] = ()) -> Study:
         except ConfigError as exc:
             raise as_written(study, arm, exc) from None
     return study
+
+
+def _check_references(study: Study) -> None:
+    """Every checkpoint, arm and placeholder the file names is one it has: a typo is refused
+    here, not hours in (a start, a placeholder) nor never (a claim at an iteration no arm runs,
+    a report row, which the report would leave empty)."""
+    arms = {a.name: a for a in study.arms}
+
+    def check(ref: str, field: str) -> None:
+        name, at = split_at(ref)
+        if name not in arms:
+            raise ConfigError(f"{ref!r}: no arm {name!r} (arms: {', '.join(arms)})", field=field)
+        last = arms[name].iterations  # an online arm's segments are as many as its run makes
+        if isinstance(at, int) and arms[name].source != "online" and not 0 <= at <= last:
+            raise ConfigError(f"{ref!r}: {name} runs iterations 0 to {last}", field=field)
+
+    for arm in study.arms:
+        if arm.start is not None:
+            check(arm.start, f"arms.{arm.name}.start")
+        for kind, of in PLACEHOLDER.findall(yaml.safe_dump(arm.overrides)):
+            if kind not in PLACEHOLDERS:
+                raise ConfigError(f"${{{kind}}} is not one of ${{{'}, ${'.join(PLACEHOLDERS)}}}",
+                                  field=f"arms.{arm.name}.overrides")  # fmt: skip
+            if of:
+                check(of, f"arms.{arm.name}.overrides")
+    for i, claim in enumerate(study.claims):
+        for key, side in (("a", claim.a), ("b", claim.b)):
+            check(side, f"claims.{i}.{key}")
+            for t in claim.at:
+                check(f"{split_at(side)[0]}@{t}", f"claims.{i}.at")
+    for table in study.report.tables:
+        for _, ref in table.rows:
+            check(ref, "report.tables")
+    for plot in study.report.plots:
+        for name in plot.arms:
+            check(name, "report.plots")
+    if isinstance(study.equalise.responses, int) and study.equalise.responses < 1:
+        raise ConfigError("at least 1 response an iteration", field="equalise.responses")
 
 
 def _with_sets(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:

@@ -49,6 +49,16 @@ def test_a_study_file_names_the_key_it_cannot_use(tmp_path: Path) -> None:
         ({"equalise": {"pairs": 0}}, "equalise.pairs"),
         ({"folders": "x"}, "folders"),
         ({"config": "configs/own-modle.yaml"}, "config"),  # read from the current folder
+        # What names an arm or a checkpoint names one the study has (not hours in, or never).
+        ({"arms": [{"name": "eva"}, {**fresh, "start": "eva@x"}]}, "arms.fresh.start"),
+        ({"arms": [{"name": "eva"}, {**fresh, "start": "eva@2"}]}, "arms.fresh.start"),
+        ({"arms": [{"name": "eva", "overrides": {"prompts": {"path": "${prompt:eva}"}}}, fresh]},
+         "arms.eva.overrides"),
+        ({"claims": [{"name": "x", "a": "eva", "b": "fresh", "at": [2]}]}, "claims.0.at"),
+        ({"claims": [{"name": "x", "a": "eva@3", "b": "fresh@1"}]}, "claims.0.a"),
+        ({"report": {"tables": [{"title": "t", "rows": [["x", "evo"]]}]}}, "report.tables"),
+        ({"report": {"plots": [{"arms": ["evo"]}]}}, "report.plots"),
+        ({"equalise": {"responses": 0}}, "equalise.responses"),
         ({"arms": [{"name": "eva", "config": "nope.yaml"}, fresh]}, "arms.eva.config"),
     ):  # fmt: skip
         path = tmp_path / "s.yaml"
