@@ -41,11 +41,18 @@ class Results:
 
     def __init__(self, path: str):
         self.path, self.records = path, []
-        if os.path.exists(path):
-            with open(path) as f:
-                self.records = [
-                    _record(path, n, line) for n, line in enumerate(f, 1) if line.strip()
-                ]
+        if not os.path.exists(path):
+            return
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start})",
+                              field="results") from None  # fmt: skip
+        except OSError as exc:  # a folder, a file it may not read
+            raise ConfigError(f"{path}: cannot be read ({exc.strerror})", field="results",
+                              hint="--results names a file") from None  # fmt: skip
+        self.records = [_record(path, n, line) for n, line in enumerate(lines, 1) if line.strip()]
 
     def of(self, seed: int, arm: str) -> list[dict[str, Any]]:
         return [r for r in self.records if r["seed"] == seed and r["arm"] == arm]
@@ -85,11 +92,27 @@ def _record(path: str, n: int, line: str) -> dict[str, Any]:
         keys = record if isinstance(record, dict) else {}
         missing = [k for k in ("seed", "arm", "iteration") if k not in keys]
         reason = f"a record without {', '.join(missing)}" if missing else ""
+        if not reason and not _typed(record):
+            keyed = ", ".join(f"{k} {record[k]!r}" for k in ("seed", "arm", "iteration"))
+            reason = f"{keyed}: a number, a name and a number or null"
     if reason:
-        raise ConfigError(f"{path}, line {n}: {reason}", field="results",
-                          hint="each line is one JSON record with seed, arm and iteration; "
-                          "remove the line and `eva bench run` remakes its piece")  # fmt: skip
+        raise ConfigError(f"{path}, line {n}: {reason}", field="results", hint=RECORDS)
     return record
+
+
+RECORDS = ("each line is one JSON record with seed, arm and iteration; remove the line and "
+           "`eva bench run` remakes its piece")  # fmt: skip
+
+
+def _typed(record: dict[str, Any]) -> bool:
+    """The record's keys are what the runner writes (a record keyed otherwise matches no piece:
+    its piece would run again, and the report would leave it out)."""
+    seed, arm, t = record["seed"], record["arm"], record["iteration"]
+    return _whole(seed) and isinstance(arm, str) and (t is None or _whole(t))
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class Stopped(Exception):

@@ -238,14 +238,24 @@ def test_progress_and_the_deadline_go_by_a_typical_piece_not_a_resumed_one(
 def test_a_results_file_line_that_is_no_record_is_one_line_naming_it(tmp_path: Path) -> None:
     path = tmp_path / "r.jsonl"
     good = json.dumps(_record(0, "eva", 1, 0.5))
-    for line, reason in (('{"seed": 0, "arm"', "line 2: not JSON"),
-                         ('{"seed": 0, "arm": "eva"}', "line 2: a record without iteration"),
-                         ("<<<<<<< HEAD", "line 2: not JSON"),
-                         ("[1, 2]", "line 2: a record without seed, arm, iteration")):  # fmt: skip
+    for line, reason in (
+        ('{"seed": 0, "arm"', "line 2: not JSON"),
+        ('{"seed": 0, "arm": "eva"}', "line 2: a record without iteration"),
+        ("<<<<<<< HEAD", "line 2: not JSON"),
+        ("[1, 2]", "line 2: a record without seed, arm, iteration"),
+        ('{"seed": "0", "arm": "eva", "iteration": 1}', "line 2: seed '0', arm 'eva'"),
+        ('{"seed": 0, "arm": "eva", "iteration": true}', "line 2: seed 0, arm 'eva', iteration"),
+    ):
         path.write_text(f"{good}\n{line}\n")
         with pytest.raises(ConfigError, match=reason) as caught:
             Results(str(path))
         assert caught.value.field == "results"
+    path.write_bytes(good.encode() + b"\n\xff\n")  # a file, not a line, is at fault
+    with pytest.raises(ConfigError, match=r"r\.jsonl: not UTF-8 text \(byte \d+\)"):
+        Results(str(path))
+    with pytest.raises(ConfigError, match=r"cannot be read \(Is a directory\)") as caught:
+        Results(str(tmp_path))
+    assert caught.value.hint == "--results names a file"
 
 
 def test_bench_names_a_missing_study_or_results_file(
