@@ -207,7 +207,8 @@ def evaluate(args: argparse.Namespace) -> int:
     )
     # The run's own checks, on the run as it would be with this held-out set and evaluation: the
     # file is read, its instructions tried, its prompts fitted to the policy, before any stage.
-    check_inputs(config.model_copy(update={"heldout": job.heldout, "evaluate": job.evaluate}))
+    evaluated = config.model_copy(update={"heldout": job.heldout, "evaluate": job.evaluate})
+    check_inputs(evaluated, reads=("heldout",))
     store = RunStore(config.root, config.run, config.storage_options)
     made = checkpoints(store, isinstance(config, OnlineRunConfig))
     if args.iteration:

@@ -73,7 +73,9 @@ def eva_evaluate(
     """Each checkpoint of ``iterations`` (None: theta_0) scored on ``job.heldout``; one row of
     the evaluate stage's stats per checkpoint."""
     online = isinstance(config, OnlineRunConfig)
-    with opened_run(config, None) as run:
+    # The run's own prompt files are not read: its X_0 comes from its store, from wherever
+    # this is launched (a relative path recorded by a launch elsewhere names nothing here).
+    with opened_run(config, None, reads=()) as run:
         store = run.store()
         seeds = store.read_manifest(None, "prompts")
         if seeds is None:

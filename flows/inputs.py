@@ -44,7 +44,11 @@ def _relative_hint(path: str | None) -> str | None:
             "folder the config (or the run) was written in, or give an absolute path")  # fmt: skip
 
 
-def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
+def check_inputs(
+    config: RunConfig | OnlineRunConfig, reads: tuple[str, ...] = ("prompts", "heldout")
+) -> None:
+    """Everything a launch can check before it writes anything; of the prompt sets, those it
+    ``reads`` (an evaluation of a finished run reads neither of the run's own)."""
     check_finite(config)  # a config built without validate_config (a flow's parameter)
     _check_required(config)
     if isinstance(config, RunConfig):
@@ -62,7 +66,7 @@ def check_inputs(config: RunConfig | OnlineRunConfig) -> None:
         check_reporters(getattr(config.online.solver, "report_to", []), "online.solver.report_to")
     components = dict(_loaded_components(config))
     read: dict[str, list[str]] = {}  # the prompt files' texts, by field
-    for field in ("prompts", "heldout"):
+    for field in reads:
         prompts: PromptsConfig = getattr(config, field)
         if prompts.origin is None:
             continue

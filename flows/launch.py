@@ -21,16 +21,21 @@ from tasks.versions import edited_line, edited_stages
 
 
 @contextmanager
-def opened_run(config: RunConfig | OnlineRunConfig, plan: Plan | None) -> Iterator[RunContext]:
+def opened_run(
+    config: RunConfig | OnlineRunConfig,
+    plan: Plan | None,
+    reads: tuple[str, ...] = ("prompts", "heldout"),
+) -> Iterator[RunContext]:
     """The run, opened for the flow's body and closed after it, whatever the body raised.
 
-    Opening checks inputs (again: a run started from the UI never passed through the CLI), takes
+    Opening checks inputs, the prompt sets among them that the flow ``reads`` (again: a run
+    started from the UI never passed through the CLI), takes
     the run's lock (released on closing), sets the torch threads, sweeps what a killed launch
     left, and records the config being run. A whole run that finished releases the other
     machines of multi-node training. Closing stops the inference servers kept for a next stage
     (there is none now), posts the tables of reused stages, waits for the stages' summaries
     still queued for the UI and releases the lock."""
-    check_inputs(config)
+    check_inputs(config, reads)
     # One launch of a run at a time (tasks/run_lock.py), taken before anything is swept.
     with run_lock(RunStore(config.root, config.run, config.storage_options)):
         run = _open(config, plan)

@@ -132,7 +132,7 @@ def test_the_edge_counts_a_prompt_file_against_the_budget(tmp_path, capsys):
 def test_a_relative_prompt_file_that_is_not_there_names_the_folder_it_was_read_from(
     tmp_path, capsys, monkeypatch
 ):
-    monkeypatch.chdir(tmp_path)  # as `eva evaluate --run R` from another folder than R's launch
+    monkeypatch.chdir(tmp_path)  # as `eva run` resumed from another folder than its launch
     root = tmp_path / "runs"
     status, err = eva(capsys, "run", "--root", str(root), "--set", "prompts.path=data/p.jsonl")
     assert status == 2 and "\n" not in err

@@ -576,6 +576,11 @@ def test_eva_evaluate_scores_a_runs_checkpoints_on_another_heldout_set(
 
     config, _ = finished_run
     shutil.copytree(os.path.join(config.root, config.run), tmp_path / "copy")
+    # As launched from another folder with relative prompt files: evaluate reads neither.
+    stored = json.loads((tmp_path / "copy" / "config.json").read_text())
+    for field, path in (("prompts", "data/p.jsonl"), ("heldout", "data/h.jsonl")):
+        stored[field] = {**stored[field], "source": None, "path": path}
+    (tmp_path / "copy" / "config.json").write_text(json.dumps(stored))
     heldout = tmp_path / "more.jsonl"
     heldout.write_text("".join(json.dumps({"prompt": p}) + "\n"
                                for p in ("3+4=", "12+5=", "r:abc=", "7+7=")))  # fmt: skip
