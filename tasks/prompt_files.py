@@ -36,7 +36,9 @@ def _read_table(
         if ext == ".csv":
             return pacsv.read_csv(f)
         data = f.read()
-    text = data.decode("utf-8")  # a non-UTF-8 file fails here, and is named by the caller
+    # A non-UTF-8 file fails here, and is named by the caller; a leading BOM (as Windows tools
+    # write UTF-8) is no part of the first row: JSON refuses it, CSV already drops it.
+    text = data.decode("utf-8-sig")
     if ext != ".json":
         rows = []
         for n, line in enumerate(text.splitlines(), 1):

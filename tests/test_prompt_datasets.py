@@ -446,3 +446,21 @@ def test_what_load_dataset_would_ignore_without_a_word_is_refused(tmp_path) -> N
     (mixed / "more.csv").write_text("prompt\nb?\n")
     with pytest.raises(ValueError, match=r"data files of 2 formats \(more\.csv, train\.jsonl\)"):
         read_prompt_set(PromptsConfig(dataset=str(mixed)))
+
+
+def test_a_utf8_file_that_starts_with_a_bom_is_read_as_without_it(tmp_path: Path) -> None:
+    """Windows tools write UTF-8 with a byte-order mark first; JSON refuses it as a character
+    ("Unexpected UTF-8 BOM"), and a CSV's header never had it (Arrow drops it)."""
+    from tasks.prompt_files import read_prompt_file
+
+    bom = b"\xef\xbb\xbf"
+    files = {
+        "p.jsonl": b'{"prompt": "One?"}\n{"prompt": "Two?"}\n',
+        "p.json": b'["One?", "Two?"]',
+        "p.csv": b"prompt\nOne?\nTwo?\n",
+    }
+    for name, body in files.items():
+        path = tmp_path / name
+        path.write_bytes(bom + body)
+        rows = read_prompt_file(str(path)).table
+        assert rows.column("prompt").to_pylist() == ["One?", "Two?"], name
