@@ -98,7 +98,7 @@ class _RunBase(BaseModel):
     storage_options: dict[str, Any] = Field(
         default_factory=dict, description="fsspec options for root (e.g. endpoint_url for S3)."
     )
-    seed: int = Field(default=0, description="Seeds every stage (each derives its own).")
+    seed: int = Field(default=0, ge=0, description="Seeds every stage (each derives its own).")
     torch_threads: int | None = Field(
         default=None,
         ge=1,
