@@ -21,6 +21,7 @@ Prefect's key would have to hash inputs it cannot see (file contents behind URIs
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -28,9 +29,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NONE
-from prefect.states import Completed
 from pydantic import BaseModel
 
 from eva_core.schema import missing_columns
@@ -76,6 +74,13 @@ class Stage:
         self.name, self.fn, self.inputs, self.outputs = name, fn, dict(inputs), tuple(outputs)
         self.version, self.extra_key, self.libraries = version, extra_key, tuple(libraries)
 
+    @functools.cached_property
+    def task(self) -> Any:
+        """The Prefect task, made when a flow first calls the stage: importing a stage (for its
+        config, by ``eva config`` or ``eva show``) does not import Prefect."""
+        from prefect import task
+        from prefect.cache_policies import NONE
+
         # One function per stage: Prefect keys a task on its function's qualified name, so a
         # shared `_execute` would make every stage the same task in the UI's views and filters.
         def execute(
@@ -87,9 +92,9 @@ class Stage:
         ) -> Any:
             return self._execute(run, iteration, config, artifact, refs)
 
-        execute.__name__ = execute.__qualname__ = name
-        self.task: Any = task(
-            name=name, cache_policy=NONE, persist_result=False, task_run_name=_task_run_name
+        execute.__name__ = execute.__qualname__ = self.name
+        return task(
+            name=self.name, cache_policy=NONE, persist_result=False, task_run_name=_task_run_name
         )(execute)
 
     def __call__(
@@ -134,6 +139,8 @@ class Stage:
         artifact: str,
         refs: dict[str, Ref],
     ) -> Any:
+        from prefect.states import Completed  # inside a flow: Prefect is imported by then
+
         plan = run.plan
         decision = plan.decide(iteration, artifact, refs)
         skipped = sorted(name for name, r in refs.items() if r.skipped)

@@ -75,8 +75,11 @@ def test_help_and_usage_errors_import_nothing_heavy(argv) -> None:
     assert json.loads(done.stdout) == []  # no torch, transformers or prefect: ~0.1 s, not ~3 s
 
 
-def test_importing_the_cli_imports_nothing_heavy() -> None:
-    code = f"import flows.cli, sys; print([m for m in {HEAVY!r} if m in sys.modules])"
+@pytest.mark.parametrize("module", ["flows.cli", "flows.config"])
+def test_importing_the_cli_imports_nothing_heavy(module: str) -> None:
+    """The CLI, and the config with every stage's (what `eva config` and `eva show` read): a
+    stage makes its Prefect task when a flow first calls it."""
+    code = f"import {module}, sys; print([m for m in {HEAVY!r} if m in sys.modules])"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=PROJECT, capture_output=True, text=True, check=True
     )
