@@ -19,7 +19,7 @@ import os
 import sys
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
-from eva_runtime.errors import EvaError
+from eva_runtime.errors import ConfigError, EvaError
 
 STUDIES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "studies")
 
@@ -57,6 +57,14 @@ def run(
             hint="give it --results (and --root) of its own",
         )
     study = load_study(study_path(path), sets)
+    if verb == "run":  # before a server starts: a root that cannot be written is --root's
+        from flows.roots import check_root
+
+        try:
+            options = study.base.get("storage_options") or {}
+            check_root(os.path.join(root, study.folder or study.name), options)
+        except ConfigError as exc:
+            raise ConfigError(exc.message, field="--root", hint=exc.hint) from None
     results = results or os.path.join("docs", "bench", f"{study.name}.jsonl")
     if verb == "report" and not os.path.exists(results):  # not a report of nothing
         raise EvaError(f"no results file at {results}", field="results",

@@ -86,14 +86,14 @@ def check_root(root: str, storage_options: dict[str, Any]) -> None:
     ).get("endpoint_url")
     where = f"{root}" + (f" (endpoint {endpoint})" if endpoint else "")
     if not outcome:
-        raise ConfigError(f"root: no answer from {where} within {ROOT_TIMEOUT_S:g} s")
+        raise ConfigError(f"no answer from {where} within {ROOT_TIMEOUT_S:g} s", field="root")
     if (exc := outcome[0]) is not None:
-        raise ConfigError(f"root: cannot reach {where}: {first_line(exc, with_type=False)}")
+        raise ConfigError(f"cannot reach {where}: {first_line(exc, with_type=False)}", field="root")
 
 
 def _check_local_root(root: str) -> None:
     if os.path.exists(root) and not os.path.isdir(root):
-        raise ConfigError(f"root: {root} is a file, not a folder")
+        raise ConfigError(f"{root} is a file, not a folder", field="root")
     # Absolute first: the parent of a relative "runs" is "", which never exists.
     existing = os.path.abspath(root)
     while not os.path.exists(existing):
@@ -101,4 +101,4 @@ def _check_local_root(root: str) -> None:
     try:  # a real write, removed at once: os.access cannot see read-only mounts or /proc
         shutil.rmtree(tempfile.mkdtemp(prefix=".eva-write-check-", dir=existing))
     except OSError as exc:
-        raise ConfigError(f"root: cannot write under {root} ({exc.strerror})") from None
+        raise ConfigError(f"cannot write under {root} ({exc.strerror})", field="root") from None

@@ -274,6 +274,13 @@ def test_bench_names_a_missing_study_or_results_file(
     assert main(["report", str(path), "--results", str(missing)]) == 2
     assert f"no results file at {missing}" in capsys.readouterr().err
     assert not missing.parent.exists()  # no report of nothing written
+    # A root that cannot be written is --root's, said before a Prefect server starts.
+    (tmp_path / "afile").write_text("")
+    results = tmp_path / "r.jsonl"
+    args = ["run", str(path), "--root", str(tmp_path / "afile"), "--results", str(results)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("eva: error: --root: cannot write under") and not results.exists()
     # A study changed by --set is another study: its records never join the file's own.
     assert main(["run", str(path), "--set", "seeds=[0]", "--root", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
