@@ -92,6 +92,8 @@ def verdict(claim: Claim, idx: Index, t: int | None) -> list[str]:
         held = no_worse(d, np.asarray(list(column(idx, b, claim.measure).values())), claim.sign)
     else:
         held = judge(d, claim.sign, claim.sds, claim.floor)
+    if 1 < d.size < claim.min_seeds:  # the rule as written needs more seeds than have run
+        held = (f"{d.size} of {claim.min_seeds} seeds: not judged", f"{d.mean() * claim.sign:+.3f}")
     if (
         a in idx
         and b in idx

@@ -124,6 +124,8 @@ class Claim(BaseModel):
     sds: float = Field(default=2.0, gt=0, description="sd: how many sd the mean must exceed.")
     floor: float = Field(default=0.0, description="sd: the least mean that holds.")
     t: float = Field(default=2.776, gt=0, description="Two-sided 95% at df 4 by default.")
+    min_seeds: int = Field(default=2, ge=2, description="The fewest seeds judged; fewer: 'not "
+        "judged' with the mean so far.")  # fmt: skip
 
 
 class Table(BaseModel):

@@ -144,6 +144,7 @@ def test_the_report_judges_each_claim_by_its_rule(tmp_path: Path) -> None:
             {"name": "learns", "a": "base@0", "b": "base@theta_0", "sds": 3, "floor": 0.05},
             {"name": "misspelt", "a": "eva@1", "b": "fresh@1", "measure": "skil"},
             {"name": "unrun", "a": "eva", "b": "target"},
+            {"name": "three", "a": "eva", "b": "fresh", "at": [1], "min_seeds": 3},
         ],
     ))  # fmt: skip
     eva, fresh, skill_eva, skill_fresh = (
@@ -175,6 +176,11 @@ def test_the_report_judges_each_claim_by_its_rule(tmp_path: Path) -> None:
     # The table's Δ from the arm's start: eva - base@0 per seed 0.2, 0.29, 0.23.
     assert "| eva@1 | 3 | 0.650 ± 0.050 | - | +0.240 ± 0.046 (3 of 3 > 0) | x1 |" in md
     assert (tmp_path / "t.md").read_text() == md
+    # The rule as written needs 3 seeds: with 2, the mean so far, and no verdict.
+    assert lines["three"].endswith("| **held** | +0.060 |")
+    md = write_report(study, [r for r in records if r["seed"] < 2], str(tmp_path))
+    three = next(line for line in md.splitlines() if line.startswith("| three |"))
+    assert three.endswith("| +0.140 ± 0.057 (2 of 2 > 0) | 2 of 3 seeds: not judged | +0.140 |")
 
 
 def test_the_results_file_keeps_one_record_per_checkpoint_in_order(tmp_path: Path) -> None:
