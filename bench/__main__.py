@@ -41,7 +41,7 @@ def run(
     """``run`` (then the report) or ``report`` alone; 3 when the deadline stopped the run."""
     from bench.report import write_report
     from bench.runner import Results, run_study
-    from bench.study import load_study
+    from bench.study_file import load_study
     from eva_runtime.prefect_api import prefect_api
 
     if deadline is not None and deadline <= 0:

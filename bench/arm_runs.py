@@ -11,8 +11,9 @@ import pyarrow as pa
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field
 
+from bench.arm_config import x0_size
 from bench.measures import responses
-from bench.study import Arm, x0_size
+from bench.study import Arm
 from eva_core.schema import PROMPT_COLUMNS
 from eva_runtime.errors import EvaError
 from flows.config import RunConfig

@@ -22,10 +22,12 @@ from typing import Any
 
 import numpy as np
 
+from bench.arm_config import arm_config, x0_size
 from bench.arm_runs import run_arm
 from bench.labels import world_answers
 from bench.measures import MEASURES, available_pairs, generated, model_path, stage_prompts
-from bench.study import Arm, Study, arm_config, as_written, split_at, x0_size
+from bench.study import Arm, Study, split_at
+from bench.study_file import as_written
 from eva_runtime.errors import ConfigError, EvaError
 from eva_runtime.progress import duration
 from eva_world import world

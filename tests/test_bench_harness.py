@@ -19,7 +19,7 @@ import yaml
 
 from bench.report import write_report
 from bench.runner import Results, run_study
-from bench.study import load_study
+from bench.study_file import load_study
 from eva_runtime.errors import ConfigError
 from tests.conftest import tiny_run_config
 

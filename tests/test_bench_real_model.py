@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from bench.report import write_report
-from bench.study import load_study
+from bench.study_file import load_study
 
 PROJECT = Path(__file__).resolve().parents[1]
 

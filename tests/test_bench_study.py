@@ -1,6 +1,7 @@
-"""Study files (bench.study) and their report (bench.report), without a run: every
-study in bench/studies builds a valid config for every arm, a bad key is named, an arm's config
-follows the merge and growth rules, and the verdicts are the rule's on hand-computed figures."""
+"""Study files (bench.study, bench.study_file, bench.arm_config) and their report (bench.report),
+without a run: every study in bench/studies builds a valid config for every arm, a bad key is
+named, an arm's config follows the merge and growth rules, and the verdicts are the rule's on
+hand-computed figures."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from typing import Any
 import pytest
 import yaml
 
+from bench.arm_config import arm_config
 from bench.report import write_report
 from bench.runner import Results
-from bench.study import Study, arm_config, load_study
+from bench.study import Study
+from bench.study_file import load_study
 from eva_runtime.errors import ConfigError
 from tests.conftest import tiny_run_config
 
