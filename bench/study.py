@@ -87,6 +87,14 @@ class HeldApart(BaseModel):
         default=None, ge=2, description="Also pass@n on the first arm's last checkpoint."
     )
 
+    @field_validator("distribution")
+    @classmethod
+    def _a_distribution(cls, spec: dict[str, Any]) -> dict[str, Any]:
+        from eva_world.components import distribution_of
+
+        distribution_of(spec)  # drawn once every arm of a seed has run: refused now, not then
+        return spec
+
 
 class Claim(BaseModel):
     """A paired comparison over seeds and the rule it is judged by."""

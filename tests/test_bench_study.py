@@ -62,6 +62,8 @@ def test_a_study_file_names_the_key_it_cannot_use(tmp_path: Path) -> None:
         ({"report": {"tables": [{"title": "t", "rows": [["x", "evo"]]}]}}, "report.tables"),
         ({"report": {"plots": [{"arms": ["evo"]}]}}, "report.plots"),
         ({"equalise": {"responses": 0}}, "equalise.responses"),
+        ({"held_apart": [{"name": "far", "draw": 1, "distribution": {"categorys": {"add": 1}}}]},
+         "held_apart.0.distribution"),
         ({"arms": [{"name": "eva", "config": "nope.yaml"}, fresh]}, "arms.eva.config"),
     ):  # fmt: skip
         path = tmp_path / "s.yaml"
