@@ -103,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         except EvaError as exc:
             print(f"eva: error: {exc.line()}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:  # Ctrl-C: one line, not the stage's traceback
+            kept = "the results file holds every finished piece, the run in flight its stages"
+            print(f"eva bench: interrupted ({kept}: the same command goes on)", file=sys.stderr)
+            return 130
     p.add_argument("--quick", action="store_true", help="the quick studies, costs at demo size")
     p.add_argument("--root", default="runs-bench", help="where the benchmark runs live")
     p.add_argument("--out", default=os.path.join("docs", "bench"), help="results and tables")

@@ -324,6 +324,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:  # the commands that run flows open a Prefect API once their input is checked
         return handlers[args.command](args)
+    except KeyboardInterrupt:  # Ctrl-C: one line, not the stage's traceback (Prefect logged it)
+        kept = " (every finished stage is kept: the same command goes on from there)"
+        running = args.command in ("run", "online", "stage", "evaluate", "train-node")
+        print(f"eva: interrupted{kept if running else ''}", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `eva config --explain | head`: the reader left, nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

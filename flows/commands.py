@@ -330,4 +330,8 @@ def bench(args: argparse.Namespace) -> int:
         argv += [f"--set={item}" for item in args.set]
     else:
         argv = [*(["--quick"] if args.quick else []), "--root", args.root, "--out", args.out]
-    return subprocess.call([sys.executable, "-m", "bench", *argv])
+    process = subprocess.Popen([sys.executable, "-m", "bench", *argv])
+    try:
+        return process.wait()
+    except KeyboardInterrupt:  # Ctrl-C reached the benchmark too (one process group): it says
+        return process.wait()  # what it kept, and its exit status is the command's

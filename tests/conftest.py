@@ -154,6 +154,7 @@ E2E: dict[str, tuple[str, ...] | None] = {
     "test_terminal.py": (
         "test_a_run_shows_no_library_bars_and_ends_with_what_to_do_next",
         "test_a_failing_stage_ends_the_command_with_one_line_and_its_traceback_in_the_run",
+        "test_ctrl_c_ends_the_command_with_one_line_and_keeps_the_finished_stages",
     ),
 }
 

@@ -310,3 +310,18 @@ def test_bench_names_a_missing_study_or_results_file(
     err = capsys.readouterr().err
     assert err.startswith("eva: error: --set: a changed study, whose records would join")
     assert not (tmp_path / "r").exists()
+
+
+def test_ctrl_c_ends_eva_bench_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import bench.__main__ as bench_main
+
+    def interrupted(*args: Any) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench_main, "run", interrupted)
+    assert bench_main.main(["run", "tiny.yaml"]) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("eva bench: interrupted (the results file holds every finished piece")
+    assert err.count("\n") == 1

@@ -172,6 +172,45 @@ def test_a_failing_stage_ends_the_command_with_one_line_and_its_traceback_in_the
     assert kept.startswith("Traceback") and 'raise ZeroDivisionError("the reward' in kept
 
 
+def test_ctrl_c_ends_the_command_with_one_line_and_keeps_the_finished_stages(
+    prefect_api, tmp_path
+) -> None:
+    """SIGINT to the command's process group, as a terminal's Ctrl-C, once X_0 is written:
+    exit 130 and one line (it was the stage's traceback through Prefect, 65 lines), the run's
+    lock released, the finished stage kept for the same command to go on from."""
+    import signal
+    import time
+
+    from prefect.settings import PREFECT_API_URL
+
+    from tasks.store import RunStore
+
+    root = str(tmp_path / "runs")
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(tiny_run_config(root, "stopped")))
+    env = {**os.environ, "PYTHONPATH": PROJECT, "PREFECT_API_URL": str(PREFECT_API_URL.value())}
+    code = "import flows.cli, sys; sys.exit(flows.cli.main(sys.argv[1:]))"
+    eva = subprocess.Popen(
+        [sys.executable, "-c", code, "run", "--config", str(path)], cwd=tmp_path, env=env,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    store = RunStore(root, "stopped")
+    deadline = time.monotonic() + 120
+    while store.read_manifest(None, "prompts") is None:
+        assert eva.poll() is None and time.monotonic() < deadline, "no X_0 in 2 minutes"
+        time.sleep(0.1)
+    os.killpg(eva.pid, signal.SIGINT)
+    _, err = eva.communicate(timeout=60)
+    assert eva.returncode == 130, err[-3000:]
+    assert err.rstrip().splitlines()[-1] == (
+        "eva: interrupted (every finished stage is kept: the same command goes on from there)"
+    )
+    assert "Traceback" not in err
+    assert not os.path.exists(os.path.join(root, "stopped", ".lock.json"))
+    assert store.read_manifest(None, "prompts") is not None
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
