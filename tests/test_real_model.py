@@ -216,13 +216,10 @@ def test_the_recipe_runs_the_real_model_end_to_end(
     assert evaluated["backend"] == {"conversions": 1}
 
     # bench.run_report (docs/benchmarks.md, section 6) reads the run: a row per checkpoint.
+    from bench import run_report
+
     report = tmp_path / "report.json"
-    reported = subprocess.run(
-        [sys.executable, "-m", "bench.run_report", "--run", "real", "--root",
-         str(tmp_path / "runs"), "--json", str(report)],
-        cwd=PROJECT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert reported.returncode == 0, reported.stderr[-3000:]
+    run_report.main(["--run", "real", "--root", str(tmp_path / "runs"), "--json", str(report)])
     rows = json.loads(report.read_text())["checkpoints"]
     assert [r["checkpoint"] for r in rows] == ["theta_0", 1]
     assert rows[1]["prompt_level"] == evaluated["solved"] and rows[1]["mean_tokens"] > 0
