@@ -17,12 +17,12 @@ typecheck:
 # Default suite: everything but GPU tests (which skip themselves anyway) and `slow` ones, in two
 # tiers: test-fast is all but the end-to-end runs (marked `e2e` in tests/conftest.py), about 2
 # minutes on 2 cores; test-e2e is the rest. `make test` runs the whole default suite at once.
-# On two pytest-xdist workers, each test module whole on one (the real model's tests apart) and each
-# worker on a core of its own (tests/conftest.py groups and pins them): the end-to-end tests wait on
-# servers and subprocesses much of their time, so two at once take two thirds of the time of one
-# after the other, and pinned, no model's threads spin against the other worker's. PARALLEL= runs
-# them in one process, as does an environment without pytest-xdist (installed before the dev extra
-# had it).
+# On two pytest-xdist workers, each test module whole on one and each worker on a core of its
+# own (tests/conftest.py groups and pins them): the end-to-end tests wait on servers and
+# subprocesses much of their time, so two at once take two thirds of the time of one after the
+# other, and pinned, no model's threads spin against the other worker's. PARALLEL= runs them in
+# one process, as does an environment without pytest-xdist (installed before the dev extra had
+# it).
 PARALLEL ?= $(shell $(PY) -c "import xdist" 2>/dev/null && echo "-n 2 --dist loadgroup")
 
 test:

@@ -172,10 +172,6 @@ def pytest_configure(config: pytest.Config) -> None:
 # group, so they never run at once: Ray's ~/.ray/auth_token, which ray.init writes and which
 # turns on token auth for every later `ray start`.
 SHARED: dict[str, str] = {"test_adapter_verl.py": "ray", "test_ray_cluster.py": "ray"}
-# Modules whose tests share nothing dearer than the suite's model cache: each test goes to
-# whichever worker is free, so their minutes (the real model's: about four) are not one
-# worker's tail while the other waits.
-APART = {"test_real_model.py"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker, and before xdist reads groups
@@ -184,8 +180,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         names = E2E.get(item.path.name, ())
         if names is None or getattr(item, "originalname", item.name) in names:
             item.add_marker(pytest.mark.e2e)
-        if item.path.name not in APART:
-            item.add_marker(pytest.mark.xdist_group(SHARED.get(item.path.name, item.path.name)))
+        item.add_marker(pytest.mark.xdist_group(SHARED.get(item.path.name, item.path.name)))
 
 
 @pytest.fixture(scope="session", autouse=True)
