@@ -56,6 +56,19 @@ def _filled(value: Any, fill: Callable[[re.Match[str]], str]) -> Any:
     return PLACEHOLDER.sub(fill, value) if isinstance(value, str) else value
 
 
+def placeholders(value: Any) -> list[tuple[str, str | None]]:
+    """(kind, arm) of each placeholder in ``value``: the ones ``arm_config`` fills, found by
+    the same walk."""
+    found: list[tuple[str, str | None]] = []
+
+    def note(placeholder: re.Match[str]) -> str:
+        found.append((placeholder[1], placeholder[2]))
+        return placeholder[0]
+
+    _filled(value, note)
+    return found
+
+
 def _stand_in(kind: str) -> str:
     """A file that stands in for a run's input (read where a config is validated)."""
     import json

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from bench.arm_config import PLACEHOLDER, PLACEHOLDERS, arm_config
+from bench.arm_config import PLACEHOLDERS, arm_config, placeholders
 from bench.study import Arm, Study, split_at
 from eva_runtime.errors import ConfigError
 from flows.config import CONFIG_DIR
@@ -74,7 +74,7 @@ def _check_references(study: Study) -> None:
     for arm in study.arms:
         if arm.start is not None:
             check(arm.start, f"arms.{arm.name}.start")
-        for kind, of in PLACEHOLDER.findall(yaml.safe_dump(arm.overrides)):
+        for kind, of in placeholders(arm.overrides):
             if kind not in PLACEHOLDERS:
                 raise ConfigError(f"${{{kind}}} is not one of ${{{'}, ${'.join(PLACEHOLDERS)}}}",
                                   field=f"arms.{arm.name}.overrides")  # fmt: skip
