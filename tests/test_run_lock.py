@@ -207,9 +207,16 @@ def test_a_paused_holder_taken_over_stops_before_its_next_write(tmp_path) -> Non
     assert read_owner(store)["token"] == "taken-over"
     # Nor anything else: no traceback in logs/, no scratch. All it removed is the scratch of
     # the stage it was in, its own, under .scratch/ (which every run has from its launch on).
+    # The one exception is a table whose check passed just before the pause: a stage reads the
+    # lock, then writes its table, and SIGSTOP can fall between the two. It lands without its
+    # manifest, so it is no stage's result, and the new holder's stage writes it again.
     left = _everything(store)
-    assert left <= taken_over, sorted(left - taken_over)
-    assert all(p.startswith(".scratch/") for p in taken_over - left), sorted(taken_over - left)
+    late = left - taken_over
+    assert len(late) <= 1, sorted(late)
+    for p in late:
+        assert p.endswith(".parquet") and p.removesuffix(".parquet") + ".manifest.json" not in left
+    gone = {p for p in taken_over - left if not p.startswith(".scratch/")}
+    assert all(p.split(".tmp-")[0] in late for p in gone), sorted(gone)  # the late table's
     assert not os.path.exists(os.path.join(store.base, "logs"))
 
 
