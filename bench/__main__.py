@@ -36,7 +36,13 @@ def study_path(name: str) -> str:
 
 
 def run(
-    verb: str, path: str, root: str, results: str | None, deadline: float | None, sets: list[str]
+    verb: str,
+    path: str,
+    root: str,
+    results: str | None,
+    deadline: float | None,
+    sets: list[str],
+    out: str | None = None,
 ) -> int:
     """``run`` (then the report) or ``report`` alone; 3 when the deadline stopped the run."""
     from bench.report import write_report
@@ -78,7 +84,8 @@ def run(
     if verb == "run":
         with prefect_api(print):
             finished = run_study(study, root, results, deadline)
-    md = write_report(study, Results(results).records, os.path.dirname(os.path.abspath(results)))
+    out = out or os.path.dirname(os.path.abspath(results))
+    md = write_report(study, Results(results).records, out)
     if verb == "report":
         print(md)
     return 0 if finished else 3
@@ -93,13 +100,15 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("study", help="a study file, or a name in bench/studies/")
         p.add_argument("--root", default="runs-bench", help="where the runs live")
         p.add_argument("--results", help="the results file (default docs/bench/NAME.jsonl)")
+        p.add_argument("--out", help="the report and its plots (default: the results' folder)")
         p.add_argument("--deadline", type=float, help="seconds: start nothing that ends later")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="a study field (base.bootstrap.init_checkpoint=F) or an "
                        "arm's (arms.eva.iterations=1)")  # fmt: skip
         args = p.parse_args(argv)
         try:
-            return run(args.verb, args.study, args.root, args.results, args.deadline, args.set)
+            return run(args.verb, args.study, args.root, args.results, args.deadline, args.set,
+                       args.out)  # fmt: skip
         except EvaError as exc:
             print(f"eva: error: {exc.line()}", file=sys.stderr)
             return 2

@@ -122,8 +122,27 @@ def table(
     return [f"### {title}", "", *md_table(head, rows), ""]
 
 
+def of_study(
+    study: Study, records: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The records of the study's own seeds, arms and iterations, and the others. A results
+    file may hold others (a seed since taken out of the file, an arm renamed, a merge): no
+    figure and no verdict may count a seed the study does not declare."""
+    arms = {a.name: a for a in study.arms}
+
+    def planned(r: dict[str, Any]) -> bool:
+        arm, t = arms.get(r["arm"]), r["iteration"]
+        if arm is None or r["seed"] not in study.seeds:
+            return False
+        return t is None or (t >= 1 if arm.source == "online" else 0 <= t <= arm.iterations)
+
+    ours = [r for r in records if planned(r)]
+    return ours, [r for r in records if not planned(r)]
+
+
 def write_report(study: Study, records: list[dict[str, Any]], out_dir: str) -> str:
     """``<out_dir>/<name>.md`` and its plots; returns the markdown."""
+    records, others = of_study(study, records)
     idx = index(records)
     seeds = sorted({r["seed"] for r in records})
     parts = [
@@ -135,6 +154,12 @@ def write_report(study: Study, records: list[dict[str, Any]], out_dir: str) -> s
         "over seeds; Δ is paired by seed, from the checkpoint the arm started from.",
         "",
     ]
+    if others:
+        named = "; ".join(f"seed {r['seed']}, {label((r['arm'], r['iteration']))}"
+                          for r in others[:3])  # fmt: skip
+        more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+        parts += [f"Left out of every figure: {len(others)} record(s) of a seed, an arm or an "
+                  f"iteration this study does not run ({named}{more}).", ""]  # fmt: skip
     points = []
     for arm in study.arms:
         its = sorted({t for a, t in idx if a == arm.name}, key=lambda t: -1 if t is None else t)

@@ -54,7 +54,20 @@ class Results:
         except OSError as exc:  # a folder, a file it may not read
             raise ConfigError(f"{path}: cannot be read ({exc.strerror})", field="results",
                               hint="--results names a file") from None  # fmt: skip
-        self.records = [_record(path, n, line) for n, line in enumerate(lines, 1) if line.strip()]
+        read: dict[tuple[Any, ...], tuple[int, dict[str, Any]]] = {}
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            record = _record(path, n, line)
+            key = (record["seed"], record["arm"], record["iteration"])
+            if key not in read:
+                read[key] = n, record
+            elif read[key][1] != record:  # two sides of a merge: which is right is the user's
+                raise ConfigError(
+                    f"{path}, lines {read[key][0]} and {n}: two different records of seed "
+                    f"{key[0]}, {key[1]}, iteration {key[2]}", field="results", hint=RECORDS,
+                )  # fmt: skip
+        self.records = [record for _, record in read.values()]  # a line twice: once
 
     def of(self, seed: int, arm: str) -> list[dict[str, Any]]:
         return [r for r in self.records if r["seed"] == seed and r["arm"] == arm]

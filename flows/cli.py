@@ -279,7 +279,9 @@ def _parser() -> argparse.ArgumentParser:
         "--quick", action="store_true", help="one seed, fewer arms, demo size (<= 10 min)"
     )
     bench.add_argument("--root", default="runs-bench", help="where the benchmark runs live")
-    bench.add_argument("--out", default=os.path.join("docs", "bench"), help="tables and plots")
+    bench.add_argument(
+        "--out", help="tables and plots (default docs/bench; a study's: its results file's folder)"
+    )
     bench.add_argument("--results", help="a study's results file (default docs/bench/NAME.jsonl)")
     bench.add_argument(
         "--deadline", type=float, help="seconds: start no piece the runs so far say ends later"

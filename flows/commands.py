@@ -324,12 +324,24 @@ def bench(args: argparse.Namespace) -> int:
     if args.verb is not None:
         if args.study is None:
             raise ConfigError(f"eva bench {args.verb}: which study?", hint="name a study file")
+        if args.quick:  # a study's size is its file's (or --set's)
+            raise ConfigError(
+                f"not an option of eva bench {args.verb} STUDY",
+                field="--quick",
+                hint="a quick study is a file of its own, e.g. method-quick",
+            )
         argv = [args.verb, args.study, "--root", args.root]
         argv += [*(["--results", args.results] if args.results else [])]
+        argv += [*(["--out", args.out] if args.out else [])]
         argv += [*(["--deadline", str(args.deadline)] if args.deadline is not None else [])]
         argv += [f"--set={item}" for item in args.set]
     else:
-        argv = [*(["--quick"] if args.quick else []), "--root", args.root, "--out", args.out]
+        given = {"--results": args.results, "--deadline": args.deadline, "--set": args.set}
+        if flag := next((k for k, v in given.items() if v not in (None, [])), None):
+            raise ConfigError("an option of eva bench run|report STUDY, not of eva bench alone",
+                              field=flag)  # fmt: skip
+        out = args.out or os.path.join("docs", "bench")
+        argv = [*(["--quick"] if args.quick else []), "--root", args.root, "--out", out]
     process = subprocess.Popen([sys.executable, "-m", "bench", *argv])
     try:
         return process.wait()

@@ -201,6 +201,46 @@ def test_the_report_judges_each_claim_by_its_rule(tmp_path: Path) -> None:
     assert three.endswith("| +0.140 ± 0.057 (2 of 2 > 0) | 2 of 3 seeds: not judged | +0.140 |")
 
 
+def test_the_report_counts_only_the_studys_own_seeds_arms_and_iterations(tmp_path: Path) -> None:
+    """A results file may hold records the study does not run: a seed since taken out of the
+    file, a renamed arm, an iteration past the arm's. They are left out of every figure and
+    verdict, and the report says so."""
+    study = Study.model_validate(_tiny(
+        seeds=[0, 1], claims=[{"name": "c", "a": "eva@1", "b": "fresh@1", "min_seeds": 2}],
+    ))  # fmt: skip
+    ours = [_record(s, arm, 1, v) for s in (0, 1)
+            for arm, v in (("eva", 0.6 + 0.1 * s), ("fresh", 0.5))]  # fmt: skip
+    others = [_record(7, "eva", 1, 0.0), _record(7, "fresh", 1, 0.9),  # a seed the file dropped
+              _record(0, "ghost", 1, 0.1), _record(0, "fresh", 9, 0.2)]  # fmt: skip
+    md = write_report(study, ours + others, str(tmp_path))
+    # eva - fresh over seeds 0 and 1: 0.1, 0.2 (with seed 7, -0.9 would join them).
+    claim = next(line for line in md.splitlines() if line.startswith("| c |"))
+    assert "| +0.150 ± 0.071 (2 of 2 > 0) |" in claim
+    tables = md.split("### Every arm")[1]
+    assert "| eva@1 | 2 | 0.650 ± 0.071 |" in tables
+    assert "fresh@9" not in tables and "ghost" not in tables
+    assert "Seeds with records: 0, 1 (of 0, 1)" in md
+    assert (
+        "Left out of every figure: 4 record(s) of a seed, an arm or an iteration this study "
+        "does not run (seed 7, eva@1; seed 7, fresh@1; seed 0, ghost@1 and 1 more)." in md
+    )
+    assert "Left out" not in write_report(study, ours, str(tmp_path))
+
+
+def test_a_results_file_with_two_different_records_of_a_checkpoint_is_refused(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "r.jsonl"
+    one, other = _record(0, "eva", 1, 0.5), _record(0, "eva", 1, 0.6)  # a merge kept both
+    path.write_text("".join(json.dumps(r) + "\n" for r in (one, _record(1, "eva", 1, 0.4), one)))
+    assert Results(str(path)).records == [one, _record(1, "eva", 1, 0.4)]  # the same line twice
+    path.write_text("".join(json.dumps(r) + "\n" for r in (one, _record(1, "eva", 1, 0.4), other)))
+    with pytest.raises(ConfigError, match=r"r\.jsonl, lines 1 and 3: two different records of "
+                       r"seed 0, eva, iteration 1") as caught:  # fmt: skip
+        Results(str(path))
+    assert caught.value.field == "results" and "remove the line" in str(caught.value.hint)
+
+
 def test_the_results_file_keeps_one_record_per_checkpoint_in_order(tmp_path: Path) -> None:
     path = str(tmp_path / "r.jsonl")
     results = Results(path)
@@ -310,6 +350,30 @@ def test_bench_names_a_missing_study_or_results_file(
     err = capsys.readouterr().err
     assert err.startswith("eva: error: --set: a changed study, whose records would join")
     assert not (tmp_path / "r").exists()
+
+
+def test_a_reports_out_folder_is_where_its_tables_go_and_options_go_with_their_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench.__main__ import main
+    from flows.cli import main as eva
+
+    path, results = tmp_path / "s.yaml", tmp_path / "r.jsonl"
+    path.write_text(json.dumps(_tiny()))
+    results.write_text(json.dumps(_record(0, "eva", 1, 0.5)) + "\n")
+    assert main(["report", str(path), "--results", str(results), "--out", str(tmp_path / "o")]) == 0
+    assert "| eva@1 | 1 | 0.500 |" in (tmp_path / "o" / "t.md").read_text()
+    assert not (tmp_path / "t.md").exists()  # not beside the results file as well
+    capsys.readouterr()
+    # eva bench passes what the mode takes, and refuses what it would not use.
+    for argv, line in (
+        (["bench", "report", str(path), "--quick"], "--quick: not an option of eva bench report"),
+        (["bench", "--set", "seeds=[0]"], "--set: an option of eva bench run|report STUDY, not"),
+        (["bench", "--quick", "--results", str(results)], "--results: an option of eva bench run"),
+    ):
+        assert eva(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"eva: error: {line}") and err.count("\n") == 1, err
 
 
 def test_ctrl_c_ends_eva_bench_with_one_line(
