@@ -75,6 +75,7 @@ def run(
     if verb == "report" and not os.path.exists(results):  # not a report of nothing
         raise EvaError(f"no results file at {results}", field="results",
                        hint=f"`eva bench run {path}` makes it; or give --results FILE")  # fmt: skip
+    Results(results)  # a results file it cannot use is refused before a Prefect server starts
     if verb == "run" and study.report.plots:  # checked first, not after the last arm has run
         try:
             import matplotlib  # noqa: F401

@@ -228,7 +228,7 @@ def test_the_report_counts_only_the_studys_own_seeds_arms_and_iterations(tmp_pat
 
 
 def test_a_results_file_with_two_different_records_of_a_checkpoint_is_refused(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "r.jsonl"
     one, other = _record(0, "eva", 1, 0.5), _record(0, "eva", 1, 0.6)  # a merge kept both
@@ -239,6 +239,20 @@ def test_a_results_file_with_two_different_records_of_a_checkpoint_is_refused(
                        r"seed 0, eva, iteration 1") as caught:  # fmt: skip
         Results(str(path))
     assert caught.value.field == "results" and "remove the line" in str(caught.value.hint)
+    # eva bench run refuses it before anything starts (no Prefect server, no run).
+    import eva_runtime.prefect_api
+    from bench.__main__ import main
+
+    def no_server(*args: Any) -> None:
+        raise AssertionError("a Prefect server was started")
+
+    monkeypatch.setattr(eva_runtime.prefect_api, "prefect_api", no_server)
+    study = tmp_path / "s.yaml"
+    study.write_text(json.dumps(_tiny()))
+    root = tmp_path / "runs"
+    assert main(["run", str(study), "--root", str(root), "--results", str(path)]) == 2
+    assert "lines 1 and 3: two different records" in capsys.readouterr().err
+    assert not root.exists()
 
 
 def test_the_results_file_keeps_one_record_per_checkpoint_in_order(tmp_path: Path) -> None:
