@@ -75,7 +75,7 @@ def run(
     if verb == "report" and not os.path.exists(results):  # not a report of nothing
         raise EvaError(f"no results file at {results}", field="results",
                        hint=f"`eva bench run {path}` makes it; or give --results FILE")  # fmt: skip
-    Results(results)  # a results file it cannot use is refused before a Prefect server starts
+    recorded = Results(results)  # a file it cannot use is refused before a Prefect server starts
     if verb == "run" and study.report.plots:  # checked first, not after the last arm has run
         try:
             import matplotlib  # noqa: F401
@@ -85,8 +85,9 @@ def run(
     if verb == "run":
         with prefect_api(print):
             finished = run_study(study, root, results, deadline)
+        recorded = Results(results)  # what the run added
     out = out or os.path.dirname(os.path.abspath(results))
-    md = write_report(study, Results(results).records, out)
+    md = write_report(study, recorded.records, out)
     if verb == "report":
         print(md)
     return 0 if finished else 3
