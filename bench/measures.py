@@ -257,3 +257,35 @@ MEASURES: dict[str, Measure] = {
     "heldout": heldout, "trained": trained, "curriculum": curriculum, "yield": pair_yield,
     "online": online, "rho": rho, "checkpoint": checkpoint, "labels": labels, "ifeval": ifeval,
 }  # fmt: skip
+# The figures each measure records (a nested one by its first key; ``*``: any name), declared
+# as distilabel declares columns: a claim, column or plot of a figure no measure of its study
+# records is refused when the study file is read, not found missing in the report hours later.
+FIGURES: dict[str, tuple[str, ...]] = {
+    "heldout": ("score", "solved", "cat_*"),
+    "trained": ("pairs", "sample_reward", "chosen_exact", "steps", "train_loss", "train_margin",
+                "chosen_logp", "responses", "pairs_available"),
+    "curriculum": ("difficulty", "categories"),
+    "yield": ("prompts", "pairs", "skipped_low_chosen", "skipped_tied", "skipped_unscored",
+              "dropped_over_budget", "creator_responses", "responses", "in_pairs", "paper_pairs"),
+    "online": ("budget", "phase", "buffer", "mean_reward", "children", "steps",
+               "trained_prompts", "skipped", "replaced", "responses"),
+    "rho": ("rho", "reading_before", "reading_after"),
+    "checkpoint": ("score", "prompt_level", "instruction_level", "mean_tokens",
+                   "truncated_share", "answers_changed"),
+    "labels": ("chosen_correct", "children", "inherited_accuracy", "creator_annotate",
+               "annotate", "pairs_voted", "sweep"),
+    "ifeval": ("ifeval",),
+}  # fmt: skip
+
+
+def declared(measures: list[str], held_apart: list[Any]) -> list[str]:
+    """The figures a study's records may hold: its measures' and its held-apart sets'."""
+    names = ["grown", *(f for spec in measures for f in FIGURES[spec.partition("@")[0]])]
+    for h in held_apart:
+        names += [
+            h.name,
+            f"{h.name}_exact",
+            f"{h.name}_set",
+            *[f"pass@{h.pass_at}"] * bool(h.pass_at),
+        ]
+    return names

