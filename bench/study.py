@@ -11,6 +11,7 @@ checkpoint; ``base@theta_0``: its theta_0).
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -74,12 +75,24 @@ class Equalise(BaseModel):
         default=[1.0, 1.5, 2.0, 3.0], min_length=1, description="The growth factors, in order."
     )
 
+    @field_validator("grow")
+    @classmethod
+    def _growing(cls, grow: list[float]) -> list[float]:
+        # The first is every arm's start and each next is tried only above the last: a factor
+        # below 1 would shrink X_0, one out of order would skip the factors before it.
+        if grow[0] < 1 or any(b <= a for a, b in itertools.pairwise(grow)):
+            raise ValueError("factors of 1 or more, each larger than the one before")
+        return grow
+
 
 class HeldApart(BaseModel):
     """A set drawn apart from every prompt the seed's arms trained on."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
-    name: str = Field(description="The measure's name in the results (and <name>_exact).")
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="The measure's name in the results (and <name>_exact).",
+    )
     distribution: dict[str, Any] = Field(description="A world distribution's parameters.")
     size: int = Field(default=500, ge=1, description="Prompts drawn.")
     draw: int = Field(description="The draw's seed.")
@@ -151,7 +164,11 @@ class Study(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="The results' name.")
     description: str = Field(default="", description="The question and design, in words.")
-    folder: str | None = Field(default=None, description="Runs under --root/FOLDER (the name).")
+    folder: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="Runs under --root/FOLDER (the name).",
+    )
     config: str | None = Field(default=None, description="The config file (the world's).")
     base: dict[str, Any] = Field(default_factory=dict, description="Overrides for every arm.")
     seeds: list[int] = Field(min_length=1, description="The seeds, run in this order.")
@@ -160,9 +177,9 @@ class Study(BaseModel):
     )
     equalise: Equalise = Field(default_factory=Equalise, description="Equal pairs or responses.")
     arms: list[Arm] = Field(min_length=1, description="Each after the arm it starts from.")
-    measures: list[str] = Field(default=["heldout", "trained"], description="Read per checkpoint; "
-        "NAME@last: at each arm's last iteration only (arms that run iterations), NAME@theta_0: at "
-        "theta_0 only.")  # fmt: skip
+    measures: list[str] = Field(default=["heldout", "trained"], min_length=1, description="Read "
+        "per checkpoint; NAME@last: at each arm's last iteration only (arms that run iterations), "
+        "NAME@theta_0: at theta_0 only.")  # fmt: skip
     held_apart: list[HeldApart] = Field(default=[], description="Sets apart from every arm's.")
     claims: list[Claim] = Field(default=[], description="Judged by the report.")
     report: ReportSpec = Field(default_factory=ReportSpec)

@@ -88,6 +88,12 @@ def _check_references(study: Study) -> None:
             check(side, f"claims.{i}.{key}")
             for t in claim.at:
                 check(f"{split_at(side)[0]}@{t}", f"claims.{i}.at")
+        if split_at(claim.a) == split_at(claim.b):  # a difference that is 0 at every seed
+            raise ConfigError(
+                f"a and b are one checkpoint ({claim.a!r})",
+                field=f"claims.{i}",
+                hint="b is the control: another arm, or this one at another T",
+            )
     for table in study.report.tables:
         for _, ref in table.rows:
             check(ref, "report.tables")
@@ -112,6 +118,12 @@ def _check_figures(study: Study) -> None:
     """Every figure a claim, a column or a plot reads is one the study's measures record (a
     report's default columns and plot are not the file's words: they are left to show '-')."""
     names = declared(study.measures, study.held_apart)
+    for i, spec in enumerate(study.held_apart):  # its figures are written into the records
+        ours = declared([], [spec])[1:]
+        taken = ["seed", "arm", "iteration", *declared(study.measures, study.held_apart[:i])]
+        if clash := [n for n in ours if any(fnmatch.fnmatchcase(n, t) for t in taken)]:
+            raise ConfigError(f"{spec.name!r}: its figure {clash[0]!r} is already recorded",
+                              field=f"held_apart.{i}.name", hint="a name of its own")  # fmt: skip
 
     def check(measure: str, field: str) -> None:
         first = measure.split(".")[0]

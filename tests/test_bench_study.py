@@ -73,6 +73,15 @@ def test_a_study_file_names_the_key_it_cannot_use(tmp_path: Path) -> None:
         ({"report": {"tables": [{"title": "t", "rows": [["x", "eva"]],
                                  "columns": ["ifeval.prompt_strict"]}]}}, "report.tables"),
         ({"report": {"plots": [{"measure": "difficulty"}]}}, "report.plots"),
+        # A held-apart set writing over a measure's figure; a claim that is 0 at every seed;
+        # growth that shrinks X_0 or skips factors; runs outside --root; nothing measured.
+        ({"held_apart": [{"name": "score", "draw": 1, "distribution": {"categories": {"add": 1}}}]},
+         "held_apart.0.name"),
+        ({"claims": [{"name": "x", "a": "eva", "b": "eva"}]}, "claims.0"),
+        ({"equalise": {"pairs": 4, "grow": [0.5, 1.0]}}, "equalise.grow"),
+        ({"equalise": {"pairs": 4, "grow": [1.0, 3.0, 1.5]}}, "equalise.grow"),
+        ({"folder": "../elsewhere"}, "folder"),
+        ({"measures": []}, "measures"),
     ):  # fmt: skip
         path = tmp_path / "s.yaml"
         path.write_text(json.dumps(_tiny(**change)))
