@@ -22,10 +22,17 @@ PLACEHOLDERS = ("prompts", "heldout", "answers", "seed", "root")
 Inputs = Callable[[str, str], str]  # (kind, arm) -> a path
 
 
+def _drawn(prompts: dict[str, Any]) -> bool:
+    """X_0 is drawn by the source: no file or dataset is named (either is read instead)."""
+    named = prompts.get("path") is not None or prompts.get("dataset") is not None
+    return prompts.get("source") is not None and not named
+
+
 def x0_size(data: dict[str, Any]) -> int:
     """|X_0| as a config sets it: the world source's size, else the prompt file's limit."""
     prompts = data.get("prompts") or {}
-    size = ((prompts.get("source") or {}).get("options") or {}).get("size", prompts.get("limit"))
+    options = (prompts["source"].get("options") or {}) if _drawn(prompts) else {}
+    size = options.get("size", prompts.get("limit"))
     if size is None:
         raise ValueError("growing or equalising needs |X_0|: set prompts.limit")
     return int(size)
@@ -38,7 +45,7 @@ def grown(how: str, factor: float, data: dict[str, Any]) -> dict[str, Any]:
         return {}
     size = round(x0_size(data) * factor)
     if how == "prompts":
-        if (data.get("prompts") or {}).get("source") is not None:
+        if _drawn(data.get("prompts") or {}):
             return {"prompts": {"source": {"options": {"size": size}}}}
         return {"prompts": {"limit": size}}
     fraction = (data.get("sample") or {}).get("fraction", 0.25)

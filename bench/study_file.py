@@ -22,6 +22,7 @@ from flows.config import CONFIG_DIR
 from flows.config_layers import apply_overrides
 from flows.explain import close_match
 from tasks.config_tree import get_path
+from tasks.prompt_files import read_prompt_file
 
 
 def load_study(path: str, overrides: Sequence[str] = ()) -> Study:
@@ -54,10 +55,36 @@ def load_study(path: str, overrides: Sequence[str] = ()) -> Study:
                               f"configs are in {CONFIG_DIR}")  # fmt: skip
     for arm in study.arms:
         try:
-            arm_config(study, arm, os.path.abspath("runs-bench"), study.seeds[0], {}, check=True)
+            built = arm_config(study, arm, os.path.abspath("runs-bench"), study.seeds[0], {},
+                               check=True)  # fmt: skip
+            if arm.source == "fresh":
+                _check_split_rows(study, arm, built)
         except ConfigError as exc:
             raise as_written(study, arm, exc) from None
     return study
+
+
+def _check_split_rows(study: Study, arm: Arm, config: Any) -> None:
+    """A fresh arm on a prompt file trains on the file's next rows every iteration: a file too
+    short for them (at the first growth factor) is refused now, not when the arm draws its
+    first split, after every arm before it has run."""
+    path, size, n = config.prompts.path, config.prompts.limit, config.generate.n
+    if path is None or not os.path.isfile(path) or "eva-study-stand-in" in path:
+        return  # the world's stream; a file another arm makes, or not there (X_0's stage says)
+    if size is None:
+        raise ConfigError("a fresh arm takes the rows after X_0: give X_0's size",
+                          field="prompts.limit")  # fmt: skip
+    g = study.equalise.responses
+    take = (
+        round((2 * size * n if g == "auto" else g) / n)
+        if g
+        else round(size * study.equalise.grow[0])
+    )
+    need, rows = size + arm.iterations * take, read_prompt_file(path).table.num_rows
+    if rows < need:
+        raise ConfigError(f"{path} has {rows} rows; {arm.name} takes X_0's {size} and {take} new "
+                          f"ones in each of {arm.iterations} iterations: {need}",
+                          field="prompts.path")  # fmt: skip
 
 
 def _check_references(study: Study) -> None:
@@ -191,12 +218,15 @@ def _arm_by_name(exc: ConfigError, data: dict[str, Any]) -> ConfigError:
 
 def as_written(study: Study, arm: Arm, exc: ConfigError) -> ConfigError:
     """An arm's config (or its run) refused a field: the same error, named where the study
-    file (or ``--set``) wrote it: the arm's overrides, else the study's base, else the arm."""
+    file (or ``--set``) wrote it, or its section: the arm's overrides, else the study's base,
+    else the arm."""
     field = exc.field
     if not field:
         return ConfigError(exc.message, field=f"arms.{arm.name}", hint=exc.hint)
     message = exc.message.removeprefix(f"{field}: ")
-    for where, data in ((f"arms.{arm.name}.overrides", arm.overrides), ("base", study.base)):
-        if get_path(data, field) is not None:
-            return ConfigError(message, field=f"{where}.{field}", hint=exc.hint)
+    written = ((f"arms.{arm.name}.overrides", arm.overrides), ("base", study.base))
+    for key in (field, field.rpartition(".")[0]):  # the field, else the section it belongs in
+        for where, data in written:
+            if key and get_path(data, key) is not None:
+                return ConfigError(message, field=f"{where}.{field}", hint=exc.hint)
     return ConfigError(message, field=f"arms.{arm.name}.overrides.{field}", hint=exc.hint)

@@ -7,6 +7,7 @@ measure the ported studies read works on a tiny run of its source."""
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import signal
 import subprocess
@@ -111,6 +112,40 @@ def test_at_equal_responses_every_iteration_generates_the_budget(tmp_path: Path)
     assert [got["fresh", t]["prompts"] for t in (1, 2)] == [48, 48]
     assert [got["eva", t]["creator_responses"] for t in (1, 2)] == [96, 0]
     assert [got["eva", t]["prompts"] for t in (1, 2)] == [24, 48]
+
+
+def test_a_fresh_arm_on_a_prompt_file_trains_on_its_next_rows_each_once(tmp_path: Path) -> None:
+    """A study of one's own prompt file (bench/studies/own-model.yaml's shape): X_0 is the
+    file's first 12 rows, and at equal generated responses fresh trains on the next 24 in
+    iteration 1 and the 24 after them in iteration 2, spending the budget each time."""
+    from eva_world import world
+    from tasks.store import RunStore
+
+    prompts = world.sample_prompts(world.SEED_DISTRIBUTION, 60, seed=3)
+    assert len(set(prompts)) == 60
+    rows = tmp_path / "prompts.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    base: dict[str, Any] = tiny_run_config("unused")
+    del base["run"], base["root"]
+    base["prompts"] = {"path": str(rows), "limit": 12}
+    path = tmp_path / "own.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "own", "seeds": [0], "base": base, "equalise": {"responses": "auto"},
+        "arms": [{"name": "base", "iterations": 0},
+                 {"name": "fresh", "start": "base", "source": "fresh", "iterations": 2}],
+    }))  # fmt: skip
+    results = tmp_path / "r.jsonl"
+    assert run_study(load_study(str(path)), str(tmp_path / "runs"), str(results), say=print)
+    store = RunStore(str(tmp_path / "runs" / "own"), "s0-fresh")
+
+    def trained_on(t: int | None) -> list[str]:
+        table = store.read_table(store.read_manifest(t, "prompts")["uri"])
+        return table.column("prompt").to_pylist()
+
+    assert trained_on(None) == prompts[:12]
+    assert [trained_on(1), trained_on(2)] == [prompts[12:36], prompts[36:60]]
+    got = {r["iteration"]: r for r in Results(str(results)).records if r["arm"] == "fresh"}
+    assert [got[t]["responses"] for t in (1, 2)] == [2 * 12 * 4, 2 * 12 * 4]
 
 
 def test_every_measure_reads_a_tiny_run_of_each_source(tmp_path: Path) -> None:

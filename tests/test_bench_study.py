@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.arm_config import arm_config
+from bench.arm_config import arm_config, x0_size
 from bench.measures import FIGURES, MEASURES, declared
 from bench.report import write_report
 from bench.runner import Results
@@ -111,6 +111,37 @@ def test_a_figure_is_one_a_measure_of_the_study_declares(tmp_path: Path) -> None
     assert got.value.hint == "did you mean score?"
     path.write_text(json.dumps(_tiny(report={"columns": ["cat_add", "pairs"]})))
     assert load_study(str(path)).report.columns == ["cat_add", "pairs"]  # a wildcard figure
+
+
+def test_a_fresh_arm_on_a_prompt_file_too_short_for_its_splits_is_refused(tmp_path: Path) -> None:
+    """At equal generated responses (auto: 2 x |X_0| x N), fresh takes 2 x 12 new rows in each
+    of its 2 iterations after X_0's 12: the file needs 60 rows, known before anything runs."""
+    rows = tmp_path / "prompts.jsonl"
+    base = _tiny()["base"]
+    base["prompts"] = {"path": str(rows), "limit": 12}
+    arms = [{"name": "base", "iterations": 0},
+            {"name": "fresh", "start": "base", "source": "fresh", "iterations": 2}]  # fmt: skip
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(_tiny(base=base, arms=arms, equalise={"responses": "auto"})))
+    rows.write_text("".join(json.dumps({"prompt": f"{i} + {i} ="}) + "\n" for i in range(59)))
+    with pytest.raises(ConfigError) as caught:
+        load_study(str(path))
+    assert caught.value.field == "base.prompts.path"
+    assert caught.value.message.endswith(
+        "has 59 rows; fresh takes X_0's 12 and 24 new ones in each of 2 iterations: 60"
+    )
+    # |X_0| is the file's limit, as the run reads the file instead of the world config's source
+    # (the world's 3,000 made a budget of 24,000 responses and splits of 6,000 rows).
+    world_source = {"options": {"size": 3000}}
+    assert x0_size({"prompts": {"path": str(rows), "limit": 12, "source": world_source}}) == 12
+    assert x0_size({"prompts": {"source": world_source}}) == 3000
+    rows.write_text(rows.read_text() + json.dumps({"prompt": "59 + 59 ="}) + "\n")
+    assert load_study(str(path)).arms[1].source == "fresh"
+    del base["prompts"]["limit"]  # the rows after X_0: X_0's size must be given
+    path.write_text(json.dumps(_tiny(base=base, arms=arms, equalise={"responses": "auto"})))
+    with pytest.raises(ConfigError) as caught:
+        load_study(str(path))
+    assert caught.value.field == "base.prompts.limit"  # where the prompts section is written
 
 
 def test_a_measure_of_ifeval_needs_its_prompts_when_the_file_is_read(
