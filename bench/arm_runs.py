@@ -22,7 +22,7 @@ from flows.launch import opened_run, publish_summary, run_name
 from flows.summary import iteration_summary
 from tasks.content_hashes import hash_file
 from tasks.context import StageContext, StageOutput
-from tasks.prompt_files import read_prompt_file
+from tasks.prompts import PromptsConfig, read_prompt_set
 from tasks.stage import StageError, stage
 from tasks.store import Ref, RunStore
 
@@ -103,6 +103,19 @@ class FileSplit(BaseModel):
     path: str
     size: int = Field(ge=1)
     take: int = Field(ge=1)
+    # How X_0 was read (the prompts section's column, turns and invalid rows, non-default only):
+    # the splits are rows of the same table.
+    reading: dict[str, Any] = Field(
+        default_factory=dict, json_schema_extra={"key": "unless default"}
+    )
+
+    def rows(self) -> pa.Table:
+        """Every row of the file, read as X_0 was, without X_0's limit."""
+        return read_prompt_set(PromptsConfig(path=self.path, **self.reading)).table
+
+
+READING = {"prompt_column", "category_column", "multi_turn", "drop_invalid", "max_chars",
+           "storage_options"}  # fmt: skip
 
 
 @stage(
@@ -114,7 +127,7 @@ class FileSplit(BaseModel):
 )
 def file_split(ctx: StageContext, config: FileSplit, seed_set: pa.Table) -> StageOutput:
     assert ctx.iteration is not None
-    rows = read_prompt_file(config.path).table
+    rows = config.rows()
     start = config.size + (ctx.iteration - 1) * config.take
     split = rows.slice(start, config.take)
     if split.num_rows < config.take:
@@ -132,7 +145,9 @@ def file_split(ctx: StageContext, config: FileSplit, seed_set: pa.Table) -> Stag
 def fresh_run(config: RunConfig, take: int) -> list[dict[str, Any]]:
     """T iterations of iterative DPO, each on ``take`` new rows of the prompt file."""
     assert config.prompts.path is not None and config.prompts.limit is not None
-    source = FileSplit(path=config.prompts.path, size=config.prompts.limit, take=take)
+    reading = config.prompts.model_dump(mode="json", include=READING, exclude_defaults=True)
+    source = FileSplit(path=config.prompts.path, size=config.prompts.limit, take=take,
+                       reading=reading)  # fmt: skip
     with opened_run(config, None) as run:
         x0, heldout, policy, answers = setup(run, config)
         for t in range(1, config.iterations + 1):

@@ -22,7 +22,7 @@ from flows.config import CONFIG_DIR
 from flows.config_layers import apply_overrides
 from flows.explain import close_match
 from tasks.config_tree import get_path
-from tasks.prompt_files import read_prompt_file
+from tasks.prompts import read_prompt_set
 
 
 def load_study(path: str, overrides: Sequence[str] = ()) -> Study:
@@ -69,6 +69,10 @@ def _check_split_rows(study: Study, arm: Arm, config: Any) -> None:
     short for them (at the first growth factor) is refused now, not when the arm draws its
     first split, after every arm before it has run."""
     path, size, n = config.prompts.path, config.prompts.limit, config.generate.n
+    if config.prompts.dataset is not None:
+        raise ConfigError("a fresh arm trains on a prompt file's next rows; a dataset is not "
+                          "split", field="prompts.dataset", hint="write it to a file (.jsonl, "
+                          ".parquet) and name it in prompts.path")  # fmt: skip
     if path is None or not os.path.isfile(path) or "eva-study-stand-in" in path:
         return  # the world's stream; a file another arm makes, or not there (X_0's stage says)
     if size is None:
@@ -80,7 +84,11 @@ def _check_split_rows(study: Study, arm: Arm, config: Any) -> None:
         if g
         else round(size * study.equalise.grow[0])
     )
-    need, rows = size + arm.iterations * take, read_prompt_file(path).table.num_rows
+    try:  # read as its splits read it: the file whole
+        rows = read_prompt_set(config.prompts.model_copy(update={"limit": None})).table.num_rows
+    except ValueError as exc:
+        raise ConfigError(str(exc), field="prompts.path") from None
+    need = size + arm.iterations * take
     if rows < need:
         raise ConfigError(f"{path} has {rows} rows; {arm.name} takes X_0's {size} and {take} new "
                           f"ones in each of {arm.iterations} iterations: {need}",

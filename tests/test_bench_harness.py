@@ -115,19 +115,20 @@ def test_at_equal_responses_every_iteration_generates_the_budget(tmp_path: Path)
 
 
 def test_a_fresh_arm_on_a_prompt_file_trains_on_its_next_rows_each_once(tmp_path: Path) -> None:
-    """A study of one's own prompt file (bench/studies/own-model.yaml's shape): X_0 is the
-    file's first 12 rows, and at equal generated responses fresh trains on the next 24 in
-    iteration 1 and the 24 after them in iteration 2, spending the budget each time."""
+    """A study of one's own prompt file (bench/studies/own-model.yaml's shape), its prompts in
+    a column of another name: X_0 is the file's first 12 rows, and at equal generated
+    responses fresh trains on the next 24 in iteration 1 and the 24 after them in iteration 2
+    (read as X_0 was), spending the budget each time."""
     from eva_world import world
     from tasks.store import RunStore
 
     prompts = world.sample_prompts(world.SEED_DISTRIBUTION, 60, seed=3)
     assert len(set(prompts)) == 60
     rows = tmp_path / "prompts.jsonl"
-    rows.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    rows.write_text("".join(json.dumps({"instruction": p}) + "\n" for p in prompts))
     base: dict[str, Any] = tiny_run_config("unused")
     del base["run"], base["root"]
-    base["prompts"] = {"path": str(rows), "limit": 12}
+    base["prompts"] = {"path": str(rows), "limit": 12, "prompt_column": "instruction"}
     path = tmp_path / "own.yaml"
     path.write_text(yaml.safe_dump({
         "name": "own", "seeds": [0], "base": base, "equalise": {"responses": "auto"},

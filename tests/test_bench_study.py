@@ -13,12 +13,14 @@ import pytest
 import yaml
 
 from bench.arm_config import arm_config, x0_size
+from bench.arm_runs import FileSplit
 from bench.measures import FIGURES, MEASURES, declared
 from bench.report import write_report
 from bench.runner import Results
 from bench.study import HeldApart, Study
 from bench.study_file import load_study
 from eva_runtime.errors import ConfigError
+from tasks.keys import keyed_config
 from tests.conftest import tiny_run_config
 
 STUDIES = sorted((Path(__file__).resolve().parents[1] / "bench" / "studies").glob("*.yaml"))
@@ -142,6 +144,14 @@ def test_a_fresh_arm_on_a_prompt_file_too_short_for_its_splits_is_refused(tmp_pa
     with pytest.raises(ConfigError) as caught:
         load_study(str(path))
     assert caught.value.field == "base.prompts.limit"  # where the prompts section is written
+
+
+def test_a_file_splits_key_holds_how_it_reads_the_file_only_when_not_the_default() -> None:
+    """The runs made before the split read the file as X_0 was keep their keys."""
+    plain = FileSplit(path="p.jsonl", size=12, take=24)
+    assert keyed_config(plain) == {"path": "p.jsonl", "size": 12, "take": 24}
+    other = FileSplit(path="p.jsonl", size=12, take=24, reading={"prompt_column": "q"})
+    assert keyed_config(other)["reading"] == {"prompt_column": "q"}
 
 
 def test_a_measure_of_ifeval_needs_its_prompts_when_the_file_is_read(
