@@ -144,6 +144,11 @@ def test_a_fresh_arm_on_a_prompt_file_too_short_for_its_splits_is_refused(tmp_pa
     with pytest.raises(ConfigError) as caught:
         load_study(str(path))
     assert caught.value.field == "base.prompts.limit"  # where the prompts section is written
+    base["prompts"] = {"dataset": "org/prompts", "limit": 12}  # not split: refused, not sent on
+    path.write_text(json.dumps(_tiny(base=base, arms=arms, equalise={"responses": "auto"})))
+    with pytest.raises(ConfigError, match="a dataset is not split") as caught:
+        load_study(str(path))
+    assert caught.value.field == "base.prompts.dataset"
 
 
 def test_a_file_splits_key_holds_how_it_reads_the_file_only_when_not_the_default() -> None:
