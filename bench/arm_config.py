@@ -38,6 +38,24 @@ def x0_size(data: dict[str, Any]) -> int:
     return int(size)
 
 
+def responses_budget(study: Study, arm: Arm, config: Any) -> int | None:
+    """G, where generation is equalised (iterations >= 1 of an offline arm), else None."""
+    g = study.equalise.responses
+    if g is None or arm.source == "online" or config.iterations == 0:
+        return None
+    if g == "auto":
+        return 2 * x0_size(config.model_dump(mode="json")) * config.generate.n
+    return int(g)
+
+
+def split_factor(config: Any, factor: float, g: int | None) -> float:
+    """How many times |X_0| a fresh (or target) arm's split is: its growth ``factor``, or at
+    equal generation what G responses buy at N a prompt."""
+    return (
+        factor if g is None else g / (config.generate.n * x0_size(config.model_dump(mode="json")))
+    )
+
+
 def grown(how: str, factor: float, data: dict[str, Any]) -> dict[str, Any]:
     """Overrides that grow an arm's source ``factor`` times (1: none). A split grows in the
     flow (``bench.arm_runs``), not in the config."""

@@ -11,7 +11,7 @@ import pyarrow as pa
 from prefect import flow
 from pydantic import BaseModel, ConfigDict, Field
 
-from bench.arm_config import x0_size
+from bench.arm_config import split_factor, x0_size
 from bench.measures import responses
 from bench.study import Arm
 from eva_core.schema import PROMPT_COLUMNS
@@ -36,8 +36,7 @@ def run_arm(arm: Arm, config: Any, factor: float, budget: int | None) -> Any:
 
         eva_online(config)
     elif arm.source in ("fresh", "target"):
-        size, n = x0_size(config.model_dump(mode="json")), config.generate.n
-        grow = factor if budget is None else budget / (n * size)
+        size, grow = x0_size(config.model_dump(mode="json")), split_factor(config, factor, budget)
         if config.prompts.path is not None:  # rows of the file after X_0, each used once
             if arm.source == "target":
                 raise EvaError("the target arm draws from a distribution, not a file")

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.arm_config import arm_config, x0_size
+from bench.arm_config import arm_config, responses_budget
 from bench.arm_runs import run_arm
 from bench.labels import world_answers
 from bench.measures import MEASURES, available_pairs, generated, model_path, stage_prompts
@@ -222,7 +222,7 @@ class StudyRun:
         except FileNotFoundError:
             factor = self.factor(seed, name)
             config = self.config(seed, arm, factor)
-            run_arm(arm, config, factor, self.budget(arm, config))
+            run_arm(arm, config, factor, responses_budget(self.study, arm, config))
             return model_path(self.store(seed, name), t)
 
     def input(self, seed: int, kind: str, arm: str) -> str:
@@ -268,7 +268,7 @@ class StudyRun:
                 continue
             with clock.run(f"seed {seed}, {arm.name}, iteration {t}"):
                 config = self.config(seed, arm, factor, t)
-                budget = self.budget(arm, config)
+                budget = responses_budget(self.study, arm, config)
                 store = run_arm(arm, config, factor, budget)
             if budget is not None and abs(generated(store, t) - budget) > TOLERANCE * budget:
                 raise EvaError(f"{arm.name}, iteration {t}: {generated(store, t)} responses, "
@@ -284,15 +284,6 @@ class StudyRun:
                 continue
             self.record(seed, arm, config, store, ts, factor)
             i += 1
-
-    def budget(self, arm: Arm, config: Any) -> int | None:
-        """G, where generation is equalised (iterations >= 1 of an offline arm), else None."""
-        g = self.study.equalise.responses
-        if g is None or arm.source == "online" or config.iterations == 0:
-            return None
-        if g == "auto":
-            return 2 * x0_size(config.model_dump(mode="json")) * config.generate.n
-        return int(g)
 
     def held_apart(self, seed: int) -> None:
         """The study's held-apart sets, drawn once every arm of the seed has run, apart from

@@ -14,7 +14,13 @@ from typing import Any
 
 import yaml
 
-from bench.arm_config import PLACEHOLDERS, arm_config, placeholders
+from bench.arm_config import (
+    PLACEHOLDERS,
+    arm_config,
+    placeholders,
+    responses_budget,
+    split_factor,
+)
 from bench.measures import declared
 from bench.study import Arm, Study, split_at
 from eva_runtime.errors import ConfigError
@@ -68,7 +74,7 @@ def _check_split_rows(study: Study, arm: Arm, config: Any) -> None:
     """A fresh arm on a prompt file trains on the file's next rows every iteration: a file too
     short for them (at the first growth factor) is refused now, not when the arm draws its
     first split, after every arm before it has run."""
-    path, size, n = config.prompts.path, config.prompts.limit, config.generate.n
+    path, size = config.prompts.path, config.prompts.limit
     if config.prompts.dataset is not None:
         raise ConfigError("a fresh arm trains on a prompt file's next rows; a dataset is not "
                           "split", field="prompts.dataset", hint="write it to a file (.jsonl, "
@@ -78,12 +84,8 @@ def _check_split_rows(study: Study, arm: Arm, config: Any) -> None:
     if size is None:
         raise ConfigError("a fresh arm takes the rows after X_0: give X_0's size",
                           field="prompts.limit")  # fmt: skip
-    g = study.equalise.responses
-    take = (
-        round((2 * size * n if g == "auto" else g) / n)
-        if g
-        else round(size * study.equalise.grow[0])
-    )
+    g = responses_budget(study, arm, config)
+    take = round(size * split_factor(config, study.equalise.grow[0], g))
     try:  # read as its splits read it: the file whole
         rows = read_prompt_set(config.prompts.model_copy(update={"limit": None})).table.num_rows
     except ValueError as exc:
