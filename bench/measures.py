@@ -278,6 +278,11 @@ FIGURES: dict[str, tuple[str, ...]] = {
 }  # fmt: skip
 
 
+# Measures that read the built-in world (its difficulty, solver, verifier): a study of another
+# config's prompts and model cannot take them.
+WORLD_MEASURES = ("curriculum", "rho", "labels")
+
+
 def declared(measures: list[str], held_apart: list[Any]) -> list[str]:
     """The figures a study's records may hold: its measures' and its held-apart sets'."""
     names = ["grown", *(f for spec in measures for f in FIGURES[spec.partition("@")[0]])]

@@ -21,10 +21,10 @@ from bench.arm_config import (
     responses_budget,
     split_factor,
 )
-from bench.measures import declared
+from bench.measures import WORLD_MEASURES, declared
 from bench.study import Arm, Study, split_at
 from eva_runtime.errors import ConfigError
-from flows.config import CONFIG_DIR
+from flows.config import CONFIG_DIR, WORLD_CONFIG
 from flows.config_layers import apply_overrides
 from flows.explain import close_match
 from tasks.config_tree import get_path
@@ -137,6 +137,14 @@ def _check_references(study: Study) -> None:
     for plot in study.report.plots:
         for name in plot.arms:
             check(name, "report.plots")
+    if study.config is not None and os.path.abspath(study.config) != WORLD_CONFIG:
+        world = [m for m in study.measures if m.partition("@")[0] in WORLD_MEASURES]
+        if world or study.held_apart:  # they would score another model's answers as the world's
+            raise ConfigError(
+                f"{world[0] if world else 'a held-apart set'} reads the built-in world, and "
+                f"this study runs {study.config}", field="measures" if world else "held_apart",
+                hint="a study of the world's config only (config: left out)",
+            )  # fmt: skip
     _check_figures(study)
     if isinstance(study.equalise.responses, int) and study.equalise.responses < 1:
         raise ConfigError("at least 1 response an iteration", field="equalise.responses")

@@ -84,6 +84,10 @@ def test_a_study_file_names_the_key_it_cannot_use(tmp_path: Path) -> None:
         ({"equalise": {"pairs": 4, "grow": [1.0, 3.0, 1.5]}}, "equalise.grow"),
         ({"folder": "../elsewhere"}, "folder"),
         ({"measures": []}, "measures"),
+        # What reads the built-in world, in a study of another config (a user's model).
+        ({"config": "configs/own-model.yaml", "measures": ["heldout", "curriculum"]}, "measures"),
+        ({"config": "configs/own-model.yaml", "held_apart": [
+            {"name": "far", "draw": 1, "distribution": {"categories": {"add": 1}}}]}, "held_apart"),
     ):  # fmt: skip
         path = tmp_path / "s.yaml"
         path.write_text(json.dumps(_tiny(**change)))
