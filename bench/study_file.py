@@ -63,6 +63,9 @@ def load_study(path: str, overrides: Sequence[str] = ()) -> Study:
         try:
             built = arm_config(study, arm, os.path.abspath("runs-bench"), study.seeds[0], {},
                                check=True)  # fmt: skip
+            if arm.source == "target" and built.prompts.path is not None:
+                raise ConfigError("the target arm draws from the held-out set's distribution, "
+                                  "which a prompt file has not", field="prompts.path")  # fmt: skip
             if arm.source == "fresh":
                 _check_split_rows(study, arm, built)
         except ConfigError as exc:

@@ -153,6 +153,12 @@ def test_a_fresh_arm_on_a_prompt_file_too_short_for_its_splits_is_refused(tmp_pa
     with pytest.raises(ConfigError, match="a dataset is not split") as caught:
         load_study(str(path))
     assert caught.value.field == "base.prompts.dataset"
+    base["prompts"] = {"path": str(rows), "limit": 12}  # no distribution to draw a target from
+    target = [arms[0], {**arms[1], "name": "target", "source": "target"}]
+    path.write_text(json.dumps(_tiny(base=base, arms=target, equalise={"responses": "auto"})))
+    with pytest.raises(ConfigError, match="the target arm draws from") as caught:
+        load_study(str(path))
+    assert caught.value.field == "base.prompts.path"
 
 
 def test_a_file_splits_key_holds_how_it_reads_the_file_only_when_not_the_default() -> None:
