@@ -19,7 +19,7 @@ import os
 import sys
 
 import flows  # noqa: F401  (eva's Prefect defaults, before prefect is imported)
-from eva_runtime.errors import ConfigError, EvaError
+from eva_runtime.errors import ConfigError, EvaError, raised_by_ctrl_c
 
 STUDIES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "studies")
 
@@ -114,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         except EvaError as exc:
             print(f"eva: error: {exc.line()}", file=sys.stderr)
             return 2
-        except KeyboardInterrupt:  # Ctrl-C: one line, not the stage's traceback
+        except (KeyboardInterrupt, Exception) as exc:  # Ctrl-C: one line, not a traceback
+            if not raised_by_ctrl_c(exc):  # (Prefect may raise its own error in its place)
+                raise
             kept = "the results file holds every finished piece, the run in flight its stages"
             print(f"eva bench: interrupted ({kept}: the same command goes on)", file=sys.stderr)
             return 130

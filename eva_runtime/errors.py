@@ -71,3 +71,16 @@ def shorten(text: str, keep: int = ECHOED) -> str:
 def shorten_words(line: str, keep: int = ECHOED) -> str:
     """Every run of non-blank characters longer than ``keep`` in ``line``, shortened."""
     return re.sub(rf"\S{{{keep + 1},}}", lambda m: shorten(m.group(), keep), line)
+
+
+def raised_by_ctrl_c(exc: BaseException) -> bool:
+    """An error raised while a Ctrl-C was being handled. Prefect's task engine, interrupted
+    while it creates a task run, reports the crash of a run it has not set and raises
+    ``ValueError('Task run is not set')`` in the KeyboardInterrupt's place (prefect 3.8,
+    ``TaskRunEngine.initialize_run``): the command was interrupted all the same."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__context__
+    return False

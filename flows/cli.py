@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error, already printed in one line (2)
         return int(exc.code or 0)
-    from eva_runtime.errors import EvaError
+    from eva_runtime.errors import EvaError, raised_by_ctrl_c
     from eva_runtime.progress import quiet_library_bars
 
     quiet_library_bars()  # before any command imports transformers: eva shows progress itself
@@ -327,14 +327,13 @@ def main(argv: list[str] | None = None) -> int:
     try:  # the commands that run flows open a Prefect API once their input is checked
         return handlers[args.command](args)
     except KeyboardInterrupt:  # Ctrl-C: one line, not the stage's traceback (Prefect logged it)
-        kept = " (every finished stage is kept: the same command goes on from there)"
-        running = args.command in ("run", "online", "stage", "evaluate", "train-node")
-        print(f"eva: interrupted{kept if running else ''}", file=sys.stderr)
-        return 130
+        return _interrupted(args.command)
     except BrokenPipeError:  # `eva config --explain | head`: the reader left, nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as exc:
+        if raised_by_ctrl_c(exc):  # Prefect's crash handler failed on the Ctrl-C
+            return _interrupted(args.command)
         # A stage that failed: one line naming it, its traceback in the run (tasks.stage_log).
         failed = getattr(exc, "eva_failure", None)  # tasks.stage_log.FAILURE
         if failed is not None:
@@ -344,6 +343,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"eva: error: {exc.line()}", file=sys.stderr)
             return 2
         raise
+
+
+def _interrupted(command: str) -> int:
+    kept = " (every finished stage is kept: the same command goes on from there)"
+    running = command in ("run", "online", "stage", "evaluate", "train-node")
+    print(f"eva: interrupted{kept if running else ''}", file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from eva_runtime.errors import EvaError, StageError, first_line
+from eva_runtime.errors import EvaError, StageError, first_line, raised_by_ctrl_c
 from eva_runtime.prefect_ui import readable
 from eva_runtime.progress import TerminalProgress
 from tasks.run_lock import RunLockLost, may_write
@@ -27,14 +27,16 @@ class _WithoutTraceback(logging.Filter):
     StageError's message (and a lost lock's) already says what is wrong and what to do, and
     any other exception a stage raised has its traceback kept in the run's logs/
     (``reported``); three tracebacks through Prefect's engine (terminal and UI) would only
-    bury it. The log line itself stays.
+    bury it. So would the traceback of an error Prefect raised in a Ctrl-C's place
+    (``raised_by_ctrl_c``): the command says it was interrupted. The log line itself stays.
 
     A stage that finished has just logged its own line (its headline stats): Prefect's
     "Finished in state Completed()" after it would only double every stage's lines."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         failed = record.exc_info[1] if record.exc_info else None
-        if isinstance(failed, StageError | RunLockLost) or hasattr(failed, FAILURE):
+        quiet = isinstance(failed, StageError | RunLockLost) or hasattr(failed, FAILURE)
+        if quiet or (failed is not None and raised_by_ctrl_c(failed)):
             record.exc_info, record.exc_text = None, None
         return not (record.name == "prefect.task_runs" and record.getMessage() == _COMPLETED)
 

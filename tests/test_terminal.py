@@ -249,3 +249,49 @@ def test_the_train_stage_shows_its_step_and_loss_on_the_terminal(policy_dir, tmp
     lines = out.getvalue().splitlines()
     # Step 2 is 100%, which erases the line; the loss shows once the trainer has logged one.
     assert lines == ["train iter_1  50% | step 1/2 | " + lines[0].rsplit(" | ", 1)[1]], lines
+
+
+def test_a_ctrl_c_prefect_turned_into_its_own_error_still_ends_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Prefect's task engine, interrupted while it creates a task run, reports the crash of a
+    run it has not set and raises ValueError('Task run is not set') in the KeyboardInterrupt's
+    place (once in CI, in the Ctrl-C test above): the command still ends with its one line and
+    130. An error of a run's own, raised without a Ctrl-C, is not taken for one."""
+    from flows import commands
+
+    def interrupted_while_creating_a_task_run(args: object) -> int:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise ValueError("Task run is not set") from None  # __context__ is kept
+
+    monkeypatch.setattr(commands, "run", interrupted_while_creating_a_task_run)
+    assert main(["run", "--config", "run.yaml"]) == 130
+    kept = "every finished stage is kept: the same command goes on from there"
+    assert capsys.readouterr().err == f"eva: interrupted ({kept})\n"
+
+    # Prefect logs the flow run's failure with that error: its traceback is left out (the line
+    # stays), as a failed stage's is; a run's own error keeps its traceback.
+    import logging
+
+    def logged(error: BaseException) -> logging.LogRecord:
+        record = logging.LogRecord("prefect.flow_runs", logging.ERROR, __file__, 1,
+                                   "Encountered exception during execution", None,
+                                   (type(error), error, error.__traceback__))  # fmt: skip
+        for quiet in logging.getLogger("prefect.flow_runs").filters:
+            quiet.filter(record)
+        return record
+
+    try:
+        interrupted_while_creating_a_task_run(None)
+    except ValueError as error:
+        assert logged(error).exc_info is None
+    assert logged(ValueError("a run's own error")).exc_info is not None
+
+    def failing(args: object) -> int:
+        raise ValueError("a run's own error")
+
+    monkeypatch.setattr(commands, "run", failing)
+    with pytest.raises(ValueError, match="a run's own error"):
+        main(["run", "--config", "run.yaml"])
