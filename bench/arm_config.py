@@ -48,12 +48,10 @@ def responses_budget(study: Study, arm: Arm, config: Any) -> int | None:
     return int(g)
 
 
-def split_factor(config: Any, factor: float, g: int | None) -> float:
-    """How many times |X_0| a fresh (or target) arm's split is: its growth ``factor``, or at
-    equal generation what G responses buy at N a prompt."""
-    return (
-        factor if g is None else g / (config.generate.n * x0_size(config.model_dump(mode="json")))
-    )
+def split_factor(size: int, n: int, factor: float, g: int | None) -> float:
+    """How many times |X_0| (``size``) a fresh (or target) arm's split is: its growth
+    ``factor``, or at equal generation what G responses buy at ``n`` a prompt."""
+    return factor if g is None else g / (n * size)
 
 
 def grown(how: str, factor: float, data: dict[str, Any]) -> dict[str, Any]:
@@ -94,12 +92,15 @@ def placeholders(value: Any) -> list[tuple[str, str | None]]:
     return found
 
 
+STAND_IN = "eva-study-stand-in-"  # the name a stand-in file starts with
+
+
 def _stand_in(kind: str) -> str:
     """A file that stands in for a run's input (read where a config is validated)."""
     import json
     import tempfile
 
-    path = os.path.join(tempfile.gettempdir(), f"eva-study-stand-in-{kind}.jsonl")
+    path = os.path.join(tempfile.gettempdir(), f"{STAND_IN}{kind}.jsonl")
     if not os.path.exists(path):
         with open(path, "w") as f:
             f.write(json.dumps({"prompt": "1+1=", "answer": "2"}) + "\n")

@@ -36,7 +36,8 @@ def run_arm(arm: Arm, config: Any, factor: float, budget: int | None) -> Any:
 
         eva_online(config)
     elif arm.source in ("fresh", "target"):
-        size, grow = x0_size(config.model_dump(mode="json")), split_factor(config, factor, budget)
+        size = x0_size(config.model_dump(mode="json"))
+        grow = split_factor(size, config.generate.n, factor, budget)
         if config.prompts.path is not None:  # rows of the file after X_0, each used once
             if arm.source == "target":
                 raise EvaError("the target arm draws from a distribution, not a file")
@@ -108,6 +109,13 @@ class FileSplit(BaseModel):
         default_factory=dict, json_schema_extra={"key": "unless default"}
     )
 
+    @classmethod
+    def of(cls, prompts: PromptsConfig, take: int) -> FileSplit:
+        """The splits of ``prompts``' file after its first ``limit`` rows (X_0), read as X_0 is."""
+        assert prompts.path is not None and prompts.limit is not None
+        reading = prompts.model_dump(mode="json", include=READING, exclude_defaults=True)
+        return cls(path=prompts.path, size=prompts.limit, take=take, reading=reading)
+
     def rows(self) -> pa.Table:
         """Every row of the file, read as X_0 was, without X_0's limit."""
         return read_prompt_set(PromptsConfig(path=self.path, **self.reading)).table
@@ -143,10 +151,7 @@ def file_split(ctx: StageContext, config: FileSplit, seed_set: pa.Table) -> Stag
 @flow(name="eva-fresh-split", flow_run_name=run_name)
 def fresh_run(config: RunConfig, take: int) -> list[dict[str, Any]]:
     """T iterations of iterative DPO, each on ``take`` new rows of the prompt file."""
-    assert config.prompts.path is not None and config.prompts.limit is not None
-    reading = config.prompts.model_dump(mode="json", include=READING, exclude_defaults=True)
-    source = FileSplit(path=config.prompts.path, size=config.prompts.limit, take=take,
-                       reading=reading)  # fmt: skip
+    source = FileSplit.of(config.prompts, take)
     with opened_run(config, None) as run:
         x0, heldout, policy, answers = setup(run, config)
         for t in range(1, config.iterations + 1):

@@ -283,14 +283,13 @@ FIGURES: dict[str, tuple[str, ...]] = {
 WORLD_MEASURES = ("curriculum", "rho", "labels")
 
 
+def held_apart_figures(spec: Any) -> list[str]:
+    """The figures a held-apart set writes into the records (``bench.runner.held_apart``)."""
+    return [spec.name, f"{spec.name}_exact", f"{spec.name}_set",
+            *[f"pass@{spec.pass_at}"] * bool(spec.pass_at)]  # fmt: skip
+
+
 def declared(measures: list[str], held_apart: list[Any]) -> list[str]:
     """The figures a study's records may hold: its measures' and its held-apart sets'."""
     names = ["grown", *(f for spec in measures for f in FIGURES[spec.partition("@")[0]])]
-    for h in held_apart:
-        names += [
-            h.name,
-            f"{h.name}_exact",
-            f"{h.name}_set",
-            *[f"pass@{h.pass_at}"] * bool(h.pass_at),
-        ]
-    return names
+    return names + [f for spec in held_apart for f in held_apart_figures(spec)]

@@ -16,19 +16,20 @@ import yaml
 
 from bench.arm_config import (
     PLACEHOLDERS,
+    STAND_IN,
     arm_config,
     placeholders,
     responses_budget,
     split_factor,
 )
-from bench.measures import WORLD_MEASURES, declared
+from bench.arm_runs import FileSplit
+from bench.measures import WORLD_MEASURES, declared, held_apart_figures
 from bench.study import Arm, Study, split_at
 from eva_runtime.errors import ConfigError
 from flows.config import CONFIG_DIR, WORLD_CONFIG
 from flows.config_layers import apply_overrides
 from flows.explain import close_match
 from tasks.config_tree import get_path
-from tasks.prompts import read_prompt_set
 
 
 def load_study(path: str, overrides: Sequence[str] = ()) -> Study:
@@ -82,15 +83,15 @@ def _check_split_rows(study: Study, arm: Arm, config: Any) -> None:
         raise ConfigError("a fresh arm trains on a prompt file's next rows; a dataset is not "
                           "split", field="prompts.dataset", hint="write it to a file (.jsonl, "
                           ".parquet) and name it in prompts.path")  # fmt: skip
-    if path is None or not os.path.isfile(path) or "eva-study-stand-in" in path:
+    if path is None or not os.path.isfile(path) or os.path.basename(path).startswith(STAND_IN):
         return  # the world's stream; a file another arm makes, or not there (X_0's stage says)
     if size is None:
         raise ConfigError("a fresh arm takes the rows after X_0: give X_0's size",
                           field="prompts.limit")  # fmt: skip
     g = responses_budget(study, arm, config)
-    take = round(size * split_factor(config, study.equalise.grow[0], g))
-    try:  # read as its splits read it: the file whole
-        rows = read_prompt_set(config.prompts.model_copy(update={"limit": None})).table.num_rows
+    take = round(size * split_factor(size, config.generate.n, study.equalise.grow[0], g))
+    try:  # the rows its splits read
+        rows = FileSplit.of(config.prompts, take).rows().num_rows
     except ValueError as exc:
         raise ConfigError(str(exc), field="prompts.path") from None
     need = size + arm.iterations * take
@@ -167,8 +168,8 @@ def _check_figures(study: Study) -> None:
     report's default columns and plot are not the file's words: they are left to show '-')."""
     names = declared(study.measures, study.held_apart)
     for i, spec in enumerate(study.held_apart):  # its figures are written into the records
-        ours = declared([], [spec])[1:]
         taken = ["seed", "arm", "iteration", *declared(study.measures, study.held_apart[:i])]
+        ours = held_apart_figures(spec)
         if clash := [n for n in ours if any(fnmatch.fnmatchcase(n, t) for t in taken)]:
             raise ConfigError(f"{spec.name!r}: its figure {clash[0]!r} is already recorded",
                               field=f"held_apart.{i}.name", hint="a name of its own")  # fmt: skip
